@@ -1,0 +1,22 @@
+"""perfmagic: find out why deep-learning training is slow, from the notebook where it runs.
+
+``with perfmagic.profile() as session: train()`` records what each training
+stage and the hardware did; ``session.report`` says what held the step back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfmagic.report import Report
+from perfmagic.session import Session, load, profile, stage, step
+
+__version__ = "0.1.0"
+__all__ = ["Report", "Session", "__version__", "load", "load_ipython_extension", "profile", "stage", "step"]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext perfmagic``: registers ``%%gpuprofile`` and ``%gpumonitor``."""
+    from perfmagic.magic import load_ipython_extension as load
+
+    load(ipython)

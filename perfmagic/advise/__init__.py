@@ -1,0 +1,8 @@
+"""Advice: a catalog of independent rules, each from the analysis to at most one card."""
+
+from __future__ import annotations
+
+from perfmagic.advise.card import Card
+from perfmagic.advise.catalog import advise
+
+__all__ = ["Card", "advise"]

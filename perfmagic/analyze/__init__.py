@@ -1,0 +1,192 @@
+"""Analysis: turn timelines into the numbers a report shows and the advice rules read.
+
+Pure functions, no I/O. ``analyze`` takes one timeline per process (one per
+rank in a multi-process run) and returns an :class:`Analysis`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from perfmagic.analyze.steps import StepBreakdown, step_breakdown
+from perfmagic.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class StageStats:
+    total_s: float
+    fraction: float
+    median_s: float
+
+
+@dataclass(frozen=True)
+class StepStats:
+    count: int
+    median_s: float | None
+    p90_s: float | None
+    first_s: float | None  # from the window's start to the end of the first step
+    per_s: float | None
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What the hooks saw of the training set-up (empty where nothing was seen)."""
+
+    dataloaders: list[dict[str, Any]] = field(default_factory=list)
+    models: list[dict[str, Any]] = field(default_factory=list)
+    optimizers: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    torch: dict[str, Any] = field(default_factory=dict)
+    counters: dict[str, Any] = field(default_factory=dict)  # forwards, autocast, h2d bytes, syncs, ...
+
+
+@dataclass(frozen=True)
+class RankAnalysis:
+    rank: int
+    pid: int | None
+    breakdown: StepBreakdown
+    steps: StepStats
+    stages: dict[str, StageStats]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything measured about one profiled window, ready for the advice rules."""
+
+    wall_s: float
+    framework: str | None
+    breakdown: StepBreakdown  # of the primary process (lowest rank with steps)
+    steps: StepStats
+    stages: dict[str, StageStats]
+    bottleneck: str | None
+    devices: list[dict[str, Any]]
+    host: dict[str, Any]
+    gpu: dict[str, Any] | None
+    ranks: list[RankAnalysis]
+    config: TrainingConfig
+    warnings: list[str]
+    timelines: list[Timeline]
+
+
+def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Analysis:
+    """Analyze the timelines of one window (one per process)."""
+    if not timelines:
+        raise ValueError("nothing to analyze: no timeline")
+    ranks = [_rank(i, tl) for i, tl in enumerate(timelines)]
+    with_steps = [r for r in ranks if r.steps.count]
+    primary = min(with_steps, key=lambda r: r.rank) if with_steps else ranks[0]
+    tl = next(t for t, r in zip(timelines, ranks) if r is primary)
+    sampled = _sampled_timeline(timelines)
+
+    warnings = _unique(w for t in timelines for w in t.meta.get("warnings", []))
+    if not primary.steps.count:
+        warnings.append(
+            "no training steps were seen: no optimizer step, DataLoader batch or perfmagic.step() "
+            "happened in the profiled window, so there is no stage breakdown"
+        )
+
+    from perfmagic.analyze.devices import devices_summary, host_summary
+
+    return Analysis(
+        wall_s=max(_wall(t) for t in timelines),
+        framework=next((t.meta["framework"] for t in timelines if t.meta.get("framework")), None),
+        breakdown=primary.breakdown,
+        steps=primary.steps,
+        stages=primary.stages,
+        bottleneck=bottleneck(primary.stages),
+        devices=devices_summary(sampled),
+        host=host_summary(sampled),
+        gpu=gpu,
+        ranks=ranks if len(timelines) > 1 else [primary],
+        config=training_config(tl),
+        warnings=warnings,
+        timelines=timelines,
+    )
+
+
+def bottleneck(stages: dict[str, StageStats]) -> str | None:
+    """The stage with the largest share of step time."""
+    if not stages:
+        return None
+    return max(stages, key=lambda s: stages[s].total_s)
+
+
+def step_stats(breakdown: StepBreakdown) -> StepStats:
+    d = breakdown.durations
+    if not len(d):
+        return StepStats(0, None, None, None, None)
+    total = float(d.sum())
+    return StepStats(
+        count=len(d),
+        median_s=float(np.median(d)),
+        p90_s=float(np.percentile(d, 90)),
+        first_s=float(breakdown.end[0]),
+        per_s=len(d) / total if total > 0 else None,
+    )
+
+
+def stage_stats(breakdown: StepBreakdown) -> dict[str, StageStats]:
+    if not breakdown.count:
+        return {}
+    total_step = float(breakdown.durations.sum())
+    out: dict[str, StageStats] = {}
+    for j, name in enumerate(breakdown.stages):
+        col = breakdown.seconds[:, j]
+        total = float(col.sum())
+        out[name] = StageStats(
+            total_s=total,
+            fraction=total / total_step if total_step > 0 else 0.0,
+            median_s=float(np.median(col)),
+        )
+    return out
+
+
+def training_config(timeline: Timeline) -> TrainingConfig:
+    stats = timeline.marks("torch_stats")
+    return TrainingConfig(
+        dataloaders=[m.data for m in timeline.marks("dataloader")],
+        models=[m.data for m in timeline.marks("model")],
+        optimizers=[m.data for m in timeline.marks("optimizer")],
+        checkpoints=[{"t": m.t, **m.data} for m in timeline.marks("checkpoint")],
+        torch=dict(timeline.meta.get("torch", {})),
+        counters=dict(stats[-1].data) if stats else {},
+    )
+
+
+def _rank(index: int, timeline: Timeline) -> RankAnalysis:
+    breakdown = step_breakdown(timeline)
+    rank = timeline.meta.get("rank")
+    return RankAnalysis(
+        rank=int(rank) if rank is not None else index,
+        pid=timeline.meta.get("pid"),
+        breakdown=breakdown,
+        steps=step_stats(breakdown),
+        stages=stage_stats(breakdown),
+    )
+
+
+def _sampled_timeline(timelines: list[Timeline]) -> Timeline:
+    """The timeline that carries the hardware samples (the sampling process's)."""
+    return max(timelines, key=lambda t: len(t.metrics))
+
+
+def _wall(timeline: Timeline) -> float:
+    wall = timeline.meta.get("wall_s")
+    if wall is not None:
+        return float(wall)
+    # A spool of a killed process: the window lasted at least until its last record.
+    spans = timeline.spans
+    ends = [float(spans.end.max())] if len(spans) else []
+    for metric in timeline.metrics:
+        t, _ = timeline.series(metric)
+        if len(t):
+            ends.append(float(t.max()))
+    ends += [m.t for m in timeline.marks()]
+    return max(ends, default=0.0)
+
+
+def _unique(items: Any) -> list[str]:
+    return list(dict.fromkeys(items))

@@ -1,0 +1,144 @@
+"""Steps and the per-step stage breakdown, from a timeline's stage spans.
+
+Every instant of a step belongs to exactly one stage: the innermost stage
+open at that instant, or ``other`` when none is. So per-step stage times
+always add up to the step time, and fractions to 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmagic.collect.stages import STAGES, STEP_BOUNDARY_PREFIX
+from perfmagic.timeline import Spans, Timeline
+
+BOUNDARY_KINDS = ("optimizer", "batch", "user")
+"""Where step ends come from, in order of preference."""
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Steps of one process and the time each stage took in each step."""
+
+    boundary: str | None  # which kind of boundary delimited the steps
+    start: np.ndarray  # (n,) step start times, seconds on the timeline clock
+    end: np.ndarray  # (n,)
+    stages: list[str]  # column names: built-in stages in order, then user stages, "other" last
+    seconds: np.ndarray  # (n, len(stages)) exclusive seconds of each stage in each step
+
+    @property
+    def count(self) -> int:
+        return len(self.start)
+
+    @property
+    def durations(self) -> np.ndarray:
+        return self.end - self.start
+
+    def column(self, stage: str) -> np.ndarray:
+        return self.seconds[:, self.stages.index(stage)]
+
+
+def step_breakdown(timeline: Timeline) -> StepBreakdown:
+    """Find the steps of a timeline and split each one into stages."""
+    spans = timeline.spans
+    names = spans.names
+    is_boundary = np.array([n.startswith(STEP_BOUNDARY_PREFIX) for n in names], dtype=bool)
+    span_is_boundary = is_boundary[spans.name_id] if len(spans) else np.zeros(0, dtype=bool)
+    stage_mask = ~span_is_boundary
+
+    kind, starts, ends = _steps(spans, span_is_boundary, stage_mask)
+    columns = _stage_columns(names, is_boundary, spans.name_id[stage_mask])
+    seconds = np.zeros((len(starts), len(columns)))
+    if len(starts):
+        cumulative = _exclusive_cumulative(spans, stage_mask)
+        for j, stage in enumerate(columns[:-1]):
+            xp_fp = cumulative.get(names.index(stage))
+            if xp_fp is not None:
+                xp, fp = xp_fp
+                seconds[:, j] = np.interp(ends, xp, fp) - np.interp(starts, xp, fp)
+        seconds = np.maximum(seconds, 0.0)
+        seconds[:, -1] = np.maximum((ends - starts) - seconds[:, :-1].sum(axis=1), 0.0)
+    return StepBreakdown(kind, starts, ends, columns, seconds)
+
+
+def _steps(
+    spans: Spans, span_is_boundary: np.ndarray, stage_mask: np.ndarray
+) -> tuple[str | None, np.ndarray, np.ndarray]:
+    stage_start = spans.start[stage_mask & (spans.depth == 0)] if len(spans) else np.zeros(0)
+    stage_end = spans.end[stage_mask] if len(spans) else np.zeros(0)
+    for kind in BOUNDARY_KINDS:
+        key = STEP_BOUNDARY_PREFIX + kind
+        if key not in spans.names:
+            continue
+        t = np.sort(spans.start[span_is_boundary & (spans.name_id == spans.names.index(key))])
+        if kind == "batch":
+            # A boundary is the start of a fetch: step i runs from fetch i to fetch i+1.
+            starts, ends = t[:-1], t[1:]
+            if len(stage_end) and len(t):
+                last_end = stage_end.max()
+                tail = stage_mask & (spans.start > t[-1]) & (spans.name_id != spans.names.index("data"))
+                if tail.any():  # the loop left without exhausting the loader (break, max_steps)
+                    starts, ends = np.append(starts, t[-1]), np.append(ends, last_end)
+        else:
+            # A boundary is the end of a step; the first one starts with the first stage.
+            before = stage_start[stage_start < t[0]] if len(t) else stage_start
+            first = float(before.min()) if len(before) else 0.0
+            starts, ends = np.concatenate(([first], t[:-1])), t
+        if len(starts):
+            return kind, starts.astype(float), ends.astype(float)
+    return None, np.zeros(0), np.zeros(0)
+
+
+def _stage_columns(names: list[str], is_boundary: np.ndarray, used_ids: np.ndarray) -> list[str]:
+    used = {names[i] for i in np.unique(used_ids)}
+    builtin = [s for s in STAGES if s != "other" and s in used]
+    user = sorted(n for n in used if n not in STAGES and not is_boundary[names.index(n)])
+    return [*builtin, *user, "other"]
+
+
+def _exclusive_cumulative(spans: Spans, stage_mask: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per stage id, the knots of its cumulative exclusive time C(t) (piecewise linear).
+
+    A stage's time in [a, b] is then ``interp(b) - interp(a)``.
+    """
+    idx = np.flatnonzero(stage_mask)
+    order = idx[np.lexsort((spans.depth[idx], spans.start[idx]))]
+    segments: dict[int, list[tuple[float, float]]] = {}
+
+    def emit(sid: int, a: float, b: float) -> None:
+        if b > a:
+            segments.setdefault(sid, []).append((a, b))
+
+    # stack entries: [stage id, end, cursor]; a parent's exclusive time pauses while a child runs
+    stack: list[list[float]] = []
+    starts, ends, ids = spans.start, spans.end, spans.name_id
+    for i in order:
+        s, e, sid = float(starts[i]), float(ends[i]), int(ids[i])
+        while stack and stack[-1][1] <= s:
+            top = stack.pop()
+            emit(int(top[0]), top[2], top[1])
+            if stack:
+                stack[-1][2] = top[1]
+        if stack:
+            parent = stack[-1]
+            emit(int(parent[0]), parent[2], s)
+            e = min(e, parent[1])
+            parent[2] = e
+        stack.append([sid, e, s])
+    while stack:
+        top = stack.pop()
+        emit(int(top[0]), top[2], top[1])
+        if stack:
+            stack[-1][2] = max(stack[-1][2], top[1])
+
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for sid, segs in segments.items():
+        arr = np.array(sorted(segs))
+        lengths = arr[:, 1] - arr[:, 0]
+        before = np.concatenate(([0.0], np.cumsum(lengths)[:-1]))
+        xp = arr.reshape(-1)
+        fp = np.column_stack((before, before + lengths)).reshape(-1)
+        out[sid] = (xp, fp)
+    return out

@@ -1,0 +1,122 @@
+"""One background thread that polls every metric source at a fixed interval."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from perfmagic.timeline import Timeline
+
+
+class SourceUnavailable(Exception):
+    """A source cannot run here; the message says why, for the report's warnings."""
+
+
+class Source(Protocol):
+    """A metric source polled by the sampler thread.
+
+    ``open`` may raise :class:`SourceUnavailable`; it records static facts in
+    ``timeline.meta``. ``poll`` appends one tick of samples and must not block.
+    ``close`` runs once after the window (reads that are too slow for a tick).
+    Every warning a source wants in the report goes to ``warnings``.
+    """
+
+    name: str
+    warnings: list[str]
+
+    def open(self, timeline: Timeline) -> None: ...
+
+    def poll(self, now: float, timeline: Timeline) -> None: ...
+
+    def close(self, timeline: Timeline) -> None: ...
+
+
+class Sampler:
+    """Polls sources on one daemon thread; a source that raises is turned off.
+
+    ``clock`` returns seconds on the timeline's clock. ``on_tick`` runs after
+    each tick on the sampler thread (the spooler and live panels hang there).
+    """
+
+    def __init__(
+        self,
+        timeline: Timeline,
+        sources: Sequence[Source],
+        interval: float,
+        clock: Callable[[], float],
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"sampling interval must be positive, got {interval!r}")
+        self.timeline = timeline
+        self.interval = interval
+        self.warnings: list[str] = []
+        self.ticks = 0
+        self.busy_s = 0.0  # time spent in polls: the sampler's own cost
+        self._clock = clock
+        self._on_tick = on_tick
+        self._sources: list[Source] = []
+        self._candidates = list(sources)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def sources(self) -> list[Source]:
+        return list(self._sources)
+
+    def start(self) -> None:
+        for source in self._candidates:
+            try:
+                source.open(self.timeline)
+            except SourceUnavailable as e:
+                self.warnings.append(f"{source.name}: {e}")
+            except Exception as e:  # a broken source must never stop the training
+                self.warnings.append(f"{source.name}: disabled, failed to start ({e!r})")
+            else:
+                self._sources.append(source)
+        self.poll_once()
+        self._thread = threading.Thread(target=self._run, name="perfmagic-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.poll_once()
+        for source in self._sources:
+            try:
+                source.close(self.timeline)
+            except Exception as e:
+                self.warnings.append(f"{source.name}: failed to finish ({e!r})")
+            self.warnings.extend(source.warnings)
+        self._sources = []
+
+    def poll_once(self) -> None:
+        begin = time.perf_counter()
+        now = self._clock()
+        for source in list(self._sources):
+            try:
+                source.poll(now, self.timeline)
+            except Exception as e:
+                self._sources.remove(source)
+                self.warnings.append(f"{source.name}: disabled mid-run after an error ({e!r})")
+        self.ticks += 1
+        self.busy_s += time.perf_counter() - begin
+
+    def _run(self) -> None:
+        next_tick = time.perf_counter() + self.interval
+        while not self._stop.wait(max(0.0, next_tick - time.perf_counter())):
+            self.poll_once()
+            if self._on_tick is not None:
+                try:
+                    self._on_tick()
+                except Exception as e:
+                    self.warnings.append(f"sampler tick callback failed ({e!r}); callback removed")
+                    self._on_tick = None
+            next_tick += self.interval
+            late = time.perf_counter() - next_tick
+            if late > self.interval:  # skip missed ticks instead of bursting
+                next_tick += self.interval * (late // self.interval + 1)

@@ -1,0 +1,190 @@
+"""Stage recording: the hot path that framework hooks and ``perfmagic.stage`` call.
+
+A recorder keeps a stack of open stages for the profiled thread and writes
+each one to the timeline as a span with its nesting depth when it closes. The
+analysis later gives each instant of a step to the innermost open stage.
+
+Rules that keep the picture right without the user's help:
+
+- a stage does not nest in itself (a module called inside a module is still
+  one ``forward``; ``Tensor.backward`` calling ``autograd.backward`` is one
+  ``backward``);
+- nothing built in nests inside ``data`` or ``checkpoint``: a transform that is
+  an ``nn.Module`` is part of loading the batch, not a forward pass; user
+  stages still do, since the user asked for them;
+- only the thread that started profiling is recorded (DataLoader's pin-memory
+  thread and a live panel's thread are not training stages).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from perfmagic.timeline import Timeline
+
+STAGES = ("data", "h2d", "forward", "backward", "optimizer", "checkpoint", "logging", "comm", "other")
+"""Built-in stage names, in the order reports list them."""
+
+STEP_BOUNDARY_PREFIX = "step:"
+"""Zero-length spans named ``step:<kind>`` mark step ends (see ``analyze.steps``)."""
+
+_OPAQUE = frozenset({"data", "checkpoint"})
+
+try:
+    import nvtx as _nvtx
+
+    _nvtx_push: Callable[..., Any] = _nvtx.push_range
+    _nvtx_pop: Callable[..., Any] = _nvtx.pop_range
+except Exception:  # nvtx is a dependency, but a broken install must not stop profiling
+
+    def _nvtx_push(message: str, **_: Any) -> None:
+        return None
+
+    def _nvtx_pop(**_: Any) -> None:
+        return None
+
+
+class DeviceClock(Protocol):
+    """Timestamps of device work: when the device reached a point in its queue.
+
+    ``mark`` is called on the hot path and returns an opaque token; ``resolve``
+    runs once after the window and turns tokens into seconds on the timeline's
+    clock (``None`` where unknown).
+    """
+
+    def mark(self) -> object: ...
+
+    def resolve(self, tokens: list[object]) -> list[float | None]: ...
+
+
+class StageRecorder:
+    """Records stage spans of one thread into a timeline."""
+
+    def __init__(self, timeline: Timeline, origin: float, thread_id: int | None = None) -> None:
+        self.timeline = timeline
+        self.origin = origin
+        self.thread_id = threading.get_ident() if thread_id is None else thread_id
+        self.device_clock: DeviceClock | None = None
+        self.ids = {name: timeline.name_id(name) for name in STAGES}
+        self._opaque_ids = frozenset(self.ids[n] for n in _OPAQUE)
+        self._builtin_ids = frozenset(self.ids.values())
+        self._active: list[int] = [0] * len(timeline._names)
+        self._stack: list[tuple[int, float, object]] = []
+        self._opaque_depth = 0
+        # (span index, token at start, token at end) for spans with device marks
+        self._device_marks: list[tuple[int, object, object]] = []
+
+    def stage_id(self, name: str) -> int:
+        sid = self.timeline.name_id(name)
+        if sid >= len(self._active):
+            self._active.extend([0] * (sid + 1 - len(self._active)))
+        return sid
+
+    def enter(self, sid: int) -> bool:
+        """Open a stage; False when it is not recorded (then don't call ``exit``)."""
+        if (
+            threading.get_ident() != self.thread_id
+            or self._active[sid]
+            or (self._opaque_depth and sid in self._builtin_ids)
+        ):
+            return False
+        clock = self.device_clock
+        token = clock.mark() if clock is not None else None
+        self._stack.append((sid, time.perf_counter(), token))
+        self._active[sid] += 1
+        if sid in self._opaque_ids:
+            self._opaque_depth += 1
+        _nvtx_push(self.timeline._names[sid], domain="perfmagic")
+        return True
+
+    def exit(self) -> None:
+        end = time.perf_counter()
+        _nvtx_pop(domain="perfmagic")
+        sid, start, token = self._stack.pop()
+        self._active[sid] -= 1
+        if sid in self._opaque_ids:
+            self._opaque_depth -= 1
+        clock = self.device_clock
+        if clock is not None and token is not None:
+            self._device_marks.append((len(self.timeline._span_end), token, clock.mark()))
+        origin = self.origin
+        self.timeline.add_span(sid, start - origin, end - origin, len(self._stack))
+
+    def boundary(self, kind: str) -> None:
+        """Mark the end of a training step (``kind``: optimizer, batch, user)."""
+        if threading.get_ident() != self.thread_id:
+            return
+        t = time.perf_counter() - self.origin
+        sid = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
+        clock = self.device_clock
+        if clock is not None:
+            token = clock.mark()
+            self._device_marks.append((len(self.timeline._span_end), token, token))
+        self.timeline.add_span(sid, t, t, -1)
+
+    def wrap(self, fn: Callable[..., Any], stage: str) -> Callable[..., Any]:
+        """``fn`` recorded as ``stage`` whenever the recorder takes it."""
+        sid = self.stage_id(stage)
+        enter, exit_ = self.enter, self.exit
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if not enter(sid):
+                return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                exit_()
+
+        recorded.__wrapped__ = fn  # type: ignore[attr-defined]
+        recorded.__name__ = getattr(fn, "__name__", "recorded")
+        recorded.__doc__ = getattr(fn, "__doc__", None)
+        return recorded
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        recorded = self.enter(self.stage_id(name))
+        try:
+            yield
+        finally:
+            if recorded:
+                self.exit()
+
+    def close(self) -> None:
+        """Close stages left open (an interrupted block) and apply device times."""
+        while self._stack:
+            self.exit()
+        clock, marks = self.device_clock, self._device_marks
+        if clock is None or not marks:
+            return
+        tokens: list[object] = []
+        for _, a, b in marks:
+            tokens += (a, b)
+        times = clock.resolve(tokens)
+        tl = self.timeline
+        for k, (i, _, _) in enumerate(marks):
+            # A stage lasts until the device has also finished the work queued in it.
+            start, end = times[2 * k], times[2 * k + 1]
+            if start is not None and start > tl._span_start[i]:
+                tl._span_start[i] = start
+            if end is not None and end > tl._span_end[i]:
+                tl._span_end[i] = end
+        self._device_marks = []
+
+
+class _NoRecorder:
+    """Stand-in used when no session is active: stages are NVTX ranges only."""
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        _nvtx_push(name, domain="perfmagic")
+        try:
+            yield
+        finally:
+            _nvtx_pop(domain="perfmagic")
+
+
+NO_RECORDER = _NoRecorder()

@@ -1,0 +1,480 @@
+"""PyTorch stage hooks: attribute a training loop's time to stages, no code change needed.
+
+What is patched (and always put back by :meth:`TorchStages.uninstall`):
+
+========== ==========================================================================
+data       ``DataLoader.__iter__`` (worker start-up) and ``_BaseDataLoaderIter.__next__``
+h2d        ``Tensor.to`` / ``Tensor.cuda`` from a non-CUDA tensor to a CUDA device
+forward    the outermost ``nn.Module.__call__``
+backward   ``Tensor.backward``, ``torch.autograd.backward``
+optimizer  the global optimizer step hooks, ``Optimizer.zero_grad``, ``Module.zero_grad``
+checkpoint ``torch.save``, ``safetensors.torch.save_file`` / ``save_model``
+logging    ``print``, ``logging.Logger.handle``, writes to ``sys.stdout``/``sys.stderr``,
+           TensorBoard ``SummaryWriter.add_*`` (torch and tensorboardX), and host-device
+           syncs: ``item``/``tolist``/``cpu``/``numpy`` of CUDA tensors, ``cuda.synchronize``
+comm       ``torch.distributed`` collectives
+========== ==========================================================================
+
+``nn.Module.__call__`` is patched at the class rather than through the global
+module hooks: global hooks push every module off PyTorch's hook-free fast path,
+which costs more than the whole recorder on small models.
+
+Steps end at each optimizer step, else at each DataLoader batch. On CUDA, a
+:class:`CudaEventClock` times stage boundaries on the device, so a stage lasts
+until the GPU has finished the work queued in it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import logging
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from perfmagic.collect.patching import Patcher
+from perfmagic.collect.stages import StageRecorder
+
+if TYPE_CHECKING:
+    import torch
+
+_COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "monitored_barrier",
+)
+
+_SYNC_METHODS = ("item", "tolist", "cpu", "numpy")
+
+
+def torch_available() -> bool:
+    return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
+
+
+class CudaEventClock:
+    """Device timestamps from CUDA events, mapped onto the timeline's clock."""
+
+    def __init__(self, torch_mod: Any, origin: float) -> None:
+        self._torch = torch_mod
+        torch_mod.cuda.synchronize()
+        self._ref = torch_mod.cuda.Event(enable_timing=True)
+        self._ref.record()
+        self._ref.synchronize()
+        self._ref_t = time.perf_counter() - origin
+
+    def mark(self) -> object:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def done(self, token: object) -> bool:
+        return bool(token.query())  # type: ignore[attr-defined]
+
+    def resolve(self, tokens: list[object]) -> list[float | None]:
+        self._torch.cuda.synchronize()
+        out: list[float | None] = []
+        for event in tokens:
+            try:
+                out.append(self._ref_t + self._ref.elapsed_time(event) / 1000.0)
+            except RuntimeError:  # an event recorded on another device or stream context
+                out.append(None)
+        return out
+
+
+class TorchStages:
+    """Installs the stage hooks on torch; :meth:`uninstall` removes every one."""
+
+    def __init__(self, recorder: StageRecorder) -> None:
+        self.recorder = recorder
+        self._patcher = Patcher()
+        self._handles: list[Any] = []
+        self._torch: Any = None
+        self._seen: set[int] = set()
+        self.stats: dict[str, Any] = {
+            "forwards": 0,
+            "autocast_forwards": 0,
+            "autocast_dtypes": {},
+            "grad_enabled_forwards": 0,
+            "h2d_copies": 0,
+            "h2d_bytes": 0,
+            "h2d_pinned_bytes": 0,
+            "h2d_non_blocking": 0,
+            "syncs": 0,
+            "optimizer_steps": 0,
+            "batches": 0,
+        }
+
+    # -- install / uninstall ---------------------------------------------
+
+    def install(self) -> None:
+        import torch
+
+        self._torch = torch
+        rec = self.recorder
+        p = self._patcher
+        self._record_environment()
+        try:
+            self._install_data(torch, rec, p)
+            self._install_forward(torch, rec, p)
+            self._install_tensor_methods(torch, rec, p)
+            p.set(torch.autograd, "backward", rec.wrap(torch.autograd.backward, "backward"))
+            p.set(torch.Tensor, "backward", rec.wrap(torch.Tensor.backward, "backward"))
+            self._install_optimizer(torch, rec, p)
+            self._install_checkpoint(torch, rec, p)
+            self._install_logging(rec, p)
+            self._install_comm(torch, rec, p)
+        except BaseException:
+            self.uninstall()
+            raise
+        self._maybe_start_device_clock()
+
+    def uninstall(self) -> list[str]:
+        """Remove every hook and patch; returns warnings."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        warnings = self._patcher.restore()
+        if self._torch is not None:
+            self.recorder.timeline.add_mark(self._now(), "torch_stats", **self.stats)
+        return warnings
+
+    # -- environment -----------------------------------------------------
+
+    def _record_environment(self) -> None:
+        torch = self._torch
+        cuda = torch.cuda.is_available()
+        meta: dict[str, Any] = {
+            "torch_version": torch.__version__,
+            "cuda_version": torch.version.cuda,
+            "cuda_available": cuda,
+            "cuda_device_count": torch.cuda.device_count() if cuda else 0,
+            "num_threads": torch.get_num_threads(),
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "distributed": bool(torch.distributed.is_available() and torch.distributed.is_initialized()),
+        }
+        self.recorder.timeline.meta["torch"] = meta
+
+    def _maybe_start_device_clock(self) -> None:
+        torch = self._torch
+        if self.recorder.device_clock is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            self.recorder.device_clock = CudaEventClock(torch, self.recorder.origin)
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.recorder.origin
+
+    # -- data ------------------------------------------------------------
+
+    def _install_data(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+        from torch.utils.data import dataloader as dl
+
+        data_id = rec.stage_id("data")
+        orig_next = dl._BaseDataLoaderIter.__next__
+        orig_iter = dl.DataLoader.__iter__
+        stats = self.stats
+        boundary = rec.boundary
+
+        def next_batch(it: Any) -> Any:
+            boundary("batch")
+            if not rec.enter(data_id):
+                return orig_next(it)
+            try:
+                batch = orig_next(it)
+            finally:
+                rec.exit()
+            stats["batches"] += 1
+            return batch
+
+        def start_iter(loader: Any) -> Any:
+            if id(loader) not in self._seen:
+                self._seen.add(id(loader))
+                self._record_loader(loader)
+            if not rec.enter(data_id):
+                return orig_iter(loader)
+            try:
+                return orig_iter(loader)
+            finally:
+                rec.exit()
+
+        p.set(dl._BaseDataLoaderIter, "__next__", next_batch)
+        p.set(dl.DataLoader, "__iter__", start_iter)
+
+    def _record_loader(self, loader: Any) -> None:
+        try:
+            length: int | None = len(loader.dataset)
+        except TypeError:
+            length = None
+        self.recorder.timeline.add_mark(
+            self._now(),
+            "dataloader",
+            num_workers=loader.num_workers,
+            pin_memory=bool(loader.pin_memory),
+            prefetch_factor=loader.prefetch_factor,
+            persistent_workers=bool(loader.persistent_workers),
+            batch_size=loader.batch_size,
+            drop_last=bool(loader.drop_last),
+            dataset=type(loader.dataset).__name__,
+            dataset_len=length,
+            iterable=isinstance(loader.dataset, self._torch.utils.data.IterableDataset),
+            cpu_count=os.cpu_count(),
+        )
+
+    # -- forward ---------------------------------------------------------
+
+    def _install_forward(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+        forward_id = rec.stage_id("forward")
+        orig_call = torch.nn.Module.__call__
+        stats = self.stats
+        is_autocast = torch.is_autocast_enabled
+        autocast_dtype = torch.get_autocast_dtype
+        grad_enabled = torch.is_grad_enabled
+
+        def call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if not rec.enter(forward_id):
+                return orig_call(module, *args, **kwargs)
+            try:
+                stats["forwards"] += 1
+                if grad_enabled():
+                    stats["grad_enabled_forwards"] += 1
+                for device in ("cuda", "cpu"):
+                    if is_autocast(device):
+                        stats["autocast_forwards"] += 1
+                        dtype = str(autocast_dtype(device)).replace("torch.", "")
+                        key = f"{device}:{dtype}"
+                        stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
+                        break
+                if id(module) not in self._seen:
+                    self._seen.add(id(module))
+                    self._record_model(module)
+                return orig_call(module, *args, **kwargs)
+            finally:
+                rec.exit()
+
+        p.set(torch.nn.Module, "__call__", call)
+
+    def _record_model(self, module: Any) -> None:
+        torch = self._torch
+        params = list(module.parameters())
+        first = params[0] if params else None
+        name = type(module).__name__
+        self.recorder.timeline.add_mark(
+            self._now(),
+            "model",
+            cls=name,
+            parameters=sum(int(q.numel()) for q in params),
+            param_dtype=str(first.dtype).replace("torch.", "") if first is not None else None,
+            device=str(first.device) if first is not None else None,
+            data_parallel=isinstance(module, torch.nn.DataParallel),
+            ddp=isinstance(module, torch.nn.parallel.DistributedDataParallel),
+            compiled=name == "OptimizedModule" or hasattr(module, "_orig_mod"),
+            training=bool(module.training),
+        )
+
+    # -- tensor methods: h2d and syncs -----------------------------------
+
+    def _install_tensor_methods(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+        h2d_id = rec.stage_id("h2d")
+        logging_id = rec.stage_id("logging")
+        stats = self.stats
+        Tensor = torch.Tensor
+        device_cls = torch.device
+        now = self._now
+        add_mark = rec.timeline.add_mark
+
+        def targets_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+            target = kwargs.get("device", args[0] if args else None)
+            if isinstance(target, str):
+                return target.startswith("cuda")
+            if isinstance(target, device_cls):
+                return target.type == "cuda"
+            if isinstance(target, Tensor):
+                return bool(target.is_cuda)
+            return isinstance(target, int) and not isinstance(target, bool)
+
+        def copy_to_device(orig: Any, always_cuda: bool) -> Any:
+            def copy(t: Any, *args: Any, **kwargs: Any) -> Any:
+                if t.is_cuda or not (always_cuda or targets_cuda(args, kwargs)) or not rec.enter(h2d_id):
+                    return orig(t, *args, **kwargs)
+                try:
+                    stats["h2d_copies"] += 1
+                    nbytes = t.numel() * t.element_size()
+                    stats["h2d_bytes"] += nbytes
+                    if t.is_pinned():
+                        stats["h2d_pinned_bytes"] += nbytes
+                    if kwargs.get("non_blocking"):
+                        stats["h2d_non_blocking"] += 1
+                    return orig(t, *args, **kwargs)
+                finally:
+                    rec.exit()
+                    self._maybe_start_device_clock()
+
+            return copy
+
+        def sync(orig: Any, name: str) -> Any:
+            def synced(t: Any, *args: Any, **kwargs: Any) -> Any:
+                if not t.is_cuda or not rec.enter(logging_id):
+                    return orig(t, *args, **kwargs)
+                try:
+                    stats["syncs"] += 1
+                    add_mark(now(), "sync", op=name)
+                    return orig(t, *args, **kwargs)
+                finally:
+                    rec.exit()
+
+            return synced
+
+        p.set(Tensor, "to", copy_to_device(Tensor.to, always_cuda=False))
+        p.set(Tensor, "cuda", copy_to_device(Tensor.cuda, always_cuda=True))
+        for name in _SYNC_METHODS:
+            p.set(Tensor, name, sync(getattr(Tensor, name), name))
+        if torch.cuda.is_available():
+            p.set(torch.cuda, "synchronize", rec.wrap(torch.cuda.synchronize, "logging"))
+
+    # -- optimizer -------------------------------------------------------
+
+    def _install_optimizer(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+        from torch.optim import optimizer as opt_mod
+
+        optimizer_id = rec.stage_id("optimizer")
+        open_steps: list[bool] = []
+        stats = self.stats
+
+        def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if id(optimizer) not in self._seen:
+                self._seen.add(id(optimizer))
+                self._record_optimizer(optimizer)
+            open_steps.append(rec.enter(optimizer_id))
+
+        def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if open_steps and open_steps.pop():
+                rec.exit()
+            stats["optimizer_steps"] += 1
+            rec.boundary("optimizer")
+            self._maybe_start_device_clock()
+
+        self._handles.append(opt_mod.register_optimizer_step_pre_hook(pre))
+        self._handles.append(opt_mod.register_optimizer_step_post_hook(post))
+        p.set(torch.optim.Optimizer, "zero_grad", rec.wrap(torch.optim.Optimizer.zero_grad, "optimizer"))
+        p.set(torch.nn.Module, "zero_grad", rec.wrap(torch.nn.Module.zero_grad, "optimizer"))
+
+    def _record_optimizer(self, optimizer: Any) -> None:
+        defaults = optimizer.defaults
+        self.recorder.timeline.add_mark(
+            self._now(),
+            "optimizer",
+            cls=type(optimizer).__name__,
+            foreach=defaults.get("foreach"),
+            fused=defaults.get("fused"),
+            parameters=sum(int(q.numel()) for g in optimizer.param_groups for q in g["params"]),
+        )
+
+    # -- checkpoint ------------------------------------------------------
+
+    def _install_checkpoint(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+        p.set(torch, "save", self._timed_save(torch.save, "torch.save"))
+        if importlib.util.find_spec("safetensors") is not None:
+            try:
+                import safetensors.torch as st
+            except ImportError:
+                return
+            for name in ("save_file", "save_model"):
+                p.set(st, name, self._timed_save(getattr(st, name), f"safetensors.{name}"))
+
+    def _timed_save(self, orig: Any, label: str) -> Any:
+        rec = self.recorder
+        checkpoint_id = rec.stage_id("checkpoint")
+
+        def save(*args: Any, **kwargs: Any) -> Any:
+            if not rec.enter(checkpoint_id):
+                return orig(*args, **kwargs)
+            start = self._now()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                rec.exit()
+                rec.timeline.add_mark(
+                    start, "checkpoint", fn=label, seconds=self._now() - start, bytes=_saved_size(args, kwargs)
+                )
+
+        save.__wrapped__ = orig  # type: ignore[attr-defined]
+        return save
+
+    # -- logging ---------------------------------------------------------
+
+    def _install_logging(self, rec: StageRecorder, p: Patcher) -> None:
+        p.set(builtins, "print", rec.wrap(builtins.print, "logging"))
+        p.set(logging.Logger, "handle", rec.wrap(logging.Logger.handle, "logging"))
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is not None:
+                p.set(sys, name, _TimedStream(stream, rec))
+        writers = []
+        if "torch.utils.tensorboard" in sys.modules:
+            writers.append(sys.modules["torch.utils.tensorboard"].SummaryWriter)
+        if "tensorboardX" in sys.modules:
+            writers.append(sys.modules["tensorboardX"].SummaryWriter)
+        for cls in writers:
+            for attr in dir(cls):
+                if attr.startswith("add_") or attr == "flush":
+                    p.set(cls, attr, rec.wrap(getattr(cls, attr), "logging"))
+
+    # -- comm ------------------------------------------------------------
+
+    def _install_comm(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+        if not torch.distributed.is_available():
+            return
+        dist = torch.distributed
+        for name in _COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                p.set(dist, name, rec.wrap(fn, "comm"))
+
+
+class _TimedStream:
+    """A text stream proxy whose writes are recorded as the ``logging`` stage."""
+
+    def __init__(self, stream: Any, recorder: StageRecorder) -> None:
+        self._stream = stream
+        self.write = recorder.wrap(stream.write, "logging")
+        self.flush = recorder.wrap(stream.flush, "logging")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _saved_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    target = kwargs.get("f", kwargs.get("filename", args[1] if len(args) > 1 else None))
+    if isinstance(target, (str, os.PathLike)):
+        try:
+            return os.path.getsize(target)
+        except OSError:
+            return None
+    tell = getattr(target, "tell", None)
+    if callable(tell):
+        try:
+            return int(tell())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+if TYPE_CHECKING:
+    _unused: torch.Tensor

@@ -1,0 +1,109 @@
+"""Plain-text rendering of a report, for terminals and ``print(report)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_BAR_WIDTH = 30
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """A duration with a unit that keeps three significant digits."""
+    if seconds is None:
+        return "n/a"
+    if seconds >= 100:
+        return f"{seconds:.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_fraction(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.0f}%"
+
+
+def render_text(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    steps = report["steps"]
+    head = f"perfmagic report ({report['source']}"
+    if report.get("framework"):
+        head += f", {report['framework']}"
+    head += f") — {fmt_seconds(report['wall_s'])} profiled"
+    lines += [head, "=" * len(head)]
+    if steps.get("count"):
+        lines.append(
+            f"steps: {steps['count']}, median {fmt_seconds(steps['median_s'])}, "
+            f"p90 {fmt_seconds(steps['p90_s'])}, {steps['per_s']:.2f} steps/s, "
+            f"first step done after {fmt_seconds(steps['first_s'])}"
+        )
+    else:
+        lines.append("steps: none seen")
+    if report.get("bottleneck"):
+        share = report["stages"].get(report["bottleneck"], {}).get("fraction")
+        tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""
+        lines.append(f"bottleneck: {report['bottleneck']}{tail}")
+
+    if report["stages"]:
+        lines += ["", "stage breakdown (share of step time, median per step):"]
+        width = max(len(n) for n in report["stages"])
+        for name, s in sorted(report["stages"].items(), key=lambda kv: -kv[1]["total_s"]):
+            bar = "█" * round(s["fraction"] * _BAR_WIDTH)
+            lines.append(
+                f"  {name:<{width}}  {fmt_fraction(s['fraction']):>4}  {bar:<{_BAR_WIDTH}}  "
+                f"{fmt_seconds(s['median_s'])}"
+            )
+
+    if report.get("gpu"):
+        g = report["gpu"]
+        lines += ["", f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}"]
+
+    if report["devices"]:
+        lines += ["", "GPUs:"]
+        for d in report["devices"]:
+            lines.append(
+                f"  [{d.get('index')}] {d.get('name', '?')}: util {fmt_fraction(d.get('util_mean'))} "
+                f"(p95 {fmt_fraction(d.get('util_p95'))}), memory peak {fmt_bytes(d.get('mem_used_peak_bytes'))}"
+                f" / {fmt_bytes(d.get('mem_total_bytes'))}, power {_watts(d.get('power_mean_w'))}"
+            )
+    host = report.get("host") or {}
+    if host:
+        lines += [
+            "",
+            f"host: {host.get('cpu_count', '?')} CPUs, CPU {fmt_fraction(host.get('cpu_util_mean'))}, "
+            f"RSS peak {fmt_bytes(host.get('rss_peak_bytes'))}",
+        ]
+
+    if len(report.get("ranks", [])) > 1:
+        lines += ["", "ranks:"]
+        for r in report["ranks"]:
+            lines.append(f"  rank {r['rank']}: {r['steps']['count']} steps, median {fmt_seconds(r['steps']['median_s'])}")
+
+    if report["advice"]:
+        lines += ["", "advice:"]
+        for card in report["advice"]:
+            saving = f" — saves ~{fmt_seconds(card['saving_s'])}/step" if card.get("saving_s") else ""
+            lines.append(f"  [{card['severity']}] {card['title']}{saving}")
+            lines.append(f"      {card['evidence']}")
+            for fix_line in card["fix"].splitlines():
+                lines.append(f"      | {fix_line}")
+
+    if report["warnings"]:
+        lines += ["", "not measured:"]
+        lines += [f"  - {w}" for w in report["warnings"]]
+    return "\n".join(lines)
+
+
+def _watts(w: float | None) -> str:
+    return "n/a" if w is None else f"{w:.0f} W"

@@ -1,0 +1,166 @@
+"""Report: the result of a profiled window, as the JSON contract of DESIGN.md.
+
+A report is its dictionary (``to_dict``) plus, when it was built in this
+process, the analysis behind it. Everything a renderer needs is in the
+dictionary, so a report read back from JSON renders the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from perfmagic.analyze import Analysis, analyze
+
+if TYPE_CHECKING:
+    from perfmagic.timeline import Timeline
+
+SCHEMA = "perfmagic.report/1"
+SOURCES = ("live", "run", "trace")
+
+
+class ReportFormatError(ValueError):
+    """A file that is not a perfmagic report."""
+
+
+class Report:
+    """The report of one profiled window."""
+
+    def __init__(self, data: dict[str, Any], analysis: Analysis | None = None) -> None:
+        if data.get("schema") != SCHEMA:
+            raise ReportFormatError(f"not a perfmagic report: schema is {data.get('schema')!r}, expected {SCHEMA!r}")
+        self._data = data
+        self.analysis = analysis
+
+    # -- construction ----------------------------------------------------
+
+    @classmethod
+    def from_timelines(cls, timelines: list[Timeline], source: str = "live") -> Report:
+        return cls.from_analysis(analyze(timelines), source)
+
+    @classmethod
+    def from_analysis(cls, analysis: Analysis, source: str = "live") -> Report:
+        from perfmagic.advise import advise
+
+        if source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+        b = analysis.breakdown
+        data: dict[str, Any] = {
+            "schema": SCHEMA,
+            "source": source,
+            "framework": analysis.framework,
+            "wall_s": analysis.wall_s,
+            "steps": vars(analysis.steps),
+            "stages": {name: vars(s) for name, s in analysis.stages.items()},
+            "bottleneck": analysis.bottleneck,
+            "devices": analysis.devices,
+            "host": analysis.host,
+            "gpu": analysis.gpu,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "pid": r.pid,
+                    "steps": vars(r.steps),
+                    "stages": {name: vars(s) for name, s in r.stages.items()},
+                }
+                for r in analysis.ranks
+            ],
+            "advice": [card.to_dict() for card in advise(analysis)],
+            "warnings": list(analysis.warnings),
+            "step_table": {
+                "boundary": b.boundary,
+                "start": b.start.tolist(),
+                "end": b.end.tolist(),
+                "stages": {name: b.seconds[:, j].tolist() for j, name in enumerate(b.stages)},
+            },
+        }
+        return cls(_clean(data), analysis)
+
+    # -- the contract ----------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self._data)
+
+    def to_json(self, path: str | os.PathLike[str] | None = None, indent: int | None = 2) -> str:
+        """The report as JSON text; also written to ``path`` when given."""
+        text = json.dumps(self._data, indent=indent, allow_nan=False)
+        if path is not None:
+            Path(path).write_text(text + "\n", encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ReportFormatError(f"not a perfmagic report: invalid JSON ({e.msg} at line {e.lineno})") from e
+        if not isinstance(data, dict):
+            raise ReportFormatError("not a perfmagic report: JSON is not an object")
+        return cls(data)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        tmp = Path(str(path) + ".tmp")
+        self.to_json(tmp)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Report:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ReportFormatError(f"cannot read report {path}: {e.strerror}") from e
+        return cls.from_json(text)
+
+    # -- convenient views --------------------------------------------------
+
+    @property
+    def steps(self) -> dict[str, Any]:
+        return dict(self._data["steps"])
+
+    @property
+    def stages(self) -> dict[str, dict[str, float]]:
+        return copy.deepcopy(self._data["stages"])
+
+    @property
+    def bottleneck(self) -> str | None:
+        value = self._data.get("bottleneck")
+        return str(value) if value is not None else None
+
+    @property
+    def advice(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self._data["advice"])
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self._data["warnings"])
+
+    def __getitem__(self, key: str) -> Any:
+        return copy.deepcopy(self._data[key])
+
+    def __str__(self) -> str:
+        from perfmagic.render.text import render_text
+
+        return render_text(self._data)
+
+    def __repr__(self) -> str:
+        steps = self._data["steps"]
+        median = steps.get("median_s")
+        median_txt = f"{median * 1000:.1f} ms" if median is not None else "n/a"
+        return f"<perfmagic.Report {steps.get('count', 0)} steps, median {median_txt}, bottleneck={self.bottleneck}>"
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: numpy scalars to Python, NaN and infinities to None."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,248 @@
+"""Session: runs the collectors around a block of code and builds its report."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
+
+from perfmagic.collect.sampler import Sampler, Source
+from perfmagic.collect.stages import NO_RECORDER, StageRecorder
+from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
+
+if TYPE_CHECKING:
+    from perfmagic.collect.torch_stages import TorchStages
+    from perfmagic.report import Report
+
+REPORT_NAME = "report.json"
+_SPOOL_EVERY_S = 1.0
+
+_active_lock = threading.Lock()
+_active: Session | None = None
+
+
+def active_session() -> Session | None:
+    """The session profiling this process right now, if any."""
+    return _active
+
+
+class Session:
+    """One profiled window: collectors on at ``start``, all off at ``stop``.
+
+    ``outdir`` receives the spool (``timeline.jsonl``, appended about once a
+    second so a killed process leaves a readable record) and ``report.json``.
+    Without it, a temporary directory is used.
+    """
+
+    def __init__(
+        self,
+        *,
+        interval: float = 0.1,
+        outdir: str | os.PathLike[str] | None = None,
+        hooks: bool = True,
+        sample: bool = True,
+        sources: list[Source] | None = None,
+        source: str = "live",
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        self.interval = float(interval)
+        self.outdir = Path(outdir) if outdir is not None else Path(tempfile.mkdtemp(prefix="perfmagic-"))
+        self.hooks = hooks
+        self.sample = sample
+        self.source = source
+        self.timeline = Timeline()
+        self.recorder: StageRecorder | None = None
+        self.warnings: list[str] = []
+        self._sources = sources
+        self._sampler: Sampler | None = None
+        self._torch: TorchStages | None = None
+        self._spool_file: IO[str] | None = None
+        self._spooler: Spooler | None = None
+        self._last_spool = 0.0
+        self._origin = 0.0
+        self._report: Report | None = None
+        self._running = False
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> Session:
+        global _active
+        with _active_lock:
+            if _active is not None:
+                raise RuntimeError("perfmagic is already profiling in this process; nested profiles are not supported")
+            _active = self
+        try:
+            self._start()
+        except BaseException:
+            with _active_lock:
+                _active = None
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        self._origin = time.perf_counter()
+        self.timeline.meta.update(
+            {
+                "epoch": time.time(),
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+                "rank": _env_int("RANK"),
+                "local_rank": _env_int("LOCAL_RANK"),
+                "world_size": _env_int("WORLD_SIZE"),
+                "argv": list(sys.argv),
+                "python": sys.version.split()[0],
+                "source": self.source,
+                "interval": self.interval,
+            }
+        )
+        self._spool_file = open(self.outdir / SPOOL_NAME, "w", encoding="utf-8")  # noqa: SIM115
+        self._spooler = Spooler(self.timeline, self._spool_file)
+        self._spooler.flush()
+        self._running = True
+        if self.hooks:
+            self.recorder = StageRecorder(self.timeline, self._origin)
+            self._start_framework_hooks()
+        if self.sample:
+            sources = self._sources if self._sources is not None else _default_sources()
+            self._sampler = Sampler(self.timeline, sources, self.interval, self._clock, self._on_tick)
+            self._sampler.start()
+
+    def _start_framework_hooks(self) -> None:
+        assert self.recorder is not None
+        from perfmagic.collect import torch_stages
+
+        if not torch_stages.torch_available():
+            self.warnings.append("torch is not installed: no training stages were recorded")
+            return
+        self._torch = torch_stages.TorchStages(self.recorder)
+        self._torch.install()
+        self.timeline.meta["framework"] = "torch"
+
+    def stop(self) -> Report:
+        """Turn every collector off, write the final record, build the report."""
+        global _active
+        if not self._running:
+            if self._report is None:
+                raise RuntimeError("session was never started")
+            return self._report
+        self._running = False
+        self.timeline.meta["wall_s"] = self._clock()
+        try:
+            if self._torch is not None:
+                self.warnings += self._torch.uninstall()
+            if self.recorder is not None:
+                self.recorder.close()
+            if self._sampler is not None:
+                self._sampler.stop()
+                self.warnings += self._sampler.warnings
+                self.timeline.meta["sampler"] = {
+                    "ticks": self._sampler.ticks,
+                    "busy_s": self._sampler.busy_s,
+                }
+        finally:
+            with _active_lock:
+                _active = None
+            self.timeline.meta["warnings"] = list(self.warnings)
+            self._finish_spool()
+        from perfmagic.report import Report
+
+        self._report = Report.from_timelines([self.timeline], source=self.source)
+        self._report.save(self.outdir / REPORT_NAME)
+        return self._report
+
+    def _finish_spool(self) -> None:
+        # Device timing rewrites span ends after they were spooled: replace the spool whole.
+        if self._spool_file is not None:
+            self._spool_file.close()
+            self._spool_file = None
+        tmp = self.outdir / (SPOOL_NAME + ".tmp")
+        self.timeline.save(tmp)
+        os.replace(tmp, self.outdir / SPOOL_NAME)
+
+    def _clock(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def _on_tick(self) -> None:
+        now = time.perf_counter()
+        if self._spooler is not None and now - self._last_spool >= _SPOOL_EVERY_S and self._running:
+            self._last_spool = now
+            self._spooler.flush()
+
+    # -- results ---------------------------------------------------------
+
+    @property
+    def report(self) -> Report:
+        if self._report is None:
+            raise RuntimeError("the report exists once the profiled block has ended")
+        return self._report
+
+    # -- context manager -------------------------------------------------
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.warnings.append(f"the profiled block ended with {exc_type.__name__}: the report covers what ran")
+        self.stop()
+
+
+def profile(**options: Any) -> Session:
+    """Profile a block: ``with perfmagic.profile() as session: train()``."""
+    return Session(**options)
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """A user-named stage (and NVTX range) around a block."""
+    session = _active
+    recorder = session.recorder if session is not None else None
+    with (recorder or NO_RECORDER).stage(name):
+        yield
+
+
+def step() -> None:
+    """Mark the end of a training step, where no optimizer or DataLoader shows it."""
+    session = _active
+    if session is not None and session.recorder is not None:
+        session.recorder.boundary("user")
+
+
+def load(path: str | os.PathLike[str]) -> Report:
+    """Rebuild a report from a session's output directory, its spool or a report file."""
+    from perfmagic.report import Report
+
+    p = Path(path)
+    if p.is_file() and p.name != SPOOL_NAME and p.suffix == ".json":
+        return Report.load(p)
+    return Report.from_timelines([Timeline.load(p)], source="live")
+
+
+def _default_sources() -> list[Source]:
+    from perfmagic.collect.host import HostSource
+    from perfmagic.collect.nvml import NvmlSource
+
+    return [NvmlSource(), HostSource(root_pid=os.getpid())]
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None

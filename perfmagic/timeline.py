@@ -1,0 +1,289 @@
+"""The timeline: the one data model every stage of the pipeline shares.
+
+A timeline holds what one process recorded during a profiled window:
+
+- *spans*: named intervals (training stages, steps), with their nesting depth;
+- *samples*: metric time series (GPU utilization, host CPU, RSS, ...);
+- *marks*: instants with a small payload (a step boundary, a checkpoint, a
+  DataLoader's configuration).
+
+Times are seconds since the window's origin (``time.perf_counter()`` at
+start); ``meta["epoch"]`` is the wall-clock time of that origin, so timelines
+of several processes can be put on one clock.
+
+Storage is columnar: appends go to ``array.array`` buffers (cheap enough for the
+training loop's hot path) and readers get numpy views. The same JSON-lines
+format serves as the crash-safe spool written while profiling and as the saved
+file: a reader takes every complete line and ignores a torn last one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+SPOOL_NAME = "timeline.jsonl"
+
+
+class TimelineFormatError(ValueError):
+    """A timeline file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Spans:
+    """A read-only columnar view of spans."""
+
+    names: list[str]
+    name_id: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    depth: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def name_of(self, i: int) -> str:
+        return self.names[int(self.name_id[i])]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """An instant event with a payload."""
+
+    t: float
+    name: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class _Series:
+    __slots__ = ("t", "v")
+
+    def __init__(self) -> None:
+        self.t = array("d")
+        self.v = array("d")
+
+
+class Timeline:
+    """Spans, samples and marks of one process over one window."""
+
+    def __init__(self, meta: dict[str, Any] | None = None) -> None:
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._names: list[str] = []
+        self._name_ids: dict[str, int] = {}
+        self._span_name = array("i")
+        self._span_start = array("d")
+        self._span_end = array("d")
+        self._span_depth = array("b")
+        self._series: dict[str, _Series] = {}
+        self._marks: list[Mark] = []
+        self._lock = threading.Lock()
+
+    # -- writing ---------------------------------------------------------
+
+    def name_id(self, name: str) -> int:
+        """The id of a span name, interning it on first use."""
+        i = self._name_ids.get(name)
+        if i is None:
+            i = self._name_ids[name] = len(self._names)
+            self._names.append(name)
+        return i
+
+    def add_span(self, name_id: int, start: float, end: float, depth: int = 0) -> None:
+        self._span_name.append(name_id)
+        self._span_start.append(start)
+        self._span_end.append(end)
+        self._span_depth.append(depth)
+
+    def add_sample(self, metric: str, t: float, value: float) -> None:
+        series = self._series.get(metric)
+        if series is None:
+            with self._lock:
+                series = self._series.setdefault(metric, _Series())
+        series.t.append(t)
+        series.v.append(value)
+
+    def add_mark(self, t: float, name: str, **data: Any) -> None:
+        self._marks.append(Mark(t, name, data))
+
+    # -- reading ---------------------------------------------------------
+
+    @property
+    def spans(self) -> Spans:
+        n = len(self._span_end)
+        return Spans(
+            names=list(self._names),
+            name_id=np.frombuffer(self._span_name, dtype=np.int32, count=n).copy(),
+            start=np.frombuffer(self._span_start, dtype=np.float64, count=n).copy(),
+            end=np.frombuffer(self._span_end, dtype=np.float64, count=n).copy(),
+            depth=np.frombuffer(self._span_depth, dtype=np.int8, count=n).copy(),
+        )
+
+    @property
+    def metrics(self) -> list[str]:
+        with self._lock:
+            return sorted(self._series)
+
+    def series(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """(times, values) of one metric; empty arrays when it was never sampled."""
+        s = self._series.get(metric)
+        if s is None:
+            empty = np.zeros(0)
+            return empty, empty
+        n = min(len(s.t), len(s.v))
+        return (
+            np.frombuffer(s.t, dtype=np.float64, count=n).copy(),
+            np.frombuffer(s.v, dtype=np.float64, count=n).copy(),
+        )
+
+    def marks(self, name: str | None = None) -> list[Mark]:
+        return [m for m in list(self._marks) if name is None or m.name == name]
+
+    # -- persistence -----------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the whole timeline as JSON lines."""
+        with open(path, "w", encoding="utf-8") as f:
+            Spooler(self, f).flush()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Timeline:
+        """Read a saved timeline or a spool, tolerating a torn last line."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / SPOOL_NAME
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise TimelineFormatError(f"cannot read timeline {p}: {e.strerror}") from e
+        timeline = cls()
+        for lineno, record in _records(text, p):
+            try:
+                timeline._apply(record)
+            except (KeyError, TypeError, ValueError) as e:
+                raise TimelineFormatError(f"{p}:{lineno}: bad {record.get('type')!r} record: {e}") from e
+        return timeline
+
+    def _apply(self, record: dict[str, Any]) -> None:
+        kind = record["type"]
+        if kind == "meta":
+            self.meta.update(record["meta"])
+        elif kind == "spans":
+            ids = [self.name_id(n) for n in record["names"]]
+            self._span_name.extend(ids[i] for i in record["name"])
+            self._span_start.extend(record["start"])
+            self._span_end.extend(record["end"])
+            self._span_depth.extend(record["depth"])
+        elif kind == "samples":
+            for metric, (ts, vs) in record["series"].items():
+                s = self._series.setdefault(metric, _Series())
+                s.t.extend(ts)
+                s.v.extend(float("nan") if v is None else v for v in vs)
+        elif kind == "marks":
+            self._marks.extend(Mark(m["t"], m["name"], m.get("data", {})) for m in record["marks"])
+        else:
+            raise ValueError(f"unknown record type {kind!r}")
+
+
+def _records(text: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    lines = text.split("\n")
+    complete = text.endswith("\n")
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            last = lineno == len(lines) or (lineno == len(lines) - 1 and not complete)
+            if last:
+                return  # a process killed mid-write leaves one torn line
+            raise TimelineFormatError(f"{path}:{lineno}: not a timeline record ({e.msg})") from e
+        if not isinstance(record, dict) or "type" not in record:
+            raise TimelineFormatError(f"{path}:{lineno}: not a timeline record")
+        yield lineno, record
+
+
+class Spooler:
+    """Appends what a timeline gained since the last flush to a JSON-lines file.
+
+    Each flush writes whole lines and flushes the OS buffer, so a process that
+    dies leaves every earlier chunk readable.
+    """
+
+    def __init__(self, timeline: Timeline, file: IO[str]) -> None:
+        self._tl = timeline
+        self._file = file
+        self._meta_written: dict[str, Any] = {}
+        self._names_sent = 0
+        self._spans_sent = 0
+        self._samples_sent: dict[str, int] = {}
+        self._marks_sent = 0
+        self._lock = threading.Lock()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        tl = self._tl
+        out: list[dict[str, Any]] = []
+        meta = {k: v for k, v in tl.meta.items() if self._meta_written.get(k, _MISSING) != v}
+        if meta:
+            out.append({"type": "meta", "meta": meta})
+            self._meta_written.update(meta)
+
+        n = len(tl._span_end)
+        if n > self._spans_sent:
+            a = self._spans_sent
+            names = list(tl._names)
+            out.append(
+                {
+                    "type": "spans",
+                    "names": names,
+                    "name": tl._span_name[a:n].tolist(),
+                    "start": tl._span_start[a:n].tolist(),
+                    "end": tl._span_end[a:n].tolist(),
+                    "depth": tl._span_depth[a:n].tolist(),
+                }
+            )
+            self._spans_sent = n
+
+        series: dict[str, tuple[list[float], list[float | None]]] = {}
+        with tl._lock:
+            items = list(tl._series.items())
+        for metric, s in items:
+            a = self._samples_sent.get(metric, 0)
+            b = min(len(s.t), len(s.v))
+            if b > a:
+                series[metric] = (s.t[a:b].tolist(), [None if v != v else v for v in s.v[a:b]])
+                self._samples_sent[metric] = b
+        if series:
+            out.append({"type": "samples", "series": series})
+
+        m = len(tl._marks)
+        if m > self._marks_sent:
+            marks = tl._marks[self._marks_sent : m]
+            out.append({"type": "marks", "marks": [{"t": k.t, "name": k.name, "data": k.data} for k in marks]})
+            self._marks_sent = m
+
+        if out:
+            self._file.write("".join(json.dumps(r, default=_jsonable) + "\n" for r in out))
+            self._file.flush()
+
+
+_MISSING = object()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return repr(value)
