@@ -32,7 +32,9 @@ class Report:
 
     def __init__(self, data: dict[str, Any], analysis: Analysis | None = None) -> None:
         if data.get("schema") != SCHEMA:
-            raise ReportFormatError(f"not a perfmagic report: schema is {data.get('schema')!r}, expected {SCHEMA!r}")
+            raise ReportFormatError(
+                f"not a perfmagic report: schema is {data.get('schema')!r}, expected {SCHEMA!r}"
+            )
         self._data = data
         self.analysis = analysis
 
@@ -97,7 +99,9 @@ class Report:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ReportFormatError(f"not a perfmagic report: invalid JSON ({e.msg} at line {e.lineno})") from e
+            raise ReportFormatError(
+                f"not a perfmagic report: invalid JSON ({e.msg} at line {e.lineno})"
+            ) from e
         if not isinstance(data, dict):
             raise ReportFormatError("not a perfmagic report: JSON is not an object")
         return cls(data)

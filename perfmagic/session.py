@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.stages import NO_RECORDER, StageRecorder
 from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
@@ -65,6 +66,7 @@ class Session:
         self._sources = sources
         self._sampler: Sampler | None = None
         self._torch: TorchStages | None = None
+        self._pending_import: PostImportHook | None = None
         self._spool_file: IO[str] | None = None
         self._spooler: Spooler | None = None
         self._last_spool = 0.0
@@ -118,11 +120,18 @@ class Session:
             self._sampler.start()
 
     def _start_framework_hooks(self) -> None:
-        assert self.recorder is not None
         from perfmagic.collect import torch_stages
 
         if not torch_stages.torch_available():
             self.warnings.append("torch is not installed: no training stages were recorded")
+            return
+        # Hook torch now if it is imported, else as soon as the profiled code imports it.
+        self._pending_import = when_imported("torch", self._install_torch)
+
+    def _install_torch(self, _module: object) -> None:
+        from perfmagic.collect import torch_stages
+
+        if not self._running or self.recorder is None:
             return
         self._torch = torch_stages.TorchStages(self.recorder)
         self._torch.install()
@@ -138,6 +147,8 @@ class Session:
         self._running = False
         self.timeline.meta["wall_s"] = self._clock()
         try:
+            if self._pending_import is not None:
+                self._pending_import.remove()
             if self._torch is not None:
                 self.warnings += self._torch.uninstall()
             if self.recorder is not None:

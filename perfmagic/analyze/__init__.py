@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
+from perfmagic.collect.stages import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 
 
@@ -75,10 +76,12 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
     """Analyze the timelines of one window (one per process)."""
     if not timelines:
         raise ValueError("nothing to analyze: no timeline")
-    ranks = [_rank(i, tl) for i, tl in enumerate(timelines)]
+    # A launcher or sampling-only process (``perfmagic run``'s own) records no stages: not a rank.
+    staged = [t for t in timelines if _has_steps(t)] or [t for t in timelines if len(t.spans)] or timelines[:1]
+    ranks = [_rank(i, t) for i, t in enumerate(staged)]
     with_steps = [r for r in ranks if r.steps.count]
     primary = min(with_steps, key=lambda r: r.rank) if with_steps else ranks[0]
-    tl = next(t for t, r in zip(timelines, ranks) if r is primary)
+    tl = next(t for t, r in zip(staged, ranks) if r is primary)
     sampled = _sampled_timeline(timelines)
 
     warnings = _unique(w for t in timelines for w in t.meta.get("warnings", []))
@@ -100,7 +103,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         devices=devices_summary(sampled),
         host=host_summary(sampled),
         gpu=gpu,
-        ranks=ranks if len(timelines) > 1 else [primary],
+        ranks=sorted(ranks, key=lambda r: r.rank),
         config=training_config(tl),
         warnings=warnings,
         timelines=timelines,
@@ -166,6 +169,10 @@ def _rank(index: int, timeline: Timeline) -> RankAnalysis:
         steps=step_stats(breakdown),
         stages=stage_stats(breakdown),
     )
+
+
+def _has_steps(timeline: Timeline) -> bool:
+    return any(n.startswith(STEP_BOUNDARY_PREFIX) for n in timeline.spans.names)
 
 
 def _sampled_timeline(timelines: list[Timeline]) -> Timeline:

@@ -67,7 +67,10 @@ def render_text(report: dict[str, Any]) -> str:
 
     if report.get("gpu"):
         g = report["gpu"]
-        lines += ["", f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}"]
+        lines += [
+            "",
+            f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}",
+        ]
 
     if report["devices"]:
         lines += ["", "GPUs:"]
@@ -88,7 +91,9 @@ def render_text(report: dict[str, Any]) -> str:
     if len(report.get("ranks", [])) > 1:
         lines += ["", "ranks:"]
         for r in report["ranks"]:
-            lines.append(f"  rank {r['rank']}: {r['steps']['count']} steps, median {fmt_seconds(r['steps']['median_s'])}")
+            lines.append(
+                f"  rank {r['rank']}: {r['steps']['count']} steps, median {fmt_seconds(r['steps']['median_s'])}"
+            )
 
     if report["advice"]:
         lines += ["", "advice:"]

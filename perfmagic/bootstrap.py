@@ -1,0 +1,78 @@
+"""Profiling of processes started by ``perfmagic run``, with no change to their code.
+
+``perfmagic run`` puts a directory holding a ``sitecustomize.py`` first on
+``PYTHONPATH`` and names its run directory in ``PERFMAGIC_RUN_DIR``. Python
+imports ``sitecustomize`` at start-up in every interpreter the command starts
+(torchrun's workers included); it calls :func:`start_from_env`, which profiles
+the process until it exits, then hands over to the user's own
+``sitecustomize``, if any.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from pathlib import Path
+
+RUN_DIR_ENV = "PERFMAGIC_RUN_DIR"
+INTERVAL_ENV = "PERFMAGIC_INTERVAL"
+
+SITECUSTOMIZE = '''\
+"""Written by perfmagic run: profiles this interpreter, then runs the user's sitecustomize."""
+import os as _os
+import sys as _sys
+
+_here = _os.path.dirname(_os.path.abspath(__file__))
+try:
+    from perfmagic.bootstrap import start_from_env
+
+    start_from_env()
+except Exception as _e:  # never stop the user's program
+    _sys.stderr.write(f"perfmagic: not profiling this process ({_e!r})\\n")
+_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
+del _sys.modules["sitecustomize"]
+try:
+    import sitecustomize  # noqa: F401  the user's own, if any
+except ImportError:
+    pass
+'''
+
+
+def write_sitecustomize(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "sitecustomize.py"
+    path.write_text(SITECUSTOMIZE, encoding="utf-8")
+    return path
+
+
+def is_helper_process() -> bool:
+    """A multiprocessing child (spawned DataLoader worker, resource tracker): not a rank."""
+    argv = " ".join(getattr(sys, "orig_argv", sys.argv))
+    return "multiprocessing" in argv or "from multiprocessing" in argv
+
+
+def start_from_env() -> None:
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir or is_helper_process():
+        return
+    from perfmagic.session import Session
+
+    session = Session(
+        interval=float(os.environ.get(INTERVAL_ENV, "0.1")),
+        outdir=Path(run_dir) / f"proc-{os.getpid()}",
+        sample=False,  # the perfmagic run process samples the hardware for the whole tree
+        source="run",
+    )
+    session.start()
+    atexit.register(_finish, session)
+
+
+def _finish(session: object) -> None:
+    from perfmagic.session import Session
+
+    assert isinstance(session, Session)
+    try:
+        session.stop()
+    except Exception as e:
+        sys.stderr.write(f"perfmagic: could not finish this process's profile ({e!r}); its spool is kept\n")

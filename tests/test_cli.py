@@ -1,0 +1,108 @@
+"""`perfmagic run` and `perfmagic demo`, as a user runs them: real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PERFMAGIC = [sys.executable, "-m", "perfmagic.cli"]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PERFMAGIC, *args], cwd=cwd, capture_output=True, text=True, timeout=240)
+
+
+def test_run_profiles_an_unchanged_script(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    result = run_cli(
+        "run",
+        "--json",
+        str(out),
+        "--outdir",
+        str(tmp_path / "rec"),
+        "--",
+        sys.executable,
+        str(SCRIPTS / "train_plain.py"),
+        "30",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "trained 30 steps" in result.stdout  # the script's own output is untouched
+    assert "stage breakdown" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["schema"] == "perfmagic.report/1"
+    assert report["source"] == "run"
+    assert report["framework"] == "torch"
+    assert report["steps"]["count"] == 30
+    assert set(report["stages"]) >= {"data", "forward", "backward", "optimizer", "other"}
+    assert sum(s["fraction"] for s in report["stages"].values()) == pytest.approx(1.0)
+    # 4 ms of sleep per step is invisible to the hooks: it must be the largest share.
+    assert report["bottleneck"] == "other"
+    assert report["stages"]["other"]["median_s"] == pytest.approx(0.004, abs=0.002)
+    # The run process sampled the host for the whole tree.
+    assert report["host"]["cpu_count"] == os.cpu_count()
+
+
+def test_run_returns_the_commands_exit_code_and_still_reports(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    result = run_cli(
+        "run",
+        "--json",
+        str(out),
+        "--",
+        sys.executable,
+        str(SCRIPTS / "train_plain.py"),
+        "5",
+        "3",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3
+    assert json.loads(out.read_text())["steps"]["count"] == 5
+
+
+def test_run_without_a_command_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_cli("run", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "give the command to profile" in result.stderr
+
+
+def test_run_of_a_missing_program_says_so(tmp_path: Path) -> None:
+    result = run_cli("run", "--", "no-such-program-xyz", cwd=tmp_path)
+    assert result.returncode == 127
+    assert "cannot start 'no-such-program-xyz'" in result.stderr
+
+
+def test_run_keeps_the_users_own_sitecustomize(tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import os, sys\nsys.exit(0 if os.environ.get('USER_SITECUSTOMIZE_RAN') == '1' else 9)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(own))
+    result = subprocess.run(
+        [*PERFMAGIC, "run", "--quiet", "--", sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_demo_names_the_input_bottleneck(tmp_path: Path) -> None:
+    out = tmp_path / "demo.json"
+    result = run_cli("demo", "--steps", "30", "--json", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["steps"]["count"] == 30
+    assert report["bottleneck"] == "data"
+    assert report["stages"]["data"]["fraction"] > 0.4

@@ -1,0 +1,60 @@
+"""Hooking torch when the profiled code imports it, and never importing it otherwise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def run_python(code: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_torch_imported_inside_the_profiled_block_is_hooked() -> None:
+    out = run_python(
+        """
+        import sys, perfmagic
+        assert "torch" not in sys.modules
+        with perfmagic.profile(sample=False) as session:
+            import torch  # like a notebook cell that starts with its imports
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(7):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        r = session.report
+        print(r.to_dict()["framework"], r.steps["count"], sorted(r.stages))
+        """
+    )
+    assert out == "torch 7 ['backward', 'forward', 'optimizer', 'other']"
+
+
+def test_profiling_code_without_torch_does_not_import_it() -> None:
+    out = run_python(
+        """
+        import sys, perfmagic
+        with perfmagic.profile(sample=False) as session:
+            sum(range(1000))
+        print("torch" in sys.modules, session.report.steps["count"])
+        """
+    )
+    assert out == "False 0"
+
+
+def test_the_import_hook_is_gone_after_the_block() -> None:
+    out = run_python(
+        """
+        import sys, perfmagic
+        before = list(sys.meta_path)
+        with perfmagic.profile(sample=False):
+            pass
+        print(sys.meta_path == before)
+        """
+    )
+    assert out == "True"
