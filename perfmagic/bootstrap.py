@@ -31,11 +31,11 @@ try:
 except Exception as _e:  # never stop the user's program
     _sys.stderr.write(f"perfmagic: not profiling this process ({_e!r})\\n")
 _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
-del _sys.modules["sitecustomize"]
+_ours = _sys.modules.pop("sitecustomize")
 try:
     import sitecustomize  # noqa: F401  the user's own, if any
 except ImportError:
-    pass
+    _sys.modules["sitecustomize"] = _ours  # the import system reads it back after this file runs
 '''
 
 

@@ -34,6 +34,7 @@ def test_run_profiles_an_unchanged_script(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "trained 30 steps" in result.stdout  # the script's own output is untouched
+    assert "sitecustomize" not in result.stderr
     assert "stage breakdown" in result.stdout
     report = json.loads(out.read_text())
     assert report["schema"] == "perfmagic.report/1"
@@ -96,6 +97,7 @@ def test_run_keeps_the_users_own_sitecustomize(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+    assert "sitecustomize" not in result.stderr
 
 
 def test_demo_names_the_input_bottleneck(tmp_path: Path) -> None:
@@ -106,3 +108,23 @@ def test_demo_names_the_input_bottleneck(tmp_path: Path) -> None:
     assert report["steps"]["count"] == 30
     assert report["bottleneck"] == "data"
     assert report["stages"]["data"]["fraction"] > 0.4
+
+
+@pytest.mark.slow
+def test_run_merges_torchrun_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "ddp.json"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, TRAIN_STEPS="20")
+    result = subprocess.run(
+        [*PERFMAGIC, "run", "--json", str(out), "--", str(torchrun), "--nproc-per-node", "2",
+         str(SCRIPTS / "train_ddp.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    ranks = {r["rank"]: r for r in report["ranks"]}
+    assert set(ranks) == {0, 1}  # the torchrun launcher is not a rank
+    assert all(r["steps"]["count"] == 20 for r in ranks.values())
+    # Rank 1 sleeps 10 ms a step; rank 0 waits for it in the collectives.
+    assert ranks[0]["stages"]["comm"]["median_s"] > 0.005
+    assert ranks[0]["stages"]["comm"]["fraction"] > ranks[1]["stages"]["comm"]["fraction"]
