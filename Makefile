@@ -40,3 +40,8 @@ lab: install
 
 clean:
 	rm -rf $(VENV) build dist perfmagic/labextension
+
+# On a GPU machine, in one go and under 5 minutes: `pytest -m gpu`, a real CUDA training loop under
+# perfmagic.profile(), the sampler's cost with real NVML, and a summary.
+gpu-check: install
+	$(PY) benchmarks/gpu_check.py
