@@ -7,11 +7,15 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The sidebar is TypeScript: installing builds it with npm (hatch-jupyter-builder), then links it
+# into the venv so a rebuilt extension reaches the running lab.
+$(STAMP): pyproject.toml labextension/package.json labextension/package-lock.json
+	command -v npm >/dev/null || { echo "make install needs Node.js >= 20.19 and npm (the sidebar is TypeScript)"; exit 1; }
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	$(VENV)/bin/jupyter-builder develop --overwrite .
 	touch $@
 
 demo: install
@@ -36,7 +40,8 @@ test-fast: install
 	$(VENV)/bin/pytest -m "not slow"
 
 lab: install
-	$(VENV)/bin/jupyter lab
+	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm run build
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf $(VENV) build dist perfmagic/labextension

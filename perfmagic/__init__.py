@@ -9,10 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 from perfmagic.report import Report
+from perfmagic.server import _jupyter_labextension_paths, _jupyter_server_extension_points
 from perfmagic.session import Session, load, profile, stage, step
 
 __version__ = "0.1.0"
-__all__ = ["Report", "Session", "__version__", "load", "load_ipython_extension", "profile", "stage", "step"]
+__all__ = [
+    "Report",
+    "Session",
+    "__version__",
+    "_jupyter_labextension_paths",
+    "_jupyter_server_extension_points",
+    "load",
+    "load_ipython_extension",
+    "profile",
+    "stage",
+    "step",
+]
 
 
 def load_ipython_extension(ipython: Any) -> None:

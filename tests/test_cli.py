@@ -43,9 +43,10 @@ def test_run_profiles_an_unchanged_script(tmp_path: Path) -> None:
     assert report["steps"]["count"] == 30
     assert set(report["stages"]) >= {"data", "forward", "backward", "optimizer", "other"}
     assert sum(s["fraction"] for s in report["stages"].values()) == pytest.approx(1.0)
-    # 4 ms of sleep per step is invisible to the hooks: it must be the largest share.
-    assert report["bottleneck"] == "other"
-    assert report["stages"]["other"]["median_s"] == pytest.approx(0.004, abs=0.002)
+    # 15 ms of sleep per step is invisible to the hooks: "other" must be the largest per-step stage.
+    medians = {name: stage["median_s"] for name, stage in report["stages"].items()}
+    assert max(medians, key=lambda name: medians[name]) == "other"
+    assert medians["other"] >= 0.014
     # The run process sampled the host for the whole tree.
     assert report["host"]["cpu_count"] == os.cpu_count()
 
@@ -106,8 +107,9 @@ def test_demo_names_the_input_bottleneck(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["steps"]["count"] == 30
-    assert report["bottleneck"] == "data"
-    assert report["stages"]["data"]["fraction"] > 0.4
+    medians = {name: stage["median_s"] for name, stage in report["stages"].items()}
+    assert max(medians, key=lambda name: medians[name]) == "data"
+    assert report["advice"][0]["id"] in {"input_bound", "dataloader_workers"}
 
 
 @pytest.mark.slow

@@ -1,0 +1,164 @@
+import { strict as assert } from 'node:assert';
+import { test } from 'node:test';
+
+import {
+  backoffDelay,
+  clampRate,
+  formatBytes,
+  formatCelsius,
+  formatPercent,
+  formatWatts,
+  gpuMetrics,
+  hostMetrics,
+  IGpu,
+  isSnapshot,
+  isStale,
+  ISnapshot,
+  noGpuMessage,
+  processRows,
+  Series
+} from '../src/logic';
+
+const GiB = 1024 ** 3;
+
+function snapshot(over: Partial<ISnapshot> = {}): ISnapshot {
+  return {
+    schema: 'perfmagic.snapshot/1',
+    seq: 1,
+    time: 0,
+    interval_s: 1,
+    age_s: 0,
+    nvml: { available: true, reason: null },
+    gpus: [],
+    processes: [],
+    host: {},
+    ...over
+  };
+}
+
+const gpu: IGpu = {
+  index: 1,
+  name: 'NVIDIA A100',
+  util_gpu: 0.93,
+  mem_used_bytes: 30 * GiB,
+  mem_total_bytes: 80 * GiB,
+  power_w: 251.6,
+  power_limit_w: 400,
+  temperature_c: 64.4,
+  lost: false
+};
+
+test('formatters use report units and show a dash for missing values', () => {
+  assert.equal(formatBytes(0), '0 B');
+  assert.equal(formatBytes(1536), '1.50 KiB');
+  assert.equal(formatBytes(80 * GiB), '80.0 GiB');
+  assert.equal(formatBytes(null), '–');
+  assert.equal(formatPercent(0.456), '46%');
+  assert.equal(formatPercent(undefined), '–');
+  assert.equal(formatWatts(251.6, 400), '252 / 400 W');
+  assert.equal(formatWatts(251.6), '252 W');
+  assert.equal(formatCelsius(NaN), '–');
+  assert.equal(formatCelsius(64.4), '64 °C');
+});
+
+test('gpu metrics: four charts with fractions against the right ceilings', () => {
+  const [util, mem, power, temp] = gpuMetrics(gpu);
+  assert.deepEqual(
+    [util.key, mem.key, power.key, temp.key],
+    ['gpu1.util', 'gpu1.mem', 'gpu1.power', 'gpu1.temp']
+  );
+  assert.equal(util.text, '93%');
+  assert.equal(mem.text, '30.0 GiB / 80.0 GiB');
+  assert.equal(mem.fraction, 30 / 80);
+  assert.equal(power.fraction, 251.6 / 400);
+  assert.equal(power.ceiling(new Series()), 400);
+  assert.equal(temp.ceiling(new Series()), 100);
+});
+
+test('unsupported fields stay empty instead of faking zeros', () => {
+  const views = gpuMetrics({ ...gpu, power_w: null, power_limit_w: null, temperature_c: null });
+  assert.equal(views[2].text, '–');
+  assert.equal(views[2].value, null);
+  assert.equal(views[3].fraction, null);
+  const s = new Series();
+  s.push(120);
+  assert.equal(views[2].ceiling(s), 120); // no limit known: scale to what was seen
+});
+
+test('host metrics', () => {
+  const [cpu, mem] = hostMetrics({
+    cpu_count: 2,
+    cpu_util: 0.5,
+    mem_total_bytes: 8 * GiB,
+    mem_used_bytes: 2 * GiB,
+    mem_util: 0.25
+  });
+  assert.equal(cpu.text, '50% of 2 cores');
+  assert.equal(mem.fraction, 0.25);
+  assert.equal(hostMetrics({ cpu_util: null })[0].text, '–');
+});
+
+test('series keeps a bounded history and records gaps', () => {
+  const s = new Series(3);
+  [1, 2, null, 4].forEach(v => s.push(v));
+  assert.deepEqual(s.values, [2, null, 4]);
+  assert.equal(s.last, 4);
+  assert.equal(s.max, 4);
+});
+
+test('no-GPU state says why', () => {
+  assert.equal(
+    noGpuMessage(snapshot({ nvml: { available: false, reason: 'NVML library not found' } })),
+    'No GPU data: NVML library not found.'
+  );
+  assert.match(noGpuMessage(snapshot())!, /found no GPU/);
+  assert.equal(noGpuMessage(snapshot({ gpus: [gpu] })), null);
+});
+
+test('stale snapshots are flagged', () => {
+  assert.equal(isStale(snapshot({ age_s: 1 })), false);
+  assert.equal(isStale(snapshot({ age_s: 30 })), true);
+  assert.equal(isStale(snapshot({ age_s: 30, interval_s: 10 })), false);
+});
+
+test('processes: notebook names, biggest first, foreign PIDs labelled', () => {
+  const rows = processRows([
+    { gpu_index: 0, pid: 7, used_memory_bytes: GiB, name: 'python', visible: true, kernel: null },
+    {
+      gpu_index: 1,
+      pid: 9,
+      used_memory_bytes: 4 * GiB,
+      name: 'python',
+      kernel: { id: 'abcdef0123', name: 'python3', path: 'work/train.ipynb', notebook: 'train.ipynb' }
+    },
+    { gpu_index: 0, pid: 4242, used_memory_bytes: null, name: null, visible: false, kernel: null }
+  ]);
+  assert.deepEqual(
+    rows.map(r => r.label),
+    ['train.ipynb', 'python (pid 7)', 'pid 4242 (not visible here)']
+  );
+  assert.equal(rows[0].memory, '4.00 GiB');
+  assert.equal(rows[0].isKernel, true);
+  assert.match(rows[0].title, /work\/train\.ipynb/);
+});
+
+test('rates are clamped to what the server serves', () => {
+  assert.equal(clampRate(100), 10);
+  assert.equal(clampRate(0), 0.25);
+  assert.equal(clampRate(NaN), 1);
+  assert.equal(clampRate(2), 2);
+});
+
+test('backoff doubles up to a cap, with bounded jitter', () => {
+  const noJitter = (a: number) => backoffDelay(a, 500, 30000, 0);
+  assert.deepEqual([0, 1, 2, 3].map(noJitter), [500, 1000, 2000, 4000]);
+  assert.equal(noJitter(20), 30000);
+  assert.equal(backoffDelay(1, 500, 30000, 0.2, () => 0), 800);
+  assert.equal(backoffDelay(1, 500, 30000, 0.2, () => 1), 1200);
+});
+
+test('only snapshots are treated as snapshots', () => {
+  assert.equal(isSnapshot(snapshot()), true);
+  assert.equal(isSnapshot({ type: 'config', rate_hz: 1 }), false);
+  assert.equal(isSnapshot(null), false);
+});

@@ -1,0 +1,202 @@
+"""Build the sidebar's snapshot: one JSON-able dict of GPUs, GPU processes, host and NVML status.
+
+Units match the report: bytes, watts, joules, seconds; utilizations in [0, 1].
+Everything here runs on the sampler thread, never on the server's IO loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import psutil
+
+SCHEMA = "perfmagic.snapshot/1"
+
+Json = dict[str, Any]
+
+
+class NvmlLike(Protocol):
+    """The part of :class:`perfmagic.collect.nvml.Nvml` the monitor uses."""
+
+    driver_version: str | None
+    cuda_driver_version: Any
+    warnings: list[str]
+
+    def device_count(self) -> int: ...
+
+    def static_info(self, i: int) -> Json: ...
+
+    def read(self, i: int) -> Json: ...
+
+    def processes(self, i: int) -> list[Json]: ...
+
+    def close(self) -> None: ...
+
+
+def nvml_status(
+    nv: NvmlLike | None, reason: str | None, device_count: int = 0, warnings: list[str] | None = None
+) -> Json:
+    """The ``nvml`` section: whether GPUs can be read, and if not, why."""
+    return {
+        "available": nv is not None,
+        "reason": reason,
+        "driver_version": getattr(nv, "driver_version", None),
+        "cuda_driver_version": getattr(nv, "cuda_driver_version", None),
+        "device_count": device_count,
+        "warnings": list(warnings or []),
+    }
+
+
+class HostReader:
+    """Host CPU and memory. CPU utilization comes from our own ``cpu_times`` deltas, because
+    ``psutil.cpu_percent(None)`` keeps one process-wide baseline that any other caller would reset."""
+
+    def __init__(self) -> None:
+        self._prev = psutil.cpu_times()
+        self.cpu_count = psutil.cpu_count() or os.cpu_count() or 1
+
+    def read(self) -> Json:
+        now = psutil.cpu_times()
+        util = cpu_util(self._prev, now)
+        self._prev = now
+        vm = psutil.virtual_memory()
+        used = vm.total - vm.available  # what applications hold; excludes reclaimable cache
+        return {
+            "cpu_count": self.cpu_count,
+            "cpu_util": util,
+            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "mem_total_bytes": vm.total,
+            "mem_used_bytes": used,
+            "mem_available_bytes": vm.available,
+            "mem_util": used / vm.total if vm.total else None,
+        }
+
+
+def cpu_util(prev: Any, now: Any) -> float | None:
+    """Busy fraction of all cores between two ``psutil.cpu_times()`` readings (None: no time passed)."""
+    idle_fields = ("idle", "iowait")
+    total = sum(now) - sum(prev)
+    idle = sum(getattr(now, f, 0.0) - getattr(prev, f, 0.0) for f in idle_fields)
+    if total <= 0:
+        return None
+    return clamp01((total - idle) / total)
+
+
+def clamp01(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+def read_gpus(nv: NvmlLike, static: list[Json]) -> list[Json]:
+    """Per-GPU metrics: static facts plus one read; a GPU that fails is reported lost, not dropped."""
+    gpus: list[Json] = []
+    for info in static:
+        i = int(info["index"])
+        gpu: Json = dict(info)
+        try:
+            gpu.update(nv.read(i))
+        except Exception as e:  # one bad device must not hide the others
+            gpu.update(lost=True, lost_reason=f"read failed: {type(e).__name__}: {e}")
+        gpu["index"] = i
+        gpu["lost"] = bool(gpu.get("lost"))
+        if gpu["lost"] and not gpu.get("lost_reason"):
+            reason = getattr(nv, "lost_reason", None)
+            gpu["lost_reason"] = reason(i) if callable(reason) else None
+        gpus.append(gpu)
+    return gpus
+
+
+def read_processes(nv: NvmlLike, gpus: list[Json]) -> list[Json]:
+    """The processes of every GPU still on the bus, tagged with their GPU."""
+    procs: list[Json] = []
+    for gpu in gpus:
+        if gpu["lost"]:
+            continue
+        i = gpu["index"]
+        try:
+            found = nv.processes(i)
+        except Exception:  # the NVML layer already warns; a missing list is not fatal
+            continue
+        procs.extend({"gpu_index": i, "gpu_uuid": gpu.get("uuid"), **p} for p in found)
+    return procs
+
+
+class ProcessCache:
+    """Reuse the last process list for ``max_age_s``: per-process NVML queries are the slow ones."""
+
+    def __init__(self, max_age_s: float) -> None:
+        self.max_age_s = max_age_s
+        self._value: list[Json] = []
+        self._at = -math.inf
+
+    def get(self, compute: Callable[[], list[Json]]) -> list[Json]:
+        now = time.monotonic()
+        if now - self._at >= self.max_age_s:
+            self._value = compute()
+            self._at = now
+        return self._value
+
+
+def describe_processes(procs: list[Json], kernel_for: Callable[[int], Json | None]) -> list[Json]:
+    """Add each GPU process's name, user and owning kernel (with its notebook path).
+
+    NVML may report PIDs of another PID namespace (containers): those get ``visible: false``.
+    """
+    out: list[Json] = []
+    for p in procs:
+        pid = int(p["pid"])
+        entry: Json = {**p, "name": None, "username": None, "visible": False, "kernel": None}
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                entry["name"] = proc.name()
+                entry["username"] = _username(proc)
+            entry["visible"] = True
+            entry["kernel"] = kernel_for(pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+        out.append(entry)
+    return out
+
+
+def _username(proc: psutil.Process) -> str | None:
+    try:
+        return str(proc.username())
+    except (psutil.AccessDenied, KeyError):  # KeyError: uid without a passwd entry (containers)
+        return None
+
+
+def build(
+    seq: int,
+    interval_s: float,
+    nvml: Json,
+    gpus: list[Json],
+    processes: list[Json],
+    host: Json,
+) -> Json:
+    """Assemble one snapshot; non-finite floats become None so the JSON stays valid."""
+    snap: Json = {
+        "schema": SCHEMA,
+        "seq": seq,
+        "time": time.time(),
+        "interval_s": interval_s,
+        "nvml": nvml,
+        "gpus": gpus,
+        "processes": processes,
+        "host": host,
+    }
+    cleaned: Json = _finite(snap)
+    return cleaned
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x

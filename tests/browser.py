@@ -1,0 +1,204 @@
+"""Real JupyterLab in headless Chromium, for browser tests.
+
+``lab_server`` starts ``jupyter lab`` with every Jupyter directory isolated under a temp dir, a
+known token and ``window.jupyterapp`` exposed; ``lab_page`` adds a Chromium page (Debian's
+``/usr/bin/chromium`` through Playwright) with JupyterLab loaded; ``screenshot`` saves into
+``test-artifacts/``. Typical use::
+
+    with lab_page(tmp_path) as (base_url, token, page):
+        page.locator('li[data-id="perfmagic-gpu-monitor"]').click()
+        screenshot(page, "sidebar")
+
+``server_config`` is Python written to the isolated ``jupyter_server_config.py``: it runs in the
+server process, which is how a test installs a fake NVML there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = os.environ.get("PERFMAGIC_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# Settings every test lab gets: no "official Jupyter news?" toast over the screenshots.
+USER_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
+}
+TOKEN = "perfmagic-test-token"
+
+
+class LabServer(NamedTuple):
+    base_url: str  # ends with "/"
+    token: str
+    root_dir: Path
+    log: Path
+
+
+class LabPage(NamedTuple):
+    base_url: str
+    token: str
+    page: Any  # playwright.sync_api.Page
+
+
+def require_browser() -> None:
+    """Skip (with the fix) when Chromium or Playwright is missing."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: `make browser` (apt-get install -y chromium)")
+    pytest.importorskip("playwright.sync_api")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def lab_server(
+    tmp: Path,
+    *,
+    root_dir: Path | None = None,
+    server_config: str = "",
+    user_settings: dict[str, Any] | None = None,
+    args: Sequence[str] = (),
+    timeout: float = 90.0,
+) -> Iterator[LabServer]:
+    """Run ``jupyter lab`` until the block ends; its log goes to ``tmp/lab.log``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    root = root_dir or tmp / "root"
+    root.mkdir(parents=True, exist_ok=True)
+    dirs = {
+        "JUPYTER_CONFIG_DIR": tmp / "config",
+        "JUPYTER_DATA_DIR": tmp / "data",
+        "JUPYTER_RUNTIME_DIR": tmp / "runtime",
+        "IPYTHONDIR": tmp / "ipython",
+        "JUPYTERLAB_SETTINGS_DIR": tmp / "lab-settings",
+        "JUPYTERLAB_WORKSPACES_DIR": tmp / "lab-workspaces",
+    }
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    (dirs["JUPYTER_CONFIG_DIR"] / "jupyter_server_config.py").write_text(server_config)
+    for name, value in {**USER_SETTINGS, **(user_settings or {})}.items():
+        path = dirs["JUPYTERLAB_SETTINGS_DIR"] / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+    env = {**os.environ, **{k: str(v) for k, v in dirs.items()}, "PYTHONUNBUFFERED": "1"}
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--no-browser",
+        f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
+        f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
+        "--LabApp.expose_app_in_browser=True", *args,
+    ]  # fmt: skip
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    base_url = f"http://127.0.0.1:{port}/"
+    log = tmp / "lab.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(proc, f"{base_url}api/status?token={TOKEN}", timeout, log)
+            yield LabServer(base_url, TOKEN, root, log)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"jupyter lab not ready after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@contextmanager
+def chromium(viewport: tuple[int, int] = (1280, 800)) -> Iterator[Any]:
+    """A page in a fresh headless Chromium; ``page.context.new_page()`` adds more. Closed with the block."""
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            # An explicit context, so a test can open more pages that share its login cookie.
+            context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+@contextmanager
+def lab_page(tmp: Path, **server_options: Any) -> Iterator[LabPage]:
+    """JupyterLab started, opened in Chromium, and restored: yields (base_url, token, page)."""
+    require_browser()
+    with lab_server(tmp, **server_options) as server, chromium() as page:
+        open_lab(page, server.base_url, server.token)
+        yield LabPage(server.base_url, server.token, page)
+
+
+def open_lab(page: Any, base_url: str, token: str, workspace: str | None = None) -> None:
+    """Load JupyterLab in ``page`` and wait until its layout is restored.
+
+    A second page on the same workspace makes JupyterLab navigate to a new one mid-load:
+    give each extra page its own ``workspace``.
+    """
+    path = f"lab/workspaces/{workspace}" if workspace else "lab"
+    page.goto(f"{base_url}{path}?token={token}")
+    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
+
+
+def screenshot(page: Any, name: str) -> Path:
+    """Save a PNG of the page as ``test-artifacts/<name>.png``."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    return path
+
+
+def copy_artifact(src: Path, name: str) -> Path:
+    """Keep a file (a server log, say) next to the screenshots."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    dest = ARTIFACTS / name
+    shutil.copyfile(src, dest)
+    return dest

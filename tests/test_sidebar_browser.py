@@ -1,0 +1,179 @@
+"""The GPU monitor sidebar: its TypeScript unit tests, and the real thing in JupyterLab and Chromium.
+
+Screenshots: ``test-artifacts/sidebar-no-gpu.png`` (this machine: real NVML, no GPU) and
+``test-artifacts/sidebar-gpu-monitor.png`` (fake NVML with two GPUs, one used by a notebook).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import lab_page, open_lab, screenshot
+
+LABEXTENSION = Path(__file__).resolve().parent.parent / "labextension"
+PANEL = "#perfmagic-gpu-monitor"
+TAB = 'li[data-id="perfmagic-gpu-monitor"]'
+TESTS = Path(__file__).resolve().parent
+
+# Runs inside the lab server (its jupyter_server_config.py): two fake GPUs whose load moves
+# over time, and GPU 0 used by every kernel of this server, so the sidebar can name the notebook.
+FAKE_TWO_GPUS = f"""
+import math, sys, time
+sys.path.insert(0, {str(TESTS)!r})
+import fake_nvml as fakes
+from perfmagic.collect import nvml
+
+GiB = 1024**3
+
+class KernelPids(list):
+    def _now(self):
+        from jupyter_server.serverapp import ServerApp
+        km = ServerApp.instance().kernel_manager
+        pids = [getattr(km.get_kernel(k).provisioner, "pid", None) for k in list(km.list_kernel_ids())]
+        return [(pid, 18 * GiB) for pid in pids if pid]
+    def __iter__(self):
+        return iter(self._now())
+    def __len__(self):
+        return len(self._now())
+
+class LiveGpu(fakes.FakeGpu):
+    phase = 0.0
+    def _wave(self, lo, hi):
+        return lo + (hi - lo) * (0.5 + 0.5 * math.sin(time.time() / 2.0 + self.phase))
+    util_gpu = property(lambda self: int(self._wave(35, 98)), lambda self, v: None)
+    power_mw = property(lambda self: int(self._wave(150_000, 650_000)), lambda self, v: None)
+    temperature = property(lambda self: int(self._wave(48, 79)), lambda self, v: None)
+
+gpu1 = LiveGpu(name="NVIDIA A100-SXM4-40GB", uuid="GPU-1", mem_total=40 * GiB, mem_used=6 * GiB,
+               power_limit_mw=400_000, gpm=False, nvlink_links=0)
+gpu1.phase = 2.0
+fake = fakes.FakeNvml([LiveGpu(processes=KernelPids()), gpu1])
+nvml._load_pynvml = lambda: fake
+"""
+
+
+def _seq(page: Any) -> int:
+    return int(page.get_attribute(PANEL, "data-seq") or 0)
+
+
+def _wait_seq(page: Any, above: int, timeout_ms: int = 15_000) -> int:
+    page.wait_for_function(
+        "([sel, n]) => Number(document.querySelector(sel)?.dataset.seq || 0) > n",
+        arg=[PANEL, above],
+        timeout=timeout_ms,
+    )
+    return _seq(page)
+
+
+def _points(page: Any, key: str) -> int:
+    return int(page.get_attribute(f'{PANEL} .pm-metric[data-key="{key}"] canvas', "data-points") or 0)
+
+
+def test_typescript_logic() -> None:
+    """Rate math, formatting, backoff and the no-GPU state: node's test runner on labextension/test/."""
+    npm = shutil.which("npm")
+    if npm is None or not (LABEXTENSION / "node_modules").is_dir():
+        pytest.skip("needs npm and labextension/node_modules (`make install` builds the extension)")
+    result = subprocess.run([npm, "test"], cwd=LABEXTENSION, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "# fail 0" in result.stdout
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_sidebar_without_gpu_says_why_and_pauses_when_hidden(tmp_path: Path) -> None:
+    settings = {"perfmagic/plugin.jupyterlab-settings": {"refreshRate": 4}}
+    with lab_page(tmp_path, user_settings=settings) as (base_url, token, page):
+        page.locator(TAB).click()
+        page.wait_for_selector(f"{PANEL}:visible")
+        first = _wait_seq(page, 0)
+        notice = page.locator(f"{PANEL} .pm-notice")
+        notice.wait_for(state="visible")
+        assert notice.inner_text().startswith("No GPU data: ")
+        assert page.locator(f"{PANEL} .pm-gpu").count() == 0
+
+        # host charts keep moving, at the rate from the settings (4 Hz)
+        t0 = time.monotonic()
+        later = _wait_seq(page, first + 6)
+        assert time.monotonic() - t0 < 6
+        assert _points(page, "host.cpu") >= later - first
+        assert "%" in page.inner_text(f'{PANEL} .pm-metric[data-key="host.cpu"] .pm-metric-value')
+        assert page.inner_text(f"{PANEL} .pm-status") == "live"
+        screenshot(page, "sidebar-no-gpu")
+
+        # collapsing the sidebar pauses the stream; opening it again resumes
+        page.locator(TAB).click()
+        page.wait_for_selector(f"{PANEL}", state="hidden")
+        time.sleep(0.5)
+        paused_at = _seq(page)
+        time.sleep(1.5)
+        assert _seq(page) == paused_at
+        assert page.get_attribute(f"{PANEL} .pm-status", "data-state") == "paused"
+        page.locator(TAB).click()
+        _wait_seq(page, paused_at)
+
+        # a proxy that drops WebSockets: the sidebar falls back to polling the REST snapshot
+        blocked = page.context.new_page()
+        blocked.route_web_socket(re.compile(r".*/perfmagic/api/stream.*"), lambda ws: ws.close())
+        open_lab(blocked, base_url, token, workspace="no-websocket")
+        if not blocked.locator(f"{PANEL}:visible").count():  # the layout may restore it open
+            blocked.locator(TAB).click()
+        blocked.wait_for_function(
+            f"() => document.querySelector('{PANEL} .pm-status')?.dataset.state === 'polling'",
+            timeout=20_000,
+        )
+        _wait_seq(blocked, _wait_seq(blocked, 0))
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": [], "execution_count": None}
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (root / "train.ipynb").write_text(json.dumps(notebook))
+    with lab_page(tmp_path, root_dir=root, server_config=FAKE_TWO_GPUS) as (_, _, page):
+        page.evaluate(
+            "() => { void window.jupyterapp.commands.execute('docmanager:open', {path: 'train.ipynb'}); }"
+        )
+        page.locator(TAB).click()
+        cards = page.locator(f"{PANEL} .pm-gpu")
+        page.wait_for_function(f"() => document.querySelectorAll('{PANEL} .pm-gpu').length === 2")
+        assert "NVIDIA H100" in cards.nth(0).locator(".pm-card-title").inner_text()
+        assert page.locator(f"{PANEL} .pm-notice").is_hidden()
+
+        # the notebook's kernel shows up by name once it runs (kernel index refreshes every 2 s)
+        row = page.locator(f"{PANEL} .pm-proc.pm-kernel .pm-proc-name")
+        row.first.wait_for(timeout=45_000)
+        assert row.first.inner_text() == "train.ipynb"
+        assert "18.0 GiB" in page.inner_text(f"{PANEL} .pm-proc-table")
+
+        # charts update over time: more points, and the utilization text moves with the fake load
+        util = f'{PANEL} .pm-metric[data-key="gpu0.util"] .pm-metric-value'
+        start, texts = _seq(page), {page.inner_text(util)}
+        points = _points(page, "gpu0.util")
+        for _ in range(4):
+            _wait_seq(page, _seq(page))
+            texts.add(page.inner_text(util))
+        assert _seq(page) >= start + 4 and _points(page, "gpu0.util") >= points + 4
+        assert len(texts) > 1, texts
+        for key in ("gpu0.mem", "gpu0.power", "gpu0.temp", "gpu1.util", "host.cpu", "host.mem"):
+            assert _points(page, key) > 0, key
+        assert " W" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.power"] .pm-metric-value')
+        assert "°C" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.temp"] .pm-metric-value')
+        path = screenshot(page, "sidebar-gpu-monitor")
+        assert path.stat().st_size > 10_000
