@@ -8,7 +8,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -72,6 +72,7 @@ class Session:
         self._last_spool = 0.0
         self._origin = 0.0
         self._report: Report | None = None
+        self._tick_listeners: list[Callable[[], None]] = []
         self._running = False
 
     # -- lifecycle -------------------------------------------------------
@@ -80,13 +81,23 @@ class Session:
         global _active
         with _active_lock:
             if _active is not None:
-                raise RuntimeError("perfmagic is already profiling in this process; nested profiles are not supported")
+                raise RuntimeError(
+                    "perfmagic is already profiling in this process; nested profiles are not supported"
+                )
             _active = self
         try:
             self._start()
         except BaseException:
-            with _active_lock:
-                _active = None
+            # A start that failed half-way must not leave a hook, a thread or the spool open.
+            self._running = False
+            try:
+                self._teardown()
+            finally:
+                if self._spool_file is not None:
+                    self._spool_file.close()
+                    self._spool_file = None
+                with _active_lock:
+                    _active = None
             raise
         return self
 
@@ -117,7 +128,9 @@ class Session:
         if self.sample:
             sources = self._sources if self._sources is not None else _default_sources()
             self._sampler = Sampler(self.timeline, sources, self.interval, self._clock, self._on_tick)
-            self._sampler.start()
+        else:  # no metrics, but the thread still spools: a killed process keeps its record
+            self._sampler = Sampler(self.timeline, [], _SPOOL_EVERY_S, self._clock, self._on_tick)
+        self._sampler.start()
 
     def _start_framework_hooks(self) -> None:
         from perfmagic.collect import torch_stages
@@ -147,22 +160,11 @@ class Session:
         self._running = False
         self.timeline.meta["wall_s"] = self._clock()
         try:
-            if self._pending_import is not None:
-                self._pending_import.remove()
-            if self._torch is not None:
-                self.warnings += self._torch.uninstall()
-            if self.recorder is not None:
-                self.recorder.close()
-            if self._sampler is not None:
-                self._sampler.stop()
-                self.warnings += self._sampler.warnings
-                self.timeline.meta["sampler"] = {
-                    "ticks": self._sampler.ticks,
-                    "busy_s": self._sampler.busy_s,
-                }
+            self._teardown()
         finally:
             with _active_lock:
                 _active = None
+            self._tick_listeners = []
             self.timeline.meta["warnings"] = list(self.warnings)
             self._finish_spool()
         from perfmagic.report import Report
@@ -170,6 +172,24 @@ class Session:
         self._report = Report.from_timelines([self.timeline], source=self.source)
         self._report.save(self.outdir / REPORT_NAME)
         return self._report
+
+    def _teardown(self) -> None:
+        """Remove every hook and stop the sampler (each part only if it started)."""
+        try:
+            if self._pending_import is not None:
+                self._pending_import.remove()
+            if self._torch is not None:
+                self.warnings += self._torch.uninstall()
+            if self.recorder is not None:
+                self.recorder.close()
+        finally:
+            if self._sampler is not None:
+                self._sampler.stop()
+                self.warnings += self._sampler.warnings
+                self.timeline.meta["sampler"] = {
+                    "ticks": self._sampler.ticks,
+                    "busy_s": self._sampler.busy_s,
+                }
 
     def _finish_spool(self) -> None:
         # Device timing rewrites span ends after they were spooled: replace the spool whole.
@@ -183,11 +203,24 @@ class Session:
     def _clock(self) -> float:
         return time.perf_counter() - self._origin
 
+    def add_tick_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the sampler thread after every tick until ``stop`` (live views hang here).
+
+        A listener that raises is dropped with a warning; the others keep running.
+        """
+        self._tick_listeners = [*self._tick_listeners, fn]
+
     def _on_tick(self) -> None:
         now = time.perf_counter()
         if self._spooler is not None and now - self._last_spool >= _SPOOL_EVERY_S and self._running:
             self._last_spool = now
             self._spooler.flush()
+        for fn in self._tick_listeners:
+            try:
+                fn()
+            except Exception as e:
+                self._tick_listeners = [f for f in self._tick_listeners if f is not fn]
+                self.warnings.append(f"a live view failed and was turned off ({e!r})")
 
     # -- results ---------------------------------------------------------
 
@@ -209,7 +242,9 @@ class Session:
         tb: TracebackType | None,
     ) -> None:
         if exc_type is not None:
-            self.warnings.append(f"the profiled block ended with {exc_type.__name__}: the report covers what ran")
+            self.warnings.append(
+                f"the profiled block ended with {exc_type.__name__}: the report covers what ran"
+            )
         self.stop()
 
 
@@ -241,7 +276,8 @@ def load(path: str | os.PathLike[str]) -> Report:
     p = Path(path)
     if p.is_file() and p.name != SPOOL_NAME and p.suffix == ".json":
         return Report.load(p)
-    return Report.from_timelines([Timeline.load(p)], source="live")
+    timeline = Timeline.load(p)
+    return Report.from_timelines([timeline], source=str(timeline.meta.get("source", "live")))
 
 
 def _default_sources() -> list[Source]:

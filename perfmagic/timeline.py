@@ -115,9 +115,13 @@ class Timeline:
 
     # -- reading ---------------------------------------------------------
 
+    def _span_count(self) -> int:
+        # add_span appends the depth column last: a span another thread is adding has no depth yet
+        return len(self._span_depth)
+
     @property
     def spans(self) -> Spans:
-        n = len(self._span_end)
+        n = self._span_count()
         return Spans(
             names=list(self._names),
             name_id=np.frombuffer(self._span_name, dtype=np.int32, count=n).copy(),
@@ -234,12 +238,13 @@ class Spooler:
     def _flush(self) -> None:
         tl = self._tl
         out: list[dict[str, Any]] = []
-        meta = {k: v for k, v in tl.meta.items() if self._meta_written.get(k, _MISSING) != v}
+        # list() copies in one step: the profiled thread may add keys while this runs on the sampler's
+        meta = {k: v for k, v in list(tl.meta.items()) if self._meta_written.get(k, _MISSING) != v}
         if meta:
             out.append({"type": "meta", "meta": meta})
             self._meta_written.update(meta)
 
-        n = len(tl._span_end)
+        n = tl._span_count()
         if n > self._spans_sent:
             a = self._spans_sent
             names = list(tl._names)
@@ -270,7 +275,9 @@ class Spooler:
         m = len(tl._marks)
         if m > self._marks_sent:
             marks = tl._marks[self._marks_sent : m]
-            out.append({"type": "marks", "marks": [{"t": k.t, "name": k.name, "data": k.data} for k in marks]})
+            out.append(
+                {"type": "marks", "marks": [{"t": k.t, "name": k.name, "data": k.data} for k in marks]}
+            )
             self._marks_sent = m
 
         if out:

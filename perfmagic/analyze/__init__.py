@@ -77,11 +77,13 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
     if not timelines:
         raise ValueError("nothing to analyze: no timeline")
     # A launcher or sampling-only process (``perfmagic run``'s own) records no stages: not a rank.
-    staged = [t for t in timelines if _has_steps(t)] or [t for t in timelines if len(t.spans)] or timelines[:1]
+    staged = (
+        [t for t in timelines if _has_steps(t)] or [t for t in timelines if len(t.spans)] or timelines[:1]
+    )
     ranks = [_rank(i, t) for i, t in enumerate(staged)]
     with_steps = [r for r in ranks if r.steps.count]
     primary = min(with_steps, key=lambda r: r.rank) if with_steps else ranks[0]
-    tl = next(t for t, r in zip(staged, ranks) if r is primary)
+    tl = next(t for t, r in zip(staged, ranks, strict=True) if r is primary)
     sampled = _sampled_timeline(timelines)
 
     warnings = _unique(w for t in timelines for w in t.meta.get("warnings", []))

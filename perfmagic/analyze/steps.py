@@ -14,8 +14,8 @@ import numpy as np
 from perfmagic.collect.stages import STAGES, STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Spans, Timeline
 
-BOUNDARY_KINDS = ("optimizer", "batch", "user")
-"""Where step ends come from, in order of preference."""
+BOUNDARY_KINDS = ("profiler_step", "optimizer", "batch", "user")
+"""Where step ends come from, in order of preference (``profiler_step``: a trace's ``ProfilerStep#`` ends)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class StepBreakdown:
 
     @property
     def durations(self) -> np.ndarray:
-        return self.end - self.start
+        durations: np.ndarray = self.end - self.start
+        return durations
 
     def column(self, stage: str) -> np.ndarray:
         return self.seconds[:, self.stages.index(stage)]
@@ -72,15 +73,21 @@ def _steps(
         key = STEP_BOUNDARY_PREFIX + kind
         if key not in spans.names:
             continue
-        t = np.sort(spans.start[span_is_boundary & (spans.name_id == spans.names.index(key))])
+        t = _boundary_times(spans, span_is_boundary, key)
         if kind == "batch":
-            # A boundary is the start of a fetch: step i runs from fetch i to fetch i+1.
-            starts, ends = t[:-1], t[1:]
-            if len(stage_end) and len(t):
-                last_end = stage_end.max()
-                tail = stage_mask & (spans.start > t[-1]) & (spans.name_id != spans.names.index("data"))
+            # A boundary is the start of a fetch: step i runs from fetch i to fetch i+1, unless
+            # fetch i found its loader exhausted (a loader_end follows it): then it ends an epoch.
+            over = np.append(
+                _boundary_times(spans, span_is_boundary, STEP_BOUNDARY_PREFIX + "loader_end"), np.inf
+            )
+            following = np.append(t[1:], np.inf)
+            keep = over[np.searchsorted(over, t)] >= following  # no loader_end before the next fetch
+            starts, ends = t[:-1][keep[:-1]], t[1:][keep[:-1]]
+            if len(t) and keep[-1] and len(stage_end):
+                data_id = spans.names.index("data") if "data" in spans.names else -1
+                tail = stage_mask & (spans.start > t[-1]) & (spans.name_id != data_id)
                 if tail.any():  # the loop left without exhausting the loader (break, max_steps)
-                    starts, ends = np.append(starts, t[-1]), np.append(ends, last_end)
+                    starts, ends = np.append(starts, t[-1]), np.append(ends, stage_end.max())
         else:
             # A boundary is the end of a step; the first one starts with the first stage.
             before = stage_start[stage_start < t[0]] if len(t) else stage_start
@@ -89,6 +96,12 @@ def _steps(
         if len(starts):
             return kind, starts.astype(float), ends.astype(float)
     return None, np.zeros(0), np.zeros(0)
+
+
+def _boundary_times(spans: Spans, span_is_boundary: np.ndarray, key: str) -> np.ndarray:
+    if key not in spans.names:
+        return np.zeros(0)
+    return np.sort(spans.start[span_is_boundary & (spans.name_id == spans.names.index(key))])
 
 
 def _stage_columns(names: list[str], is_boundary: np.ndarray, used_ids: np.ndarray) -> list[str]:

@@ -45,4 +45,6 @@ class Patcher:
 
 
 def _label(owner: Any) -> str:
-    return str(getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None) or type(owner).__name__)
+    return str(
+        getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None) or type(owner).__name__
+    )

@@ -9,9 +9,11 @@ Rules that keep the picture right without the user's help:
 - a stage does not nest in itself (a module called inside a module is still
   one ``forward``; ``Tensor.backward`` calling ``autograd.backward`` is one
   ``backward``);
-- nothing built in nests inside ``data`` or ``checkpoint``: a transform that is
-  an ``nn.Module`` is part of loading the batch, not a forward pass; user
-  stages still do, since the user asked for them;
+- nothing built in nests inside ``data``, ``checkpoint`` or ``comm``: a
+  transform that is an ``nn.Module`` is part of loading the batch, not a
+  forward pass; the host-device syncs inside a collective (``all_gather_object``
+  reads sizes with ``item``) are its wait, not logging; user stages still
+  nest, since the user asked for them;
 - only the thread that started profiling is recorded (DataLoader's pin-memory
   thread and a live panel's thread are not training stages).
 """
@@ -32,7 +34,7 @@ STAGES = ("data", "h2d", "forward", "backward", "optimizer", "checkpoint", "logg
 STEP_BOUNDARY_PREFIX = "step:"
 """Zero-length spans named ``step:<kind>`` mark step ends (see ``analyze.steps``)."""
 
-_OPAQUE = frozenset({"data", "checkpoint"})
+_OPAQUE = frozenset({"data", "checkpoint", "comm"})
 
 try:
     import nvtx as _nvtx
@@ -77,6 +79,7 @@ class StageRecorder:
         self._opaque_depth = 0
         # (span index, token at start, token at end) for spans with device marks
         self._device_marks: list[tuple[int, object, object]] = []
+        self._boundaries: dict[str, int] = {}
 
     def stage_id(self, name: str) -> int:
         sid = self.timeline.name_id(name)
@@ -115,16 +118,30 @@ class StageRecorder:
         self.timeline.add_span(sid, start - origin, end - origin, len(self._stack))
 
     def boundary(self, kind: str) -> None:
-        """Mark the end of a training step (``kind``: optimizer, batch, user)."""
+        """Mark a step boundary (``kind``: optimizer, batch, user; or loader_end, see ``analyze.steps``)."""
         if threading.get_ident() != self.thread_id:
             return
         t = time.perf_counter() - self.origin
+        self._boundaries[kind] = self._boundaries.get(kind, 0) + 1
         sid = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
         clock = self.device_clock
         if clock is not None:
             token = clock.mark()
             self._device_marks.append((len(self.timeline._span_end), token, token))
         self.timeline.add_span(sid, t, t, -1)
+
+    @property
+    def current_stage(self) -> str | None:
+        """The innermost open stage (read by live views from another thread)."""
+        try:
+            return self.timeline._names[self._stack[-1][0]]
+        except IndexError:
+            return None
+
+    @property
+    def boundary_counts(self) -> dict[str, int]:
+        """Step boundaries marked so far, per kind."""
+        return dict(self._boundaries)
 
     def wrap(self, fn: Callable[..., Any], stage: str) -> Callable[..., Any]:
         """``fn`` recorded as ``stage`` whenever the recorder takes it."""

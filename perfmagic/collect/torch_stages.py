@@ -19,7 +19,7 @@ comm       ``torch.distributed`` collectives
 module hooks: global hooks push every module off PyTorch's hook-free fast path,
 which costs more than the whole recorder on small models.
 
-Steps end at each optimizer step, else at each DataLoader batch. On CUDA, a
+Steps end at each (outermost) optimizer step, else at each DataLoader batch. On CUDA, a
 :class:`CudaEventClock` times stage boundaries on the device, so a stage lasts
 until the GPU has finished the work queued in it.
 """
@@ -194,12 +194,15 @@ class TorchStages:
 
         def next_batch(it: Any) -> Any:
             boundary("batch")
-            if not rec.enter(data_id):
-                return orig_next(it)
+            entered = rec.enter(data_id)
             try:
                 batch = orig_next(it)
+            except StopIteration:
+                boundary("loader_end")  # this fetch found the epoch over: it starts no step
+                raise
             finally:
-                rec.exit()
+                if entered:
+                    rec.exit()
             stats["batches"] += 1
             return batch
 
@@ -304,7 +307,7 @@ class TorchStages:
             if isinstance(target, str):
                 return target.startswith("cuda")
             if isinstance(target, device_cls):
-                return target.type == "cuda"
+                return bool(target.type == "cuda")
             if isinstance(target, Tensor):
                 return bool(target.is_cuda)
             return isinstance(target, int) and not isinstance(target, bool)
@@ -366,6 +369,10 @@ class TorchStages:
         def post(optimizer: Any, args: Any, kwargs: Any) -> None:
             if open_steps and open_steps.pop():
                 rec.exit()
+            if open_steps:
+                # A step inside a step (a subclass calling super().step(), a wrapping optimizer):
+                # the training step ends once, with the outermost.
+                return
             stats["optimizer_steps"] += 1
             rec.boundary("optimizer")
             self._maybe_start_device_clock()
@@ -411,7 +418,11 @@ class TorchStages:
             finally:
                 rec.exit()
                 rec.timeline.add_mark(
-                    start, "checkpoint", fn=label, seconds=self._now() - start, bytes=_saved_size(args, kwargs)
+                    start,
+                    "checkpoint",
+                    fn=label,
+                    seconds=self._now() - start,
+                    bytes=_saved_size(args, kwargs),
                 )
 
         save.__wrapped__ = orig  # type: ignore[attr-defined]

@@ -1,0 +1,268 @@
+"""Sessions: how a profiled block ends, what it leaves behind, the spool, load and the report contract."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.optim import optimizer as optimizer_module
+from torch.utils.data import dataloader as dataloader_module
+from torchloops import SlowPickle, train
+
+import perfmagic
+from perfmagic.timeline import SPOOL_NAME, Timeline
+
+CONTRACT_KEYS = (
+    "schema",
+    "source",
+    "framework",
+    "wall_s",
+    "steps",
+    "stages",
+    "bottleneck",
+    "devices",
+    "host",
+    "gpu",
+    "ranks",
+    "advice",
+    "warnings",
+)
+
+
+def patched_things() -> dict[str, Any]:
+    """Everything the torch hooks replace, as it is now."""
+    dist = torch.distributed
+    things: dict[str, Any] = {
+        "Module.__call__": torch.nn.Module.__call__,
+        "Module.zero_grad": torch.nn.Module.zero_grad,
+        "Optimizer.zero_grad": torch.optim.Optimizer.zero_grad,
+        "autograd.backward": torch.autograd.backward,
+        "torch.save": torch.save,
+        "print": builtins.print,
+        "sys.stdout": sys.stdout,
+        "sys.stderr": sys.stderr,
+        "Logger.handle": logging.Logger.handle,
+        "DataLoader.__iter__": dataloader_module.DataLoader.__iter__,
+        "DataLoaderIter.__next__": dataloader_module._BaseDataLoaderIter.__next__,
+        "optimizer pre hooks": dict(optimizer_module._global_optimizer_pre_hooks),
+        "optimizer post hooks": dict(optimizer_module._global_optimizer_post_hooks),
+        "sys.meta_path": list(sys.meta_path),
+    }
+    for name in ("to", "cuda", "item", "tolist", "cpu", "numpy", "backward"):
+        things[f"Tensor.{name}"] = getattr(torch.Tensor, name)
+    for name in ("all_reduce", "barrier", "broadcast", "all_gather_object"):
+        things[f"distributed.{name}"] = getattr(dist, name)
+    tensorboardX = sys.modules.get("tensorboardX")
+    if tensorboardX is not None:
+        things["SummaryWriter.add_scalar"] = tensorboardX.SummaryWriter.add_scalar
+    return things
+
+
+def assert_all_restored(before: dict[str, Any]) -> None:
+    after = patched_things()
+    changed = [k for k, v in before.items() if after[k] is not v and after[k] != v]
+    assert not changed, f"not restored: {changed}"
+    assert not [t for t in threading.enumerate() if t.name == "perfmagic-sampler"]
+    assert perfmagic.session.active_session() is None
+
+
+def tiny_training(steps: int = 3) -> None:
+    """One of everything the hooks see."""
+    train(steps, extra=lambda i: (print("step", i), logging.getLogger("perfmagic.tests").info("x")))
+
+
+@pytest.mark.parametrize("ending", ["normal", "exception", "keyboard_interrupt"])
+def test_every_patch_and_thread_is_restored(tmp_path: Path, ending: str) -> None:
+    pytest.importorskip("tensorboardX")
+    before = patched_things()
+    errors = {"exception": ValueError("boom"), "keyboard_interrupt": KeyboardInterrupt()}
+    ends = pytest.raises(type(errors[ending])) if ending in errors else contextlib.nullcontext()
+    with ends, perfmagic.profile(sources=[], outdir=tmp_path) as session:
+        assert patched_things()["Module.__call__"] is not before["Module.__call__"]
+        assert [t for t in threading.enumerate() if t.name == "perfmagic-sampler"]
+        tiny_training()
+        if ending in errors:
+            raise errors[ending]
+    assert_all_restored(before)
+    assert session.report.steps["count"] == 3
+
+
+def test_exception_propagates_and_the_report_covers_what_ran(tmp_path: Path) -> None:
+    with (
+        pytest.raises(ValueError, match="diverged"),
+        perfmagic.profile(sources=[], outdir=tmp_path) as session,
+    ):
+        train(4)
+        raise ValueError("loss diverged")
+    report = session.report
+    assert report.steps["count"] == 4
+    assert any("ValueError" in w for w in report.warnings)
+    assert (tmp_path / "report.json").exists()
+
+
+def test_keyboard_interrupt_propagates_with_a_report(tmp_path: Path) -> None:
+    with pytest.raises(KeyboardInterrupt), perfmagic.profile(sources=[], outdir=tmp_path) as session:
+        train(2)
+        raise KeyboardInterrupt
+    assert session.report.steps["count"] == 2
+    assert any("KeyboardInterrupt" in w for w in session.report.warnings)
+
+
+class _InterruptedSource:
+    """A source whose start is interrupted (Ctrl-C while the session starts)."""
+
+    name = "interrupted"
+    warnings: list[str] = []
+
+    def open(self, timeline: Timeline) -> None:
+        raise KeyboardInterrupt
+
+    def poll(self, now: float, timeline: Timeline) -> None:
+        raise AssertionError("never polled")
+
+    def close(self, timeline: Timeline) -> None:
+        raise AssertionError("never opened")
+
+
+def test_a_start_that_fails_half_way_leaves_nothing_behind(tmp_path: Path) -> None:
+    before = patched_things()
+    with pytest.raises(KeyboardInterrupt):
+        perfmagic.profile(sources=[_InterruptedSource()], outdir=tmp_path).start()
+    assert_all_restored(before)
+    with perfmagic.profile(sources=[], outdir=tmp_path) as session:  # and profiling works again
+        train(2)
+    assert session.report.steps["count"] == 2
+
+
+def test_nested_profile_is_refused_and_the_outer_one_goes_on(tmp_path: Path) -> None:
+    with perfmagic.profile(sources=[], outdir=tmp_path / "outer") as outer:
+        train(2)
+        with (
+            pytest.raises(RuntimeError, match="already profiling"),
+            perfmagic.profile(outdir=tmp_path / "inner"),
+        ):
+            pass
+        train(2)
+    assert outer.report.steps["count"] == 4
+
+
+def test_default_sources_work_without_a_gpu() -> None:
+    before = patched_things()
+    with perfmagic.profile() as session:
+        train(3)
+    try:
+        report = session.report.to_dict()
+        assert_all_restored(before)
+        assert report["steps"]["count"] == 3
+        assert report["host"]["cpu_count"] == os.cpu_count()
+        if not torch.cuda.is_available():
+            assert report["devices"] == []
+            assert any("GPU" in w or "NVML" in w for w in report["warnings"])
+    finally:
+        shutil.rmtree(session.outdir)
+
+
+def test_user_steps_and_stages(tmp_path: Path) -> None:
+    with perfmagic.profile(sources=[], outdir=tmp_path) as session:
+        for _ in range(6):
+            with perfmagic.stage("simulate"):
+                time.sleep(0.02)
+            time.sleep(0.01)
+            perfmagic.step()
+    report = session.report
+    assert report.steps["count"] == 6
+    assert report.analysis is not None and report.analysis.breakdown.boundary == "user"
+    assert report.stages["simulate"]["fraction"] == pytest.approx(2 / 3, abs=0.1)
+    assert set(report.stages) == {"simulate", "other"}
+
+
+def test_stage_and_step_outside_a_session_do_nothing() -> None:
+    with perfmagic.stage("anything"):
+        perfmagic.step()
+
+
+def test_report_json_contract(tmp_path: Path) -> None:
+    with perfmagic.profile(sources=[], outdir=tmp_path) as session:
+        train(5, data_s=0.005, extra=lambda i: torch.save({"x": SlowPickle(0.001)}, tmp_path / "c.pt"))
+    data = json.loads(session.report.to_json())
+    assert list(data)[: len(CONTRACT_KEYS)] == list(CONTRACT_KEYS)
+    assert data["schema"] == "perfmagic.report/1"
+    assert (data["source"], data["framework"]) == ("live", "torch")
+    assert data["wall_s"] > 0
+    assert set(data["steps"]) == {"count", "median_s", "p90_s", "first_s", "per_s"}
+    assert data["steps"]["count"] == 5
+    assert data["steps"]["first_s"] <= data["wall_s"]
+    assert data["steps"]["per_s"] == pytest.approx(5 / sum(s["total_s"] for s in data["stages"].values()))
+    assert {"data", "forward", "backward", "optimizer", "checkpoint", "other"} <= set(data["stages"])
+    for stage in data["stages"].values():
+        assert set(stage) == {"total_s", "fraction", "median_s"}
+        assert 0.0 <= stage["fraction"] <= 1.0
+    assert sum(s["fraction"] for s in data["stages"].values()) == pytest.approx(1.0, abs=1e-9)
+    assert data["bottleneck"] in data["stages"]
+    assert isinstance(data["devices"], list) and isinstance(data["host"], dict)
+    assert isinstance(data["advice"], list) and isinstance(data["warnings"], list)
+    assert [r["steps"]["count"] for r in data["ranks"]] == [5]
+
+
+def test_load_the_finished_outdir_the_spool_and_report_json(tmp_path: Path) -> None:
+    with perfmagic.profile(sources=[], outdir=tmp_path) as session:
+        train(4)
+    original = session.report.to_dict()
+    assert perfmagic.load(tmp_path / "report.json").to_dict() == original
+    assert perfmagic.load(tmp_path).to_dict() == original  # rebuilt from the timeline
+    assert perfmagic.load(tmp_path / SPOOL_NAME).to_dict() == original
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time, torch, perfmagic
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with perfmagic.profile(outdir=sys.argv[1], interval=0.05, sample=sys.argv[2] == "sample"):
+        while True:
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            time.sleep(0.01)
+    """
+)
+
+
+@pytest.mark.parametrize("sample", ["sample", "hooks-only"])  # hooks-only: `perfmagic run`'s ranks
+def test_a_killed_process_leaves_a_spool_that_load_reads(tmp_path: Path, sample: str) -> None:
+    outdir = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(outdir), sample])
+    spool = outdir / SPOOL_NAME
+    try:
+        deadline = time.monotonic() + 60
+        while not (spool.exists() and "step:optimizer" in spool.read_text()):
+            assert child.poll() is None, "the child died on its own"
+            assert time.monotonic() < deadline, "no step reached the spool"
+            time.sleep(0.1)
+        time.sleep(1.0)  # killed at some point of its next spool chunk
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert not (outdir / "report.json").exists()
+    report = perfmagic.load(outdir)
+    assert report.steps["count"] > 0
+    assert report["wall_s"] > 0
+    assert report["framework"] == "torch"
+    assert report.stages["forward"]["total_s"] > 0

@@ -1,0 +1,357 @@
+"""Real torch loops on CPU: perfmagic's stage figures against the loop's own perf_counter timings."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchloops import (
+    UNTRACKED_S,
+    SleepyDataset,
+    SleepyNet,
+    SlowPickle,
+    SlowStream,
+    Stopwatch,
+    assert_stage_matches,
+    assert_steps_match,
+    train,
+)
+
+import perfmagic
+from perfmagic import Report
+
+T = TypeVar("T")
+STEPS = 15
+
+
+def profiled(tmp_path: Path, fn: Callable[[], T]) -> tuple[Report, T]:
+    with perfmagic.profile(sources=[], outdir=tmp_path / "perfmagic") as session:
+        result = fn()
+    return session.report, result
+
+
+def counters(report: Report) -> dict[str, Any]:
+    assert report.analysis is not None
+    return report.analysis.config.counters
+
+
+def test_data_stage(tmp_path: Path) -> None:
+    report, t = profiled(tmp_path, lambda: train(STEPS, data_s=0.015))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "data", t.data.total_s)
+    assert_stage_matches(report, "other", t.untracked.total_s)
+    assert report.bottleneck == "data"
+
+
+def test_forward_stage_is_the_outermost_module_call(tmp_path: Path) -> None:
+    report, t = profiled(tmp_path, lambda: train(STEPS, forward_s=0.015))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "forward", t.forward.total_s)
+    assert_stage_matches(report, "other", t.untracked.total_s)
+    # SleepyNet holds a Sequential of Linears: one forward for it and one for the loss module
+    assert counters(report)["forwards"] == 2 * STEPS
+
+
+def test_backward_stage(tmp_path: Path) -> None:
+    report, t = profiled(tmp_path, lambda: train(STEPS, backward_s=0.015))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "backward", t.backward.total_s)
+    assert_stage_matches(report, "other", t.untracked.total_s)
+
+
+def test_optimizer_stage_and_one_step_per_outermost_optimizer_step(tmp_path: Path) -> None:
+    # SleepySGD.step calls SGD.step: both fire the global step hooks, yet it is one training step
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])  # make sure SGD.step itself is hooked
+    report, t = profiled(tmp_path, lambda: train(STEPS, optimizer_s=0.015))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "optimizer", t.optimizer.total_s)
+    assert_stage_matches(report, "other", t.untracked.total_s)
+    assert counters(report)["optimizer_steps"] == STEPS
+
+
+class _SlowList(list[Any]):
+    """A parameter list that takes ``delay_s`` to walk: zero_grad work the test can predict."""
+
+    delay_s = 0.01
+
+    def __iter__(self) -> Iterator[Any]:
+        time.sleep(self.delay_s)
+        return super().__iter__()
+
+
+class _SlowParams(torch.nn.Linear):
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]:
+        time.sleep(_SlowList.delay_s)
+        yield from super().parameters(recurse)
+
+
+def test_zero_grad_is_optimizer(tmp_path: Path) -> None:
+    model = _SlowParams(4, 1)
+    opt = torch.optim.SGD(list(model.parameters()), lr=0.1)
+    opt.param_groups[0]["params"] = _SlowList(opt.param_groups[0]["params"])
+    watch = Stopwatch()
+
+    def loop() -> None:
+        for _ in range(STEPS):
+            model(torch.ones(4)).sum().backward()
+            with watch():
+                opt.zero_grad()
+                model.zero_grad()
+            time.sleep(UNTRACKED_S)
+            perfmagic.step()
+
+    report, _ = profiled(tmp_path, loop)
+    assert report.steps["count"] == STEPS
+    assert_stage_matches(report, "optimizer", watch.total_s)
+
+
+def test_checkpoint_stage(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pt"
+    state = {"weights": torch.randn(1_000_000), "slow": SlowPickle(0.01)}
+    report, t = profiled(tmp_path, lambda: train(STEPS, extra=lambda i: torch.save(state, path)))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "checkpoint", t.extra.total_s)
+    assert_stage_matches(report, "other", t.untracked.total_s)
+    assert report.analysis is not None
+    saves = report.analysis.config.checkpoints
+    assert len(saves) == STEPS
+    assert all(s["fn"] == "torch.save" and s["bytes"] >= 4_000_000 for s in saves)
+
+
+def test_logging_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:  # a metric writer is hooked only when its module was imported before profiling
+        import tensorboardX
+
+        writer: Any = tensorboardX.SummaryWriter(str(tmp_path / "tb"))
+    except ImportError:
+        writer = None
+    monkeypatch.setattr(sys, "stdout", SlowStream())
+    monkeypatch.setattr(sys, "stderr", SlowStream())
+    handler = logging.StreamHandler(SlowStream())  # type: ignore[arg-type]
+    logger = logging.getLogger("perfmagic.tests.train")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+
+    def log(i: int) -> None:
+        print(f"step {i}")  # two writes: text and newline
+        logger.info("step %d", i)
+        sys.stderr.write(f"step {i}\n")
+        if writer is not None:
+            writer.add_scalar("loss", float(i), i)
+
+    try:
+        report, t = profiled(tmp_path, lambda: train(STEPS, extra=log))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+        if writer is not None:
+            writer.close()
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "logging", t.extra.total_s)
+    assert_stage_matches(report, "other", t.untracked.total_s)
+
+
+@pytest.fixture
+def gloo_group() -> Iterator[None]:
+    dist = torch.distributed
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_comm_stage(tmp_path: Path, gloo_group: None) -> None:
+    dist = torch.distributed
+    grads = torch.ones(1000)
+    gathered: list[Any] = [None]
+
+    def communicate(i: int) -> None:
+        dist.all_reduce(grads)
+        dist.barrier()
+        dist.all_gather_object(gathered, SlowPickle(0.01))  # pickling is part of the collective
+
+    report, t = profiled(tmp_path, lambda: train(STEPS, extra=communicate))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "comm", t.extra.total_s)
+    assert_stage_matches(report, "other", t.untracked.total_s)
+
+
+def test_user_stage(tmp_path: Path) -> None:
+    def augment(i: int) -> None:
+        with perfmagic.stage("augment"):
+            time.sleep(0.015)
+
+    report, t = profiled(tmp_path, lambda: train(STEPS, extra=augment))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "augment", t.extra.total_s)
+    assert_stage_matches(report, "other", t.untracked.total_s)
+
+
+def test_cpu_to_cpu_copies_are_not_h2d(tmp_path: Path) -> None:
+    x = torch.randn(2_000_000)
+
+    def convert(i: int) -> None:
+        x.to("cpu")
+        x.to(torch.device("cpu"))
+        x.to(device="cpu", dtype=torch.float64)
+        x.to(torch.float64)
+        x.cpu()
+        time.sleep(0.01)  # so the conversions' share is known: it must land in "other" with this
+
+    report, t = profiled(tmp_path, lambda: train(STEPS, extra=convert))
+    assert report.stages.get("h2d", {}).get("total_s", 0.0) == 0.0
+    assert counters(report)["h2d_copies"] == 0
+    assert counters(report)["syncs"] == 0
+    assert_stage_matches(report, "other", t.untracked.total_s + t.extra.total_s)
+
+
+# -- nesting -------------------------------------------------------------
+
+
+class _SlowTransform(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.015)
+        return torch.relu(x)
+
+
+def test_module_transform_inside_the_dataset_is_data(tmp_path: Path) -> None:
+    dataset = SleepyDataset(STEPS, transform=_SlowTransform())  # an nn.Module called by __getitem__
+    report, t = profiled(tmp_path, lambda: train(STEPS, dataset=dataset))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "data", t.data.total_s)
+    assert_stage_matches(report, "forward", t.forward.total_s, min_share=0.0)
+    assert counters(report)["forwards"] == 2 * STEPS  # the transform is no forward pass
+
+
+def test_print_inside_forward_is_logging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdout", SlowStream(0.005))
+    prints = Stopwatch()
+
+    def chatty() -> None:
+        with prints():
+            print("forward!")  # two slow writes: 10 ms
+
+    report, t = profiled(tmp_path, lambda: train(STEPS, model=SleepyNet(0.01, hook=chatty)))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "logging", prints.total_s)
+    assert_stage_matches(report, "forward", t.forward.total_s - prints.total_s)
+
+
+# -- steps without an optimizer ------------------------------------------
+
+
+def test_dataloader_batches_are_steps_across_epochs(tmp_path: Path) -> None:
+    model = SleepyNet(forward_s=0.01)
+    loader = DataLoader(SleepyDataset(6, 0.005), batch_size=1)
+
+    def infer() -> int:
+        seen = 0
+        with torch.no_grad():
+            for _epoch in range(2):
+                for x, _ in loader:
+                    model(x)
+                    seen += 1
+                time.sleep(0.05)  # validation between epochs: no step
+        return seen
+
+    report, seen = profiled(tmp_path, infer)
+    assert seen == 12
+    assert report.steps["count"] == 12
+    assert report.analysis is not None
+    assert report.analysis.breakdown.boundary == "batch"
+    assert report.steps["p90_s"] < 0.04  # the pause between epochs is in no step
+
+
+def test_break_out_of_a_dataloader_loop_keeps_the_last_step(tmp_path: Path) -> None:
+    model = SleepyNet(forward_s=0.01)
+    loader = DataLoader(SleepyDataset(20), batch_size=1)
+
+    def infer() -> None:
+        with torch.no_grad():
+            for i, (x, _) in enumerate(loader):
+                model(x)
+                if i == 4:
+                    break
+
+    report, _ = profiled(tmp_path, infer)
+    assert report.steps["count"] == 5
+    assert report.stages["forward"]["fraction"] > 0.8
+
+
+# -- CUDA ------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@cuda
+def test_h2d_stage_on_cuda(tmp_path: Path) -> None:
+    x = torch.randn(32_000_000)  # 128 MB of pageable memory
+    torch.zeros(1, device="cuda")  # CUDA initialized: the device clock starts with the session
+    sync = torch.cuda.synchronize  # the unpatched one: the loop's own measurement stays out of "logging"
+    watch = Stopwatch()
+
+    def loop() -> None:
+        for _ in range(STEPS):
+            with watch():
+                x.to("cuda")
+                sync()
+            time.sleep(UNTRACKED_S)
+            perfmagic.step()
+
+    report, _ = profiled(tmp_path, loop)
+    assert report.steps["count"] == STEPS
+    assert_stage_matches(report, "h2d", watch.total_s)
+    assert counters(report)["h2d_bytes"] == STEPS * x.numel() * 4
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_event_clock_extends_stages_to_device_time(tmp_path: Path) -> None:
+    class Matmuls(torch.nn.Module):
+        """Queues ~tens of ms of GPU work and returns at once."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4096, 4096, device="cuda") / 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(20):
+                x = x @ self.w
+            return x
+
+    model = Matmuls()
+    x = torch.randn(4096, 4096, device="cuda")
+    sync = torch.cuda.synchronize
+    with torch.no_grad():
+        model(x)
+    sync()
+    forward = Stopwatch()
+
+    def loop() -> None:
+        with torch.no_grad():
+            for _ in range(STEPS):
+                with forward():
+                    model(x)
+                    sync()  # the loop's own figure: until the GPU is done
+                time.sleep(UNTRACKED_S)
+                perfmagic.step()
+
+    report, _ = profiled(tmp_path, loop)
+    assert report.steps["count"] == STEPS
+    assert_stage_matches(report, "forward", forward.total_s)

@@ -1,0 +1,242 @@
+"""Steps and the per-step stage breakdown on synthetic timelines, and the recorder's nesting rules."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from perfmagic.analyze import analyze
+from perfmagic.analyze.steps import StepBreakdown, step_breakdown
+from perfmagic.collect.stages import STEP_BOUNDARY_PREFIX, StageRecorder
+from perfmagic.timeline import Timeline
+
+
+def make_timeline(
+    spans: list[tuple[str, float, float, int]], boundaries: dict[str, list[float]] | None = None
+) -> Timeline:
+    """A timeline of ``(name, start, end, depth)`` stage spans and step boundaries by kind."""
+    tl = Timeline()
+    for name, start, end, depth in spans:
+        tl.add_span(tl.name_id(name), start, end, depth)
+    for kind, times in (boundaries or {}).items():
+        for t in times:
+            tl.add_span(tl.name_id(STEP_BOUNDARY_PREFIX + kind), t, t, -1)
+    return tl
+
+
+def per_step(b: StepBreakdown) -> dict[str, list[float]]:
+    return {name: [round(float(v), 9) for v in b.column(name)] for name in b.stages}
+
+
+def test_empty_timeline_has_no_steps() -> None:
+    b = step_breakdown(Timeline())
+    assert (b.count, b.boundary, b.stages, b.seconds.shape) == (0, None, ["other"], (0, 1))
+    a = analyze([Timeline()])
+    assert a.steps.count == 0 and a.stages == {} and a.bottleneck is None
+    assert any("no training steps" in w for w in a.warnings)
+
+
+def test_stages_without_boundaries_are_no_steps() -> None:
+    b = step_breakdown(make_timeline([("forward", 0.0, 1.0, 0), ("backward", 1.0, 2.0, 0)]))
+    assert b.count == 0
+
+
+def test_optimizer_steps_split_into_stages_and_other() -> None:
+    spans = []
+    for k in range(3):
+        t = 10.0 * k + 1.0  # 1 s of untracked time before each step's stages
+        spans += [("data", t, t + 2, 0), ("forward", t + 2, t + 5, 0), ("backward", t + 5, t + 8, 0)]
+        spans += [("optimizer", t + 8, t + 9, 0)]
+    b = step_breakdown(make_timeline(spans, {"optimizer": [10.0, 20.0, 30.0]}))
+    assert b.boundary == "optimizer"
+    # the first step starts with its first stage, the others where the previous one ended
+    assert b.start.tolist() == [1.0, 10.0, 20.0] and b.end.tolist() == [10.0, 20.0, 30.0]
+    assert b.stages == ["data", "forward", "backward", "optimizer", "other"]
+    assert per_step(b) == {
+        "data": [2, 2, 2],
+        "forward": [3, 3, 3],
+        "backward": [3, 3, 3],
+        "optimizer": [1, 1, 1],
+        "other": [0, 1, 1],
+    }
+
+
+def test_innermost_open_stage_wins() -> None:
+    spans = [
+        ("train_block", 0.0, 10.0, 0),  # a user stage around everything
+        ("forward", 1.0, 5.0, 1),
+        ("logging", 2.0, 3.0, 2),  # print inside forward
+        ("backward", 6.0, 8.0, 1),
+    ]
+    b = step_breakdown(make_timeline(spans, {"optimizer": [10.0]}))
+    assert per_step(b) == {"forward": [3], "backward": [2], "logging": [1], "train_block": [4], "other": [0]}
+
+
+def test_user_stages_follow_builtin_ones_and_other_is_last() -> None:
+    spans = [("zeta", 0.0, 1.0, 0), ("alpha", 1.0, 2.0, 0), ("comm", 2.0, 3.0, 0)]
+    b = step_breakdown(make_timeline(spans, {"optimizer": [4.0]}))
+    assert b.stages == ["comm", "alpha", "zeta", "other"]
+
+
+def test_stages_are_clipped_at_step_edges() -> None:
+    spans = [("forward", 0.0, 1.0, 0), ("augment", 1.0, 3.0, 0), ("forward", 3.0, 4.0, 0)]
+    b = step_breakdown(make_timeline(spans, {"optimizer": [2.0, 4.0]}))
+    assert per_step(b) == {"forward": [1, 1], "augment": [1, 1], "other": [0, 0]}
+    # a stage after the last boundary is in no step
+    b = step_breakdown(make_timeline([*spans, ("checkpoint", 4.0, 9.0, 0)], {"optimizer": [2.0, 4.0]}))
+    assert per_step(b)["checkpoint"] == [0, 0]
+
+
+def test_fractions_sum_to_one() -> None:
+    rng = np.random.default_rng(0)
+    spans, t, ends = [], 0.0, []
+    for _ in range(20):
+        for name in ("data", "forward", "backward", "optimizer"):
+            d = float(rng.uniform(0.01, 0.1))
+            spans.append((name, t, t + d, 0))
+            t += d + float(rng.uniform(0, 0.02))
+        ends.append(t)
+    a = analyze([make_timeline(spans, {"optimizer": ends})])
+    assert a.steps.count == 20
+    assert sum(s.fraction for s in a.stages.values()) == pytest.approx(1.0, abs=1e-12)
+    assert sum(s.total_s for s in a.stages.values()) == pytest.approx(ends[-1])  # the steps cover [0, end]
+
+
+def test_batch_boundaries_are_fetch_to_fetch() -> None:
+    fetches = [0.0, 1.0, 2.0, 3.0]  # the fetch at 3.0 found the loader exhausted
+    spans = [("data", f, f + 0.25, 0) for f in fetches] + [
+        ("forward", f + 0.25, f + 1.0, 0) for f in fetches[:3]
+    ]
+    b = step_breakdown(make_timeline(spans, {"batch": fetches, "loader_end": [3.25]}))
+    assert b.boundary == "batch"
+    assert b.start.tolist() == [0.0, 1.0, 2.0] and b.end.tolist() == [1.0, 2.0, 3.0]
+    assert per_step(b) == {"data": [0.25] * 3, "forward": [0.75] * 3, "other": [0.0] * 3}
+
+
+def test_batch_boundaries_over_epochs_leave_the_gap_between_epochs_out() -> None:
+    epoch1, epoch2 = [0.0, 1.0, 2.0], [10.0, 11.0, 12.0]  # 2 batches each, then an exhausted fetch
+    spans = [("forward", f + 0.5, f + 1.0, 0) for f in (0.0, 1.0, 10.0, 11.0)] + [("checkpoint", 5.0, 6.0, 0)]
+    b = step_breakdown(make_timeline(spans, {"batch": epoch1 + epoch2, "loader_end": [2.1, 12.1]}))
+    assert b.start.tolist() == [0.0, 1.0, 10.0, 11.0] and b.end.tolist() == [1.0, 2.0, 11.0, 12.0]
+    assert per_step(b)["checkpoint"] == [0.0] * 4
+
+
+def test_break_out_of_the_loader_loop_ends_the_last_step_with_the_last_stage() -> None:
+    fetches = [0.0, 1.0, 2.0]  # the loop broke after the third batch: no exhausted fetch
+    spans = [("data", f, f + 0.25, 0) for f in fetches] + [
+        ("forward", f + 0.25, f + 0.75, 0) for f in fetches
+    ]
+    b = step_breakdown(make_timeline(spans, {"batch": fetches}))
+    assert b.start.tolist() == [0.0, 1.0, 2.0] and b.end.tolist() == [1.0, 2.0, 2.75]
+    # no work after the last fetch but the fetch itself: that fetch starts no step
+    b = step_breakdown(make_timeline(spans[:3] + spans[3:5], {"batch": fetches}))
+    assert b.count == 2
+
+
+def test_user_boundaries_start_at_the_window_without_stages() -> None:
+    b = step_breakdown(make_timeline([], {"user": [1.0, 3.0, 4.0]}))
+    assert b.boundary == "user"
+    assert b.durations.tolist() == [1.0, 2.0, 1.0]
+    assert per_step(b) == {"other": [1.0, 2.0, 1.0]}
+
+
+def test_optimizer_boundaries_win_over_batch_and_user_ones() -> None:
+    spans = [("forward", 0.0, 1.0, 0)]
+    tl = make_timeline(spans, {"user": [0.5, 1.5], "batch": [0.0, 1.0, 2.0], "optimizer": [1.0, 2.0]})
+    assert step_breakdown(tl).boundary == "optimizer"
+    tl = make_timeline(spans, {"user": [0.5, 1.5], "batch": [0.0, 1.0, 2.0]})
+    assert step_breakdown(tl).boundary == "batch"
+
+
+# -- the recorder's rules ----------------------------------------------------
+
+
+def record(fn: object) -> Timeline:
+    tl = Timeline()
+    rec = StageRecorder(tl, origin=0.0)
+    fn(rec)  # type: ignore[operator]
+    rec.close()
+    return tl
+
+
+def names_and_depths(tl: Timeline) -> list[tuple[str, int]]:
+    s = tl.spans
+    return [(s.name_of(i), int(s.depth[i])) for i in np.argsort(s.start, kind="stable")]
+
+
+def test_recorder_does_not_nest_a_stage_in_itself() -> None:
+    def run(rec: StageRecorder) -> None:
+        with rec.stage("forward"), rec.stage("forward"), rec.stage("logging"), rec.stage("forward"):
+            pass
+
+    assert names_and_depths(record(run)) == [("forward", 0), ("logging", 1)]
+
+
+@pytest.mark.parametrize("opaque", ["data", "checkpoint", "comm"])
+def test_nothing_builtin_nests_in_data_checkpoint_or_comm(opaque: str) -> None:
+    def run(rec: StageRecorder) -> None:
+        with rec.stage(opaque):
+            with rec.stage("forward"), rec.stage("logging"):
+                pass
+            with rec.stage("my_transform"):  # the user asked for this one
+                pass
+
+    assert names_and_depths(record(run)) == [(opaque, 0), ("my_transform", 1)]
+
+
+def test_recorder_ignores_other_threads() -> None:
+    def run(rec: StageRecorder) -> None:
+        def worker() -> None:
+            with rec.stage("forward"):
+                rec.boundary("user")
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        with rec.stage("backward"):
+            pass
+
+    assert names_and_depths(record(run)) == [("backward", 0)]
+
+
+def test_close_ends_stages_left_open() -> None:
+    tl = Timeline()
+    rec = StageRecorder(tl, origin=0.0)
+    assert rec.enter(rec.stage_id("forward")) and rec.enter(rec.stage_id("logging"))
+    rec.close()
+    assert sorted(names_and_depths(tl)) == [("forward", 0), ("logging", 1)]
+
+
+class FakeDeviceClock:
+    """The device reaches each point of its queue ``lag`` seconds after the host put it there."""
+
+    def __init__(self, lag: float) -> None:
+        self.lag = lag
+        self.host_times: list[float] = []
+
+    def mark(self) -> object:
+        self.host_times.append(time.perf_counter())
+        return len(self.host_times) - 1
+
+    def resolve(self, tokens: list[object]) -> list[float | None]:
+        return [self.host_times[int(k)] + self.lag for k in tokens]  # type: ignore[call-overload]
+
+
+def test_device_clock_extends_stages_until_the_device_is_done() -> None:
+    tl = Timeline()
+    rec = StageRecorder(tl, origin=0.0)
+    rec.device_clock = FakeDeviceClock(lag=5.0)
+    with rec.stage("forward"):
+        pass
+    rec.boundary("optimizer")
+    host = tl.spans
+    rec.close()
+    s = tl.spans
+    assert s.start[0] == pytest.approx(host.start[0] + 5.0, abs=1e-3)
+    assert s.end[0] == pytest.approx(host.end[0] + 5.0, abs=1e-3)
+    assert (
+        s.start[1] == s.end[1] == pytest.approx(host.end[0] + 5.0, abs=1e-3)
+    )  # the step ends on the device too

@@ -1,0 +1,135 @@
+"""The timeline: columnar spans, samples and marks; the JSON-lines spool and save/load."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline, TimelineFormatError
+
+
+def filled() -> Timeline:
+    tl = Timeline({"pid": 42, "torch": {"version": "2.13"}})
+    fwd, bwd = tl.name_id("forward"), tl.name_id("backward")
+    tl.add_span(fwd, 0.0, 1.0, 0)
+    tl.add_span(tl.name_id("logging"), 0.5, 0.75, 1)
+    tl.add_span(bwd, 1.0, 2.5, 0)
+    tl.add_sample("host.cpu_util", 0.1, 0.5)
+    tl.add_sample("host.cpu_util", 0.2, 0.75)
+    tl.add_sample("gpu0.util", 0.1, float("nan"))
+    tl.add_mark(0.3, "checkpoint", fn="torch.save", bytes=1024, seconds=np.float64(0.01))
+    return tl
+
+
+def assert_same(a: Timeline, b: Timeline) -> None:
+    sa, sb = a.spans, b.spans
+    assert [sa.name_of(i) for i in range(len(sa))] == [sb.name_of(i) for i in range(len(sb))]
+    for col in ("start", "end", "depth"):
+        assert getattr(sa, col).tolist() == getattr(sb, col).tolist()
+    assert a.metrics == b.metrics
+    for m in a.metrics:
+        (ta, va), (tb, vb) = a.series(m), b.series(m)
+        assert ta.tolist() == tb.tolist()
+        np.testing.assert_array_equal(va, vb)  # NaN == NaN here
+    assert [(k.t, k.name, k.data) for k in a.marks()] == [(k.t, k.name, k.data) for k in b.marks()]
+
+
+def test_interned_names_and_columnar_views() -> None:
+    tl = filled()
+    assert tl.name_id("forward") == 0 and tl.name_id("forward") == 0
+    s = tl.spans
+    assert len(s) == 3 and s.depth.dtype == np.int8 and s.start.dtype == np.float64
+    assert s.name_of(1) == "logging"
+    t, v = tl.series("host.cpu_util")
+    assert t.tolist() == [0.1, 0.2] and v.tolist() == [0.5, 0.75]
+    assert [len(x) for x in tl.series("never.sampled")] == [0, 0]
+    assert [m.name for m in tl.marks("checkpoint")] == ["checkpoint"] and tl.marks("nothing") == []
+
+
+def test_save_and_load_round_trip(tmp_path: Path) -> None:
+    tl = filled()
+    tl.save(tmp_path / "t.jsonl")
+    back = Timeline.load(tmp_path / "t.jsonl")
+    assert_same(tl, back)
+    assert back.meta == {"pid": 42, "torch": {"version": "2.13"}}
+    assert math.isnan(back.series("gpu0.util")[1][0])
+    assert back.marks()[0].data["seconds"] == 0.01  # numpy scalars saved as numbers
+
+
+def test_spool_appends_only_what_is_new(tmp_path: Path) -> None:
+    tl = Timeline({"pid": 1})
+    path = tmp_path / SPOOL_NAME
+    with open(path, "w", encoding="utf-8") as f:
+        spool = Spooler(tl, f)
+        spool.flush()
+        tl.add_span(tl.name_id("data"), 0.0, 1.0, 0)
+        tl.add_sample("host.rss_bytes", 0.5, 1e6)
+        spool.flush()
+        spool.flush()  # nothing new: no line
+        lines = path.read_text().count("\n")
+        tl.add_span(tl.name_id("forward"), 1.0, 2.0, 0)
+        tl.add_sample("host.rss_bytes", 1.5, 2e6)
+        tl.add_mark(1.5, "sync", op="item")
+        tl.meta["wall_s"] = 2.0
+        spool.flush()
+    assert lines == 3  # meta; spans + samples
+    assert_same(tl, Timeline.load(tmp_path))  # a directory means its spool
+    assert Timeline.load(path).meta == {"pid": 1, "wall_s": 2.0}
+
+
+def test_spool_skips_a_span_another_thread_is_still_adding(tmp_path: Path) -> None:
+    tl = Timeline()
+    path = tmp_path / SPOOL_NAME
+    with open(path, "w", encoding="utf-8") as f:
+        spool = Spooler(tl, f)
+        tl.add_span(tl.name_id("data"), 0.0, 1.0, 0)
+        # add_span is half-way through the next span: every column but depth appended
+        tl._span_name.append(tl.name_id("forward"))
+        tl._span_start.append(1.0)
+        tl._span_end.append(2.0)
+        assert len(tl.spans) == 1
+        spool.flush()
+        assert len(Timeline.load(path).spans) == 1
+        tl._span_depth.append(0)
+        spool.flush()
+    assert_same(tl, Timeline.load(path))
+
+
+def test_a_torn_last_line_is_ignored(tmp_path: Path) -> None:
+    tl = filled()
+    path = tmp_path / "t.jsonl"
+    tl.save(path)
+    text = path.read_text()
+    whole = Timeline.load(path)
+    for cut in (len(text) - 2, len(text) - len(text.splitlines()[-1]) // 2):
+        path.write_text(text[:cut])
+        back = Timeline.load(path)  # the last record (marks) is lost, the rest is there
+        assert len(back.spans) == len(whole.spans) and back.metrics == whole.metrics
+        assert back.marks() == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '{"type": "meta", "meta": {}}\n{"type": "spa\n{"type": "meta", "meta": {}}\n',
+            "not a timeline record",
+        ),
+        ('["a list"]\n', "not a timeline record"),
+        ('{"type": "teleport"}\n', "bad 'teleport' record"),
+        ('{"type": "spans", "names": ["a"]}\n', "bad 'spans' record"),
+    ],
+)
+def test_corrupt_files_raise_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(text)
+    with pytest.raises(TimelineFormatError, match=message):
+        Timeline.load(path)
+
+
+def test_missing_file_raises_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(TimelineFormatError, match="cannot read timeline"):
+        Timeline.load(tmp_path / "nothing.jsonl")
