@@ -1,4 +1,4 @@
-"""The ``perfmagic`` command: ``run``, ``demo``."""
+"""The ``perfmagic`` command: ``run``, ``report``, ``demo``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.cmd:
             parser.error("run: give the command to profile after --, e.g. perfmagic run -- python train.py")
         return run(args)
+    if args.command == "report":
+        return report_traces(args)
     if args.command == "demo":
         from perfmagic.demo import main as demo_main
 
@@ -58,6 +60,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_p.add_argument("--quiet", action="store_true", help="don't print the report")
     run_p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+    report_p = sub.add_parser(
+        "report",
+        help="analyze traces that torch.profiler wrote",
+        description="Analyze traces written by torch.profiler (one file per rank, .json or .json.gz) "
+        "and print one report. Exit status 2 when a file is not a readable trace.",
+    )
+    report_p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    report_p.add_argument("--html", metavar="FILE", help="write the report as a self-contained HTML file")
+    report_p.add_argument("traces", nargs="+", metavar="TRACE", help="a torch.profiler trace, one per rank")
 
     demo_p = sub.add_parser("demo", help="profile a built-in, deliberately input-bound training job")
     demo_p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
@@ -114,6 +126,26 @@ def run(args: argparse.Namespace) -> int:
         print(report)
         print(f"\nrecords and report.json in {outdir}", file=sys.stderr)
     return code
+
+
+def report_traces(args: argparse.Namespace) -> int:
+    from perfmagic.traces import TraceFormatError, report_from_traces
+
+    try:
+        report = report_from_traces(args.traces)
+    except TraceFormatError as e:
+        print(f"perfmagic report: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    try:
+        if args.json:
+            report.to_json(args.json)
+        if args.html:
+            report.to_html(args.html)
+    except OSError as e:
+        print(f"perfmagic report: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _process_timelines(outdir: Path) -> list[Timeline]:

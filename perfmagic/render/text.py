@@ -81,7 +81,7 @@ def render_text(report: dict[str, Any]) -> str:
                 f" / {fmt_bytes(d.get('mem_total_bytes'))}, power {_watts(d.get('power_mean_w'))}"
             )
     host = report.get("host") or {}
-    if host:
+    if host.get("cpu_count") is not None:
         lines += [
             "",
             f"host: {host.get('cpu_count', '?')} CPUs, CPU {fmt_fraction(host.get('cpu_util_mean'))}, "

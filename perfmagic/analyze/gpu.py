@@ -1,0 +1,234 @@
+"""GPU time from a kernel trace: busy, idle and why, in HolisticTraceAnalysis's terms.
+
+The figures follow HolisticTraceAnalysis (HTA) 0.5.0, so a report can be checked
+against it:
+
+- *window*: the GPU events launched by a CPU call that started before the last
+  ``ProfilerStep#`` began (the last step is usually cut short by the profiler
+  stopping); the *span* runs from the first event's start to the last one's end;
+- *idle* = span minus the union of all GPU events (kernels, memcpy, memset);
+  *compute* = the union of computation kernels; *non-compute* = busy minus compute
+  (communication and memory time not hidden under computation);
+- *idle breakdown*: each gap before a GPU event is *host wait* when the CPU call
+  that launched the event started after the gap began (the host was late),
+  else *kernel wait* when the gap is shorter than ``KERNEL_WAIT_US`` (launch
+  overhead between back-to-back kernels), else *other* (e.g. waiting on an event).
+
+Times are microseconds on the trace's clock in, seconds and fractions out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+KINDS = ("computation", "communication", "memory")
+"""GPU event kinds, as HTA classifies them; ``GpuEvents.kind`` indexes this tuple."""
+COMPUTATION, COMMUNICATION, MEMORY = range(3)
+
+KERNEL_WAIT_US = 30.0
+"""HTA's ``consecutive_kernel_delay`` default: shorter gaps are launch overhead."""
+
+TOP_KERNELS = 10
+
+
+@dataclass(frozen=True)
+class GpuEvents:
+    """GPU activity of one process, columnar: one row per kernel, memcpy or memset."""
+
+    names: list[str]
+    name_id: np.ndarray  # (n,) int32 index into names
+    kind: np.ndarray  # (n,) int8 index into KINDS
+    start: np.ndarray  # (n,) float64 µs
+    dur: np.ndarray  # (n,) float64 µs
+    device: np.ndarray  # (n,) int64
+    stream: np.ndarray  # (n,) int64
+    launch: np.ndarray  # (n,) float64 µs: start of the CPU call that launched it; NaN when unknown
+    bytes: np.ndarray  # (n,) float64: bytes copied or set; 0 for kernels
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def take(self, mask: np.ndarray) -> GpuEvents:
+        return GpuEvents(
+            self.names,
+            self.name_id[mask],
+            self.kind[mask],
+            self.start[mask],
+            self.dur[mask],
+            self.device[mask],
+            self.stream[mask],
+            self.launch[mask],
+            self.bytes[mask],
+        )
+
+
+def kernel_kind(name: str, memory: bool) -> int:
+    """HTA's classification: NCCL kernels communicate, memcpy/memset move memory, the rest compute.
+
+    ``ncclDevKernel`` (NCCL >= 2.19's kernel names) counts as communication too; HTA 0.5.0
+    only knows ``ncclKernel``.
+    """
+    if "ncclKernel" in name or "ncclDevKernel" in name:
+        return COMMUNICATION
+    if memory or "Memcpy" in name or "Memset" in name:
+        return MEMORY
+    return COMPUTATION
+
+
+def gpu_summary(
+    events: GpuEvents, launched_before: float | None = None, whole_us: bool = False
+) -> dict[str, Any] | None:
+    """The report's ``gpu`` section from one process's GPU events; None when there are none.
+
+    ``launched_before``: keep only events whose launching CPU call started before this time
+    (HTA's window: the last ``ProfilerStep#``'s start); None keeps every event.
+    ``whole_us``: count in whole microseconds as HTA does for ns-resolution traces (each
+    event's start rounded up and end rounded down; pytorch#122425).
+
+    ``idle_breakdown`` is for the whole GPU: the gaps in the union of all events, each
+    classified by the event that ends it, as fractions of idle time (so it splits
+    ``idle_fraction``). ``idle_breakdown_by_stream`` is HTA's ``get_idle_time_breakdown``
+    exactly: per stream, the gaps between consecutive events on that stream, which count
+    time that other streams kept the GPU busy.
+    """
+    start, end, launch = events.start, events.start + events.dur, events.launch
+    if whole_us:
+        start, end, launch = np.ceil(start), np.floor(end), np.ceil(launch)
+        if launched_before is not None:
+            launched_before = float(np.ceil(launched_before))
+    keep = np.ones(len(events), dtype=bool) if launched_before is None else launch < launched_before
+    if not keep.any():
+        return None
+    ev = events.take(keep)
+    start, end, launch = start[keep], end[keep], launch[keep]
+
+    busy_start, busy_end = merge_intervals(start, end)
+    span = float(busy_end[-1] - busy_start[0])
+    busy = float((busy_end - busy_start).sum())
+    kind_time = [_union_length(start[ev.kind == k], end[ev.kind == k]) for k in range(len(KINDS))]
+    compute = kind_time[COMPUTATION]
+
+    def share(t: float) -> float | None:
+        return t / span if span > 0 else None
+
+    gaps = _gaps(start, end, launch, busy_start, busy_end)
+    is_kernel = ev.kind != MEMORY
+    return {
+        "window_s": span / 1e6,
+        "busy_fraction": share(busy),
+        "idle_fraction": share(span - busy),
+        "compute_fraction": share(compute),
+        "non_compute_fraction": share(busy - compute),
+        "comm_fraction": share(kind_time[COMMUNICATION]),
+        "memory_fraction": share(kind_time[MEMORY]),
+        "idle_s": (span - busy) / 1e6,
+        "idle_breakdown": _breakdown(*gaps),
+        "idle_breakdown_by_stream": _by_stream(ev, start, end, launch),
+        "event_count": len(ev),
+        "kernel_count": int(is_kernel.sum()),
+        "streams": sorted({int(s) for s in np.unique(ev.stream)}),
+        "top_kernels": _top_kernels(ev, start, end, is_kernel, span),
+        "memcpy_bytes": _memcpy_bytes(ev),
+    }
+
+
+def merge_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals as sorted, disjoint (start, end) arrays."""
+    if not len(start):
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    first = np.empty(len(s), dtype=bool)
+    first[0] = True
+    first[1:] = s[1:] > reach[:-1]
+    heads = np.flatnonzero(first)
+    return s[heads], np.maximum.reduceat(e, heads)
+
+
+def _union_length(start: np.ndarray, end: np.ndarray) -> float:
+    s, e = merge_intervals(start, end)
+    return float((e - s).sum())
+
+
+def _classify(gap_start: np.ndarray, gap: np.ndarray, next_launch: np.ndarray) -> np.ndarray:
+    """0 host wait, 1 kernel wait, 2 other (HTA's rule; a NaN launch is not host wait)."""
+    host = next_launch > gap_start
+    return np.where(host, 0, np.where(gap < KERNEL_WAIT_US, 1, 2))
+
+
+def _gaps(
+    start: np.ndarray, end: np.ndarray, launch: np.ndarray, busy_start: np.ndarray, busy_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Whole-GPU gaps (µs) and their category, each ended by the first event after it."""
+    gap = busy_start[1:] - busy_end[:-1]
+    order = np.lexsort((end, start))
+    # the event that ends a gap is the first one starting at the next busy interval's start
+    first = order[np.searchsorted(start[order], busy_start[1:])]
+    return gap, _classify(busy_end[:-1], gap, launch[first])
+
+
+def _breakdown(gap: np.ndarray, category: np.ndarray) -> dict[str, float | None]:
+    total = float(gap.sum())
+    keys = ("host_wait", "kernel_wait", "other")
+    if total <= 0:
+        return dict.fromkeys(keys)
+    return {k: float(gap[category == i].sum()) / total for i, k in enumerate(keys)}
+
+
+def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    keys = np.unique(np.column_stack((ev.device, ev.stream)), axis=0)
+    for device, stream in keys:
+        on = np.flatnonzero((ev.device == device) & (ev.stream == stream))
+        on = on[np.argsort(start[on], kind="stable")]
+        # HTA: the gap before each event is its start minus the previous event's end
+        gap = start[on][1:] - end[on][:-1]
+        category = _classify(end[on][:-1], gap, launch[on][1:])
+        idle = float(gap.sum())
+        row: dict[str, Any] = {"device": int(device), "stream": int(stream), "idle_s": idle / 1e6}
+        for i, k in enumerate(("host_wait", "kernel_wait", "other")):
+            t = float(gap[category == i].sum())
+            row[k] = t / idle if idle > 0 else None
+            row[k + "_s"] = t / 1e6
+        out.append(row)
+    return out
+
+
+def _top_kernels(
+    ev: GpuEvents, start: np.ndarray, end: np.ndarray, is_kernel: np.ndarray, span: float
+) -> list[dict[str, Any]]:
+    ids = ev.name_id[is_kernel]
+    if not len(ids):
+        return []
+    n = len(ev.names)
+    total = np.bincount(ids, weights=(end - start)[is_kernel], minlength=n)
+    count = np.bincount(ids, minlength=n)
+    kind = np.zeros(n, dtype=np.int8)
+    kind[ids] = ev.kind[is_kernel]
+    top = np.argsort(-total, kind="stable")[:TOP_KERNELS]
+    return [
+        {
+            "name": ev.names[i],
+            "kind": KINDS[kind[i]],
+            "count": int(count[i]),
+            "total_s": float(total[i]) / 1e6,
+            "fraction": float(total[i]) / span if span > 0 else None,
+        }
+        for i in top
+        if count[i]
+    ]
+
+
+def _memcpy_bytes(ev: GpuEvents) -> dict[str, float]:
+    """Bytes copied per direction (``HtoD``, ``DtoH``, ``DtoD``, ...), from ``Memcpy XtoY (...)`` names."""
+    copies = np.flatnonzero((ev.kind == MEMORY) & (ev.bytes > 0))
+    out: dict[str, float] = {}
+    for i in np.unique(ev.name_id[copies]):
+        words = ev.names[i].split()
+        if len(words) > 1 and words[0] == "Memcpy":
+            out[words[1]] = out.get(words[1], 0.0) + float(ev.bytes[copies][ev.name_id[copies] == i].sum())
+    return out
