@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import sys
@@ -355,3 +356,29 @@ def test_cuda_event_clock_extends_stages_to_device_time(tmp_path: Path) -> None:
     report, _ = profiled(tmp_path, loop)
     assert report.steps["count"] == STEPS
     assert_stage_matches(report, "forward", forward.total_s)
+
+
+def test_an_optimizer_step_that_raises_does_not_break_step_detection() -> None:
+    """A caught exception in ``step`` (an OOM on Adam's first step, say) must not stop counting steps."""
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    step_before = torch.optim.Adam.step
+    failures = iter([True])
+
+    def fail_once(opt: object, args: object, kwargs: object) -> None:
+        if next(failures, False):
+            raise MemoryError("simulated out of memory")
+
+    handle = optimizer.register_step_pre_hook(fail_once)
+    try:
+        with perfmagic.profile(sample=False) as session:
+            for _ in range(6):
+                optimizer.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                with contextlib.suppress(MemoryError):
+                    optimizer.step()
+    finally:
+        handle.remove()
+    assert session.report.steps["count"] == 5  # the step that raised did not happen
+    assert session.recorder is not None and session.recorder.current_stage is None
+    assert torch.optim.Adam.step is step_before

@@ -360,10 +360,32 @@ class TorchStages:
         open_steps: list[bool] = []
         stats = self.stats
 
+        guarded: set[type] = set()
+
+        def guard(cls: type) -> None:
+            """Close what a ``step`` that raised left open (its post hook never runs)."""
+            step = cls.__dict__["step"]
+
+            def guarded_step(*args: Any, **kwargs: Any) -> Any:
+                depth = len(open_steps)
+                try:
+                    return step(*args, **kwargs)
+                finally:
+                    while len(open_steps) > depth:
+                        if open_steps.pop():
+                            rec.exit()
+
+            guarded_step.hooked = True  # type: ignore[attr-defined]  # torch must not wrap it again
+            guarded_step.__wrapped__ = step  # type: ignore[attr-defined]
+            p.set(cls, "step", guarded_step)
+            guarded.add(cls)
+
         def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
             if id(optimizer) not in self._seen:
                 self._seen.add(id(optimizer))
                 self._record_optimizer(optimizer)
+            if type(optimizer) not in guarded and "step" in type(optimizer).__dict__:
+                guard(type(optimizer))
             open_steps.append(rec.enter(optimizer_id))
 
         def post(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -377,6 +399,10 @@ class TorchStages:
             rec.boundary("optimizer")
             self._maybe_start_device_clock()
 
+        # Classes torch already hooked (their instances exist): guard them before their first step.
+        for cls in _subclasses(torch.optim.Optimizer):
+            if getattr(cls.__dict__.get("step"), "hooked", False):
+                guard(cls)
         self._handles.append(opt_mod.register_optimizer_step_pre_hook(pre))
         self._handles.append(opt_mod.register_optimizer_step_post_hook(post))
         p.set(torch.optim.Optimizer, "zero_grad", rec.wrap(torch.optim.Optimizer.zero_grad, "optimizer"))
@@ -469,6 +495,13 @@ class _TimedStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return list(dict.fromkeys(found))
 
 
 def _saved_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
