@@ -499,6 +499,7 @@ class _TimedStream:
 
 def _subclasses(cls: type) -> list[type]:
     found: list[type] = []
+    sub: type
     for sub in cls.__subclasses__():
         found += [sub, *_subclasses(sub)]
     return list(dict.fromkeys(found))
