@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from perfmagic.analyze import Analysis, analyze
 
 if TYPE_CHECKING:
+    from perfmagic.compare import Comparison
     from perfmagic.timeline import Timeline
 
 SCHEMA = "perfmagic.report/1"
@@ -47,10 +48,13 @@ class Report:
     @classmethod
     def from_analysis(cls, analysis: Analysis, source: str = "live") -> Report:
         from perfmagic.advise import advise
+        from perfmagic.analyze.timeseries import profiler_traces, timeseries
 
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         b = analysis.breakdown
+        cards = advise(analysis)  # may add to analysis.warnings: before they are copied below
+        rank_gpu = {t.meta["rank"]: t.meta["gpu"] for t in analysis.timelines if "gpu" in t.meta}  # traces
         data: dict[str, Any] = {
             "schema": SCHEMA,
             "source": source,
@@ -68,10 +72,11 @@ class Report:
                     "pid": r.pid,
                     "steps": vars(r.steps),
                     "stages": {name: vars(s) for name, s in r.stages.items()},
+                    **({"gpu": rank_gpu[r.rank]} if r.rank in rank_gpu else {}),
                 }
                 for r in analysis.ranks
             ],
-            "advice": [card.to_dict() for card in advise(analysis)],
+            "advice": [card.to_dict() for card in cards],
             "warnings": list(analysis.warnings),
             "step_table": {
                 "boundary": b.boundary,
@@ -79,6 +84,8 @@ class Report:
                 "end": b.end.tolist(),
                 "stages": {name: b.seconds[:, j].tolist() for j, name in enumerate(b.stages)},
             },
+            "timeseries": timeseries(analysis),
+            "torch_traces": profiler_traces(analysis),
         }
         return cls(_clean(data), analysis)
 
@@ -93,6 +100,29 @@ class Report:
         if path is not None:
             Path(path).write_text(text + "\n", encoding="utf-8")
         return text
+
+    def to_html(self, path: str | os.PathLike[str]) -> Path:
+        """One self-contained HTML file (charts and BokehJS inline) that opens offline."""
+        from perfmagic.render.html import write_html
+
+        return write_html(self._data, path)
+
+    def to_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
+        """A Trace Event Format file for Perfetto / chrome://tracing (``.gz`` compresses)."""
+        from perfmagic.render.chrome import write_chrome_trace
+
+        return write_chrome_trace(self._data, path)
+
+    def to_tensorboard(self, logdir: str | os.PathLike[str]) -> Path:
+        """Step time, stage times and utilization as TensorBoard scalars in ``logdir``."""
+        from perfmagic.render.tensorboard import write_tensorboard
+
+        return write_tensorboard(self._data, logdir)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from perfmagic.render.notebook import report_bundle
+
+        return report_bundle(self._data)
 
     @classmethod
     def from_json(cls, text: str) -> Report:
@@ -118,6 +148,12 @@ class Report:
         except OSError as e:
             raise ReportFormatError(f"cannot read report {path}: {e.strerror}") from e
         return cls.from_json(text)
+
+    def compare(self, other: Report) -> Comparison:
+        """This report (before) against ``other`` (after a change): per-stage times, speed-up, advice."""
+        from perfmagic.compare import compare
+
+        return compare(self._data, other._data)
 
     # -- convenient views --------------------------------------------------
 

@@ -1,17 +1,80 @@
-"""The rule catalog; cards come out most valuable first."""
+"""The rule catalog: every advice id, in a stable order; cards come out most valuable first."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from perfmagic.advise.card import Card
+from perfmagic.advise import distributed, gpu, host, input, loop, steps
+from perfmagic.advise.card import SEVERITIES, Card
 from perfmagic.analyze import Analysis
 
 Rule = Callable[[Analysis], "Card | None"]
 
-RULES: list[Rule] = []
+RULES: list[Rule] = [
+    input.input_bound,
+    input.dataloader_workers,
+    input.pin_memory,
+    input.preprocess_in_loop,
+    input.io_bound,
+    input.small_files,
+    host.cpu_contention,
+    host.host_memory_pressure,
+    gpu.gpu_memory_pressure,
+    gpu.low_gpu_util,
+    gpu.launch_bound,
+    gpu.jit_compile,
+    gpu.amp,
+    gpu.tf32,
+    loop.sync_logging,
+    loop.checkpoint_frequency,
+    distributed.comm_bound,
+    distributed.rank_straggler,
+    distributed.gpu_imbalance,
+    distributed.data_parallel,
+    host.numa_affinity,
+    steps.slow_startup,
+    steps.step_outliers,
+    steps.compute_bound,
+]
+"""One rule per advice id; a rule's ``__name__`` is its id."""
+
+_GPU_RULES = "low_gpu_util, gpu_memory_pressure, gpu_imbalance, launch_bound, amp, tf32, pin_memory"
+_HOST_RULES = "cpu_contention, host_memory_pressure, io_bound, small_files, numa_affinity"
+_CONFIG_RULES = "dataloader_workers, pin_memory, amp, tf32, jit_compile, data_parallel"
 
 
 def advise(analysis: Analysis) -> list[Card]:
+    """The cards of every rule that fired, by estimated saving (ties: severity, then catalog order).
+
+    ``compute_bound`` is kept only when no card of medium or high severity fired. What
+    the rules could not see is added, once, to ``analysis.warnings``.
+    """
     cards = [card for rule in RULES if (card := rule(analysis)) is not None]
-    return sorted(cards, key=lambda c: -(c.saving_s or 0.0))
+    if any(c.severity in ("high", "medium") for c in cards):
+        cards = [c for c in cards if c.id != "compute_bound"]
+    for warning in missing(analysis):
+        if warning not in analysis.warnings:
+            analysis.warnings.append(warning)
+    order = {c.id: i for i, c in enumerate(cards)}
+    return sorted(cards, key=lambda c: (-(c.saving_s or 0.0), SEVERITIES.index(c.severity), order[c.id]))
+
+
+def missing(analysis: Analysis) -> list[str]:
+    """What was not measured that some rules need, and what would enable it."""
+    out: list[str] = []
+    if not analysis.steps.count:
+        return out  # the analysis already says that no steps were seen
+    if not analysis.devices:
+        out.append(f"GPU rules ({_GPU_RULES}) stayed silent: no NVIDIA GPU was seen through NVML")
+    elif analysis.gpu is None:
+        out.append("launch_bound stayed silent: it needs a GPU kernel trace (perfmagic run --trace)")
+    if analysis.host.get("cpu_util_mean") is None:
+        out.append(
+            f"host rules ({_HOST_RULES}) stayed silent: no host samples were recorded (psutil sampler off)"
+        )
+    if not analysis.config.models and not analysis.config.dataloaders:
+        out.append(
+            f"set-up rules ({_CONFIG_RULES}) stayed silent: the PyTorch hooks saw no model or DataLoader "
+            "(profile the training with perfmagic.profile() or perfmagic run)"
+        )
+    return out

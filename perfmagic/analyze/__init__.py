@@ -84,7 +84,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
     with_steps = [r for r in ranks if r.steps.count]
     primary = min(with_steps, key=lambda r: r.rank) if with_steps else ranks[0]
     tl = next(t for t, r in zip(staged, ranks, strict=True) if r is primary)
-    sampled = _sampled_timeline(timelines)
+    sampled = sampled_timeline(timelines)
 
     warnings = _unique(w for t in timelines for w in t.meta.get("warnings", []))
     if not primary.steps.count:
@@ -177,7 +177,7 @@ def _has_steps(timeline: Timeline) -> bool:
     return any(n.startswith(STEP_BOUNDARY_PREFIX) for n in timeline.spans.names)
 
 
-def _sampled_timeline(timelines: list[Timeline]) -> Timeline:
+def sampled_timeline(timelines: list[Timeline]) -> Timeline:
     """The timeline that carries the hardware samples (the sampling process's)."""
     return max(timelines, key=lambda t: len(t.metrics))
 

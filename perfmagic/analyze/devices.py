@@ -87,6 +87,7 @@ def _device(
         "name": static.get("name"),
         "uuid": static.get("uuid"),
         "pci_bus_id": static.get("pci_bus_id"),
+        "compute_capability": static.get("compute_capability"),
         "samples": int(_values(tl, g + "mem_used_bytes").size or _values(tl, g + "util").size),
         "util_mean": _mean(tl, g + "util"),
         "util_p95": _p95(tl, g + "util"),

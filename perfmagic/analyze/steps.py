@@ -74,6 +74,8 @@ def _steps(
         if key not in spans.names:
             continue
         t = _boundary_times(spans, span_is_boundary, key)
+        if not len(t):  # a name interned without a boundary span (a timeline built by hand)
+            continue
         if kind == "batch":
             # A boundary is the start of a fetch: step i runs from fetch i to fetch i+1, unless
             # fetch i found its loader exhausted (a loader_end follows it): then it ends an epoch.
@@ -83,14 +85,14 @@ def _steps(
             following = np.append(t[1:], np.inf)
             keep = over[np.searchsorted(over, t)] >= following  # no loader_end before the next fetch
             starts, ends = t[:-1][keep[:-1]], t[1:][keep[:-1]]
-            if len(t) and keep[-1] and len(stage_end):
+            if keep[-1] and len(stage_end):
                 data_id = spans.names.index("data") if "data" in spans.names else -1
                 tail = stage_mask & (spans.start > t[-1]) & (spans.name_id != data_id)
                 if tail.any():  # the loop left without exhausting the loader (break, max_steps)
                     starts, ends = np.append(starts, t[-1]), np.append(ends, stage_end.max())
         else:
             # A boundary is the end of a step; the first one starts with the first stage.
-            before = stage_start[stage_start < t[0]] if len(t) else stage_start
+            before = stage_start[stage_start < t[0]]
             first = float(before.min()) if len(before) else 0.0
             starts, ends = np.concatenate(([first], t[:-1])), t
         if len(starts):

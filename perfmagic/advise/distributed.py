@@ -1,0 +1,202 @@
+"""Multi-GPU and multi-rank rules: communication, stragglers, balance, DataParallel."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmagic.advise.card import Card
+from perfmagic.advise.common import (
+    fmt_fraction,
+    fmt_seconds,
+    make_card,
+    steady,
+    steady_of,
+    window_mean,
+)
+from perfmagic.analyze import Analysis
+
+COMM_SHARE = 0.10
+"""Exposed communication wait worth a card, as a share of step time."""
+ACCUMULATION = 4
+"""Micro-batches per all-reduce in the gradient-accumulation fix."""
+STRAGGLER_RATIO = 1.2
+"""The slowest rank's work per step against the median rank's that makes it a straggler…"""
+STRAGGLER_SHARE = 0.05
+"""…when the difference is also this share of the step."""
+IMBALANCE_SPREAD = 0.30
+"""Spread of mean utilization between the busiest and the idlest GPU."""
+IDLE_GPU = 0.05
+"""A GPU below this utilization is idle."""
+
+_DDP_FIX = "\n".join(
+    [
+        "# torchrun --nproc-per-node=NUM_GPUS train.py",
+        "import torch.distributed as dist",
+        "dist.init_process_group('nccl')",
+        "local_rank = int(os.environ['LOCAL_RANK'])",
+        "torch.cuda.set_device(local_rank)",
+        "model = torch.nn.parallel.DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])",
+        "sampler = torch.utils.data.distributed.DistributedSampler(dataset, drop_last=True)",
+        "loader = DataLoader(dataset, batch_size=per_gpu_batch, sampler=sampler, ...)",
+    ]
+)
+
+
+def comm_bound(a: Analysis) -> Card | None:
+    """Collective communication the step waits for."""
+    s = steady(a)
+    if s is None or s.share("comm") < COMM_SHARE:
+        return None
+    step, comm = s.step_s, s.stage_s("comm")
+    ddp = any(m.get("ddp") for m in a.config.models)
+    if ddp:
+        saving = comm * (1 - 1 / ACCUMULATION)
+        model_txt = f"gradients all-reduced once every {ACCUMULATION} micro-batches"
+        fix = "\n".join(
+            [
+                f"# all-reduce once per {ACCUMULATION} micro-batches (same effective batch, scale the lr if needed)",
+                f"ACCUMULATE = {ACCUMULATION}",
+                "sync = (step + 1) % ACCUMULATE == 0",
+                "with contextlib.nullcontext() if sync else model.no_sync():",
+                "    loss = loss_fn(model(x), y) / ACCUMULATE",
+                "    loss.backward()",
+                "if sync:",
+                "    optimizer.step()",
+                "    optimizer.zero_grad()",
+                "# and drop per-step collectives of metrics: reduce them every few hundred steps",
+            ]
+        )
+    else:
+        saving = min(comm, s.stage_s("backward"))
+        model_txt = (
+            "communication overlapped with backward, as DistributedDataParallel's bucketed all-reduce does"
+        )
+        fix = "# gradients synchronised by hand after backward: let DDP overlap them with it\n" + _DDP_FIX
+    ranks = sum(1 for r in a.ranks if r.steps.count)
+    return make_card(
+        "comm_bound",
+        f"Communication wait takes {fmt_fraction(s.share('comm'))} of each step",
+        f"The step waits {fmt_seconds(comm)} for collectives ({fmt_fraction(s.share('comm'))} of a "
+        f"{fmt_seconds(step)} step, {ranks} rank{'s' if ranks != 1 else ''}; model "
+        f"{'is' if ddp else 'is not'} DistributedDataParallel).",
+        fix,
+        {"comm_s": comm, "comm_share": s.share("comm"), "ranks": ranks, "ddp": ddp},
+        saving_s=saving,
+        step_s=step,
+        model=model_txt,
+    )
+
+
+def rank_straggler(a: Analysis) -> Card | None:
+    """One rank works longer per step and the others wait for it in the collectives."""
+    views = [(r.rank, v) for r in a.ranks if (v := steady_of(r.breakdown)) is not None]
+    if len(views) < 2:
+        return None
+    work = np.array([v.step_s - v.stage_s("comm") for _, v in views])
+    median = float(np.median(work))
+    k = int(np.argmax(work))
+    rank, slow = views[k]
+    excess = float(work[k]) - median
+    step = float(np.mean([v.step_s for _, v in views]))
+    if work[k] < STRAGGLER_RATIO * median or excess < STRAGGLER_SHARE * step:
+        return None
+    stages = [n for n in slow.stages if n != "comm"]
+    by_stage = {n: slow.stage_s(n) - float(np.median([v.stage_s(n) for _, v in views])) for n in stages}
+    where = max(by_stage, key=lambda n: by_stage[n])
+    if where == "data":
+        fix = (
+            f"# rank {rank} loads its batches slower: check its shard and its host (disk, CPU share)\n"
+            "sampler = torch.utils.data.distributed.DistributedSampler(dataset, drop_last=True)  # equal shards"
+        )
+    else:
+        fix = (
+            f"# rank {rank} computes slower: check its GPU's clocks and throttling on that host\n"
+            "nvidia-smi -q -d PERFORMANCE,CLOCK\n"
+            "# and that every rank gets the same batch size and sequence lengths"
+        )
+    return make_card(
+        "rank_straggler",
+        f"Rank {rank} is a straggler: the other ranks wait for it",
+        f"Rank {rank} works {fmt_seconds(float(work[k]))} per step outside communication against a median of "
+        f"{fmt_seconds(median)} over {len(views)} ranks ({float(work[k]) / median:.2f}x); most of the difference is "
+        f"in {where} (+{fmt_seconds(by_stage[where])}).",
+        fix,
+        {
+            "rank": rank,
+            "work_s": float(work[k]),
+            "median_work_s": median,
+            "stage": where,
+            "ranks": len(views),
+        },
+        saving_s=excess,
+        step_s=step,
+        model="every rank waits for the slowest in each collective: its extra work per step",
+    )
+
+
+def gpu_imbalance(a: Analysis) -> Card | None:
+    """Some GPUs work much more than others, or sit idle."""
+    s = steady(a)
+    utils = [
+        (d.get("index"), u)
+        for d in a.devices
+        if (u := window_mean(a, f"gpu{d.get('index')}.util", s)) is not None
+    ]
+    if len(utils) < 2 or s is None:
+        return None
+    values = np.array([u for _, u in utils])
+    busiest, idlest = float(values.max()), float(values.min())
+    if busiest - idlest < IMBALANCE_SPREAD:
+        return None
+    idle = [i for i, u in utils if u < IDLE_GPU]
+    step = s.step_s
+    if idle:
+        used = len(utils) - len(idle)
+        saving = step * (1 - used / len(utils))
+        model_txt = (
+            f"the same work spread over all {len(utils)} GPUs instead of {used} (ideal data parallelism)"
+        )
+        fix = f"# GPUs {', '.join(map(str, idle))} sat idle: train on all of them\n" + _DDP_FIX
+    else:
+        saving = step * (1 - float(values.mean()) / busiest)
+        model_txt = "every GPU as busy as the busiest one"
+        fix = "# uneven work per GPU: one process per GPU with equal shards\n" + _DDP_FIX
+    listing = ", ".join(f"GPU {i} {fmt_fraction(u)}" for i, u in utils)
+    return make_card(
+        "gpu_imbalance",
+        f"GPU load is uneven: {fmt_fraction(idlest)} to {fmt_fraction(busiest)} busy",
+        f"Utilization during the steady steps: {listing}"
+        + (f"; {len(idle)} GPU{'s' if len(idle) > 1 else ''} idle." if idle else "."),
+        fix,
+        {"gpu_util": {str(i): u for i, u in utils}, "idle_gpus": idle},
+        saving_s=saving,
+        step_s=step,
+        model=model_txt,
+    )
+
+
+def data_parallel(a: Analysis) -> Card | None:
+    """nn.DataParallel, which PyTorch recommends replacing with DistributedDataParallel."""
+    if not any(m.get("data_parallel") for m in a.config.models):
+        return None
+    s = steady(a)
+    utils = [
+        (d.get("index"), u)
+        for d in a.devices
+        if (u := window_mean(a, f"gpu{d.get('index')}.util", s)) is not None
+    ]
+    listing = (
+        f" GPU utilization: {', '.join(f'GPU {i} {fmt_fraction(u)}' for i, u in utils)}." if utils else ""
+    )
+    return make_card(
+        "data_parallel",
+        "Replace nn.DataParallel with DistributedDataParallel",
+        "The model is wrapped in nn.DataParallel: one process drives every GPU from threads under the GIL, "
+        "copies the model to each GPU in every forward and gathers outputs on GPU 0." + listing,
+        _DDP_FIX,
+        {"data_parallel": True, "gpus": len(utils)},
+        saving_s=None,
+        step_s=s.step_s if s else None,
+        model=None,
+        severity="medium",
+    )

@@ -1,0 +1,326 @@
+"""GPU rules: how busy the GPU was, its memory, and the precision and compilation levers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from perfmagic.advise.card import Card
+from perfmagic.advise.common import (
+    COMPUTE_STAGES,
+    Steady,
+    fmt_bytes,
+    fmt_fraction,
+    fmt_seconds,
+    gpu_index,
+    loader,
+    make_card,
+    model,
+    steady,
+    window_mean,
+)
+from perfmagic.analyze import Analysis
+
+MEMORY_FULL = 0.95
+"""Peak GPU memory share at which the caching allocator starts freeing and retrying."""
+MEMORY_CRITICAL = 0.98
+LOW_UTIL = 0.50
+"""GPU utilization under which the GPU mostly waits (torch-tb-profiler's "low utilization": < 50%)."""
+TARGET_UTIL = 0.90
+"""What a well-fed GPU reaches: the saving model's target."""
+KERNEL_WAIT = 0.10
+"""Share of the traced time the GPU idles between back-to-back kernels (HTA "kernel wait")."""
+COMPILE_SPIKE = 0.1
+"""Extra seconds in a steady step's forward+backward that only a (re)compilation explains…"""
+COMPILE_SPIKE_RATIO = 4.0
+"""…when also this many times the median forward+backward."""
+COMPILE_SHARE = 0.05
+"""Recompilation time, as a share of steady step time, worth a card."""
+PRECISION_COMPUTE_SHARE = 0.20
+"""Forward+backward share of the step below which faster math cannot save much."""
+AMP_SPEEDUP = 2.0
+"""Conservative forward+backward speed-up of fp16/bf16 on tensor cores over fp32 (NVIDIA: up to 3x)."""
+TF32_SPEEDUP = 1.5
+"""Conservative forward+backward speed-up of TF32 matmuls over fp32 on Ampere and newer."""
+
+
+def _device_util(a: Analysis, d: dict[str, Any], s: Steady | None) -> float | None:
+    return window_mean(a, f"gpu{d.get('index')}.util", s)
+
+
+def _used_gpus(a: Analysis, s: Steady | None) -> list[tuple[dict[str, Any], float]]:
+    """GPUs with utilization samples that did any work, with their steady-state utilization."""
+    out = []
+    for d in a.devices:
+        u = _device_util(a, d, s)
+        if u is not None and (u > 0.01 or (d.get("tree_mem_used_bytes") or 0) > 0):
+            out.append((d, u))
+    return out
+
+
+def gpu_memory_pressure(a: Analysis) -> Card | None:
+    """GPU memory at the edge of an out-of-memory error."""
+    full = [
+        (d, d["mem_used_peak_bytes"] / d["mem_total_bytes"])
+        for d in a.devices
+        if d.get("mem_used_peak_bytes") is not None and d.get("mem_total_bytes")
+    ]
+    if not full:
+        return None
+    d, share = max(full, key=lambda x: x[1])
+    if share < MEMORY_FULL:
+        return None
+    s = steady(a)
+    fix = "\n".join(
+        [
+            "print(torch.cuda.memory_stats()['num_alloc_retries'])  # > 0: the allocator frees and retries",
+            "# less fragmentation (set before the first CUDA call):",
+            "os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'",
+            "# less memory per step: bf16 autocast halves activations; torch.utils.checkpoint recomputes them;",
+            "# or halve the batch and accumulate gradients over 2 steps.",
+        ]
+    )
+    return make_card(
+        "gpu_memory_pressure",
+        f"GPU {d.get('index')} memory is {fmt_fraction(share)} full",
+        f"GPU {d.get('index')} ({d.get('name') or 'GPU'}) memory peaked at {fmt_bytes(d['mem_used_peak_bytes'])} of "
+        f"{fmt_bytes(d['mem_total_bytes'])}: near the limit the caching allocator frees cached blocks and retries "
+        "(slow), and a larger batch or sequence will not fit.",
+        fix,
+        {
+            "gpu": d.get("index"),
+            "mem_used_peak_bytes": d["mem_used_peak_bytes"],
+            "mem_total_bytes": d["mem_total_bytes"],
+            "mem_share": share,
+        },
+        saving_s=None,
+        step_s=s.step_s if s else None,
+        model=None,
+        severity="high" if share >= MEMORY_CRITICAL else "medium",
+    )
+
+
+_STAGE_FIX = {
+    "data": "# the GPU waits for batches: see input_bound / dataloader_workers",
+    "h2d": "# the GPU waits for copies: see pin_memory",
+    "logging": "# the GPU waits for logging and syncs: see sync_logging",
+    "checkpoint": "# the GPU waits for checkpoints: see checkpoint_frequency",
+    "comm": "# the GPU waits for communication: see comm_bound",
+}
+
+
+def low_gpu_util(a: Analysis) -> Card | None:
+    """The GPU is idle much of the time."""
+    s = steady(a)
+    if s is None:
+        return None
+    traced = a.gpu.get("busy_fraction") if a.gpu else None
+    used = _used_gpus(a, s)
+    if traced is not None:
+        util, source = float(traced), "busy in the GPU trace"
+    elif used:
+        util, source = float(np.mean([u for _, u in used])), "NVML utilization during the steady steps"
+    else:
+        return None
+    if util >= LOW_UTIL:
+        return None
+    step = s.step_s
+    host = {n: s.stage_s(n) for n in s.stages if n not in COMPUTE_STAGES}
+    worst = max(host, key=lambda n: host[n]) if host else None
+    lead = (
+        f"; the largest non-compute stage is {worst} ({fmt_fraction(host[worst] / step)} of the step)"
+        if worst and host[worst] > 0
+        else ""
+    )
+    fix = _STAGE_FIX.get(
+        worst or "",
+        "# the host cannot issue work fast enough: fewer, larger kernels\n"
+        "model = torch.compile(model)  # fuses kernels and cuts Python overhead\n"
+        "# and/or a larger batch per step",
+    )
+    gpus = ", ".join(f"GPU {d.get('index')} {fmt_fraction(u)}" for d, u in used) if used else ""
+    return make_card(
+        "low_gpu_util",
+        f"The GPU is busy only {fmt_fraction(util)} of the time",
+        f"GPU {source}: {fmt_fraction(util)}{f' ({gpus})' if gpus else ''}{lead}.",
+        fix,
+        {"gpu_util": util, "source": "trace" if traced is not None else "nvml", "top_host_stage": worst},
+        saving_s=step * max(0.0, 1 - util / TARGET_UTIL),
+        step_s=step,
+        model=f"the same GPU work done at {fmt_fraction(TARGET_UTIL)} utilization: step x (1 - util / 0.9)",
+    )
+
+
+def launch_bound(a: Analysis) -> Card | None:
+    """Kernels too small and too many: the GPU idles between launches."""
+    s = steady(a)
+    gpu = a.gpu or {}
+    idle_share = (gpu.get("idle_breakdown") or {}).get("kernel_wait")
+    idle = gpu.get("idle_fraction")
+    # kernel_wait is a share of idle time; the rule's signal is its share of all traced time
+    wait = idle_share * idle if idle_share is not None and idle is not None else None
+    if s is None or wait is None or wait < KERNEL_WAIT:
+        return None
+    step = s.step_s
+    opt = a.config.optimizers[0] if a.config.optimizers else {}
+    lines = ["model = torch.compile(model, mode='reduce-overhead')  # CUDA graphs: one launch per step"]
+    if opt and not opt.get("fused") and opt.get("cls") in ("Adam", "AdamW", "SGD"):
+        lines.append(
+            f"optimizer = torch.optim.{opt['cls']}(model.parameters(), ..., fused=True)  # one kernel"
+        )
+    lines.append("# and/or a larger batch: fewer, bigger kernels")
+    return make_card(
+        "launch_bound",
+        "Launch-bound: the GPU idles between many small kernels",
+        f"In the GPU trace, the GPU sat idle between back-to-back kernels {fmt_fraction(wait)} of the time "
+        "(kernel wait): it runs kernels faster than the host launches them.",
+        "\n".join(lines),
+        {"kernel_wait_share": wait},
+        saving_s=step * wait,
+        step_s=step,
+        model="the kernel-wait time, which CUDA graphs remove",
+    )
+
+
+def jit_compile(a: Analysis) -> Card | None:
+    """torch.compile compiles again after warm-up (new shapes, failed guards)."""
+    s = steady(a)
+    if s is None or not any(m.get("compiled") for m in a.config.models):
+        return None
+    work = s.seconds[:, [s.stages.index(n) for n in ("forward", "backward") if n in s.stages]].sum(axis=1)
+    if not len(work):
+        return None
+    median = float(np.median(work))
+    extra = work - median
+    spikes = (extra >= COMPILE_SPIKE) & (work >= COMPILE_SPIKE_RATIO * median)
+    step = s.step_s
+    lost = float(extra[spikes].sum()) / s.count
+    if lost < COMPILE_SHARE * step:
+        return None
+    ld = loader(a)
+    partial = bool(
+        ld
+        and not ld.get("drop_last")
+        and ld.get("dataset_len")
+        and ld.get("batch_size")
+        and ld["dataset_len"] % ld["batch_size"]
+    )
+    reason = (
+        f" The DataLoader's last batch has {ld['dataset_len'] % ld['batch_size']} samples, not {ld['batch_size']}: "
+        "a new shape at each epoch's end."
+        if ld and partial
+        else ""
+    )
+    lines = ["# see what triggers each recompilation:", "TORCH_LOGS=recompiles python train.py"]
+    if partial:
+        lines.append("loader = DataLoader(dataset, ..., drop_last=True)  # every batch the same shape")
+    lines.append("model = torch.compile(model, dynamic=True)  # or: compile once for varying shapes")
+    return make_card(
+        "jit_compile",
+        f"torch.compile recompiled {int(spikes.sum())} times after warm-up",
+        f"{int(spikes.sum())} of {s.count} steps after warm-up spent up to {fmt_seconds(float(work[spikes].max()))} in "
+        f"forward+backward against a median of {fmt_seconds(median)}: compilation, in a compiled model.{reason}",
+        "\n".join(lines),
+        {
+            "recompiles": int(spikes.sum()),
+            "compile_s": float(extra[spikes].sum()),
+            "median_compute_s": median,
+        },
+        saving_s=lost,
+        step_s=step,
+        model="the extra forward+backward time of the recompiling steps, spread over all steps",
+    )
+
+
+def _capability(a: Analysis) -> float | None:
+    """Compute capability of the model's GPU (GPU 0 when unknown)."""
+    index = gpu_index(a)
+    d = next((d for d in a.devices if d.get("index") == index), None)
+    cc = d.get("compute_capability") if d else None
+    return float(cc) if cc else None
+
+
+def _fp32_on_gpu(a: Analysis) -> tuple[Steady, float] | None:
+    """The steady view and capability when a float32 model trains on a CUDA GPU without autocast."""
+    s, md = steady(a), model(a)
+    c = a.config.counters
+    if s is None or md is None or not str(md.get("device") or "").startswith("cuda"):
+        return None
+    if md.get("param_dtype") != "float32" or (c.get("autocast_forwards") or 0) >= 0.5 * (
+        c.get("forwards") or 1
+    ):
+        return None
+    cc = _capability(a)
+    if cc is None or s.share("forward", "backward") < PRECISION_COMPUTE_SHARE:
+        return None
+    return s, cc
+
+
+def amp(a: Analysis) -> Card | None:
+    """float32 training on a GPU with tensor cores."""
+    found = _fp32_on_gpu(a)
+    if found is None or found[1] < 7.0:  # tensor cores from Volta (7.0)
+        return None
+    s, cc = found
+    compute = s.stage_s("forward", "backward")
+    bf16 = cc >= 8.0
+    dtype = "bfloat16" if bf16 else "float16"
+    if bf16:
+        fix = "\n".join(
+            [
+                "with torch.autocast('cuda', dtype=torch.bfloat16):  # bf16 needs no loss scaling",
+                "    loss = loss_fn(model(x), y)",
+                "loss.backward()",
+                "optimizer.step()",
+            ]
+        )
+    else:
+        fix = "\n".join(
+            [
+                "scaler = torch.amp.GradScaler('cuda')  # once, before the loop",
+                "with torch.autocast('cuda', dtype=torch.float16):",
+                "    loss = loss_fn(model(x), y)",
+                "scaler.scale(loss).backward()",
+                "scaler.step(optimizer)",
+                "scaler.update()",
+            ]
+        )
+    return make_card(
+        "amp",
+        f"Train in mixed precision ({dtype} autocast)",
+        f"The model trains in float32 without autocast on a GPU with tensor cores (compute capability {cc:.1f}); "
+        f"forward+backward take {fmt_fraction(s.share('forward', 'backward'))} of the step ({fmt_seconds(compute)}).",
+        fix,
+        {"compute_s": compute, "compute_capability": cc, "dtype": dtype},
+        saving_s=compute * (1 - 1 / AMP_SPEEDUP),
+        step_s=s.step_s,
+        model=f"forward+backward {AMP_SPEEDUP:.0f}x faster on tensor cores",
+    )
+
+
+def tf32(a: Analysis) -> Card | None:
+    """float32 matmuls on Ampere or newer without TF32."""
+    found = _fp32_on_gpu(a)
+    t = a.config.torch
+    if found is None or found[1] < 8.0:
+        return None
+    if t.get("matmul_allow_tf32") or t.get("float32_matmul_precision", "highest") != "highest":
+        return None
+    s, cc = found
+    compute = s.stage_s("forward", "backward")
+    fix = "torch.set_float32_matmul_precision('high')  # TF32 tensor cores for float32 matmuls"
+    if t.get("cudnn_allow_tf32") is False:
+        fix += "\ntorch.backends.cudnn.allow_tf32 = True  # and for convolutions"
+    return make_card(
+        "tf32",
+        "Let float32 matmuls use TF32 tensor cores",
+        f"float32 matmuls run at full precision (float32_matmul_precision='highest') on a GPU with TF32 tensor "
+        f"cores (compute capability {cc:.1f}); forward+backward take {fmt_fraction(s.share('forward', 'backward'))} "
+        "of the step.",
+        fix,
+        {"compute_s": compute, "compute_capability": cc},
+        saving_s=compute * (1 - 1 / TF32_SPEEDUP),
+        step_s=s.step_s,
+        model=f"forward+backward {TF32_SPEEDUP}x faster with TF32 matmuls",
+    )

@@ -1,0 +1,377 @@
+"""Input pipeline rules: the step waits for data, and why."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmagic.advise.card import Card
+from perfmagic.advise.common import (
+    KiB,
+    MiB,
+    Steady,
+    dataloader_code,
+    fmt_bytes,
+    fmt_fraction,
+    fmt_seconds,
+    loader,
+    make_card,
+    primary_timeline,
+    steady,
+    usable_cpus,
+    window_mean,
+    worker_cap,
+)
+from perfmagic.analyze import Analysis
+from perfmagic.collect.stages import STAGES
+
+INPUT_SHARE = 0.05
+"""Data wait that makes a run input-bound (torch-tb-profiler; TF Profiler's "moderately")."""
+HIGHLY_INPUT_SHARE = 0.20
+"""TF Profiler's "HIGHLY input-bound"."""
+PREPROCESS_SHARE = 0.10
+"""Host work between batch arrival and forward that is worth moving off the critical path."""
+PIN_H2D_SHARE = 0.05
+"""Host-to-device copy time worth pinning for."""
+IO_DATA_SHARE = 0.10
+"""Data wait under which storage cannot matter much."""
+IO_BLOCKED = 0.25
+"""Share of the loaders' time blocked on storage that makes a run I/O-bound."""
+MIN_PROC_READ = 1 * MiB
+"""The training's own storage reads below which I/O wait belongs to someone else."""
+SMALL_READ = 64 * KiB
+"""Average read size under which per-request latency dominates storage throughput."""
+MIN_READ_OPS_PER_S = 100.0
+
+
+@dataclass(frozen=True)
+class _Loading:
+    """The loader model: one process takes ``load_s`` per batch; the rest of the step is ``rest_s``.
+
+    With ``w`` workers a batch is ready every ``load_s / w`` and the loop waits
+    ``max(0, load_s / w - rest_s)``; so ``load_s`` is the data wait itself without
+    workers and ``w * (wait + rest)`` with them.
+    """
+
+    wait_s: float
+    rest_s: float
+    workers: int
+
+    @property
+    def load_s(self) -> float:
+        return self.wait_s if not self.workers else self.workers * (self.wait_s + self.rest_s)
+
+    def step_with(self, workers: int, extra_load_s: float = 0.0) -> float:
+        """Step time with ``workers`` workers, ``extra_load_s`` moved from the rest of the step into loading."""
+        rest = self.rest_s - extra_load_s
+        return max(rest, (self.load_s + extra_load_s) / workers)
+
+
+def _loading(a: Analysis, s: Steady) -> _Loading:
+    ld = loader(a)
+    wait = s.stage_s("data")
+    return _Loading(wait, s.step_s - wait, int(ld.get("num_workers") or 0) if ld else 0)
+
+
+def input_bound(a: Analysis) -> Card | None:
+    """The step waits for the next batch."""
+    s = steady(a)
+    if s is None or s.share("data") < INPUT_SHARE:
+        return None
+    wait, share, step = s.stage_s("data"), s.share("data"), s.step_s
+    ld = loader(a)
+    verdict = "HIGHLY input-bound" if share >= HIGHLY_INPUT_SHARE else "moderately input-bound"
+    workers = f" (DataLoader num_workers={ld.get('num_workers')})" if ld else ""
+    evidence = (
+        f"{fmt_fraction(share)} of step time is spent waiting for the next batch: {fmt_seconds(wait)} of a "
+        f"{fmt_seconds(step)} step, mean of {s.count} steps after warm-up{workers}."
+    )
+    cap = worker_cap(a)
+    m = _loading(a, s)
+    if ld and cap is not None and m.workers < cap:
+        fix = "# Load batches in parallel with the step:\n" + dataloader_code(
+            ld, num_workers=cap, persistent_workers=True
+        )
+        needed = math.ceil(m.load_s / m.rest_s) if m.rest_s > 0 else cap
+        if needed > cap:
+            fix += (
+                f"\n# {needed} workers would keep up, this machine affords {cap}: also make samples cheaper\n"
+                "# (cache decoded samples, decode and augment on the GPU)."
+            )
+    else:
+        fix = _cheaper_samples_fix(ld)
+    return make_card(
+        "input_bound",
+        f"Training is {verdict}: {fmt_fraction(share)} of each step waits for data",
+        evidence,
+        fix,
+        {"data_s": wait, "data_share": share, "steps": s.count},
+        saving_s=wait,
+        step_s=step,
+        model="all of the data wait, if each batch were ready when the step asks for it",
+    )
+
+
+def _cheaper_samples_fix(ld: dict[str, object] | None) -> str:
+    batch = ld.get("batch_size") if ld else None
+    return "\n".join(
+        [
+            "# The workers are already busy: make each sample cheaper. First measure it:",
+            "import time",
+            "t = time.perf_counter()",
+            "for i in range(100):",
+            "    dataset[i]",
+            "print(f'{(time.perf_counter() - t) / 100 * 1e3:.2f} ms per sample'"
+            + (f", 'x {batch} per batch')" if batch else ")"),
+            "# then cache decoded samples (numpy memmap, /dev/shm), decode and augment on the GPU",
+            "# (torchvision.io.decode_jpeg(..., device='cuda'), NVIDIA DALI), or pre-resize offline.",
+        ]
+    )
+
+
+def dataloader_workers(a: Analysis) -> Card | None:
+    """Too few DataLoader workers for the data wait, given this machine's CPUs."""
+    s, ld, cap = steady(a), loader(a), worker_cap(a)
+    if s is None or ld is None or cap is None or s.share("data") < INPUT_SHARE:
+        return None
+    m = _loading(a, s)
+    if m.workers >= cap:
+        return None
+    needed = math.ceil(m.load_s / m.rest_s) if m.rest_s > 0 else cap
+    workers = max(m.workers + 1, min(cap, needed))
+    step = s.step_s
+    saving = step - m.step_with(workers)
+    if saving <= 0:
+        return None
+    cpus = usable_cpus(a)
+    now = "the training loop loads every batch itself" if not m.workers else f"{m.workers} workers"
+    evidence = (
+        f"num_workers={m.workers}: {now}, about {fmt_seconds(m.load_s)} per batch of "
+        f"{ld.get('batch_size')}, while the rest of the step takes {fmt_seconds(m.rest_s)}; "
+        f"{needed} worker{'s' if needed > 1 else ''} would keep up, and {cpus} usable CPUs allow {cap} "
+        "(one CPU stays with the training loop)."
+    )
+    changes: dict[str, object] = {"num_workers": workers, "persistent_workers": True}
+    return make_card(
+        "dataloader_workers",
+        f"Use {workers} DataLoader worker{'s' if workers > 1 else ''} instead of {m.workers}",
+        evidence,
+        dataloader_code(ld, **changes),
+        {
+            "num_workers": m.workers,
+            "recommended_workers": workers,
+            "workers_needed": needed,
+            "load_s": m.load_s,
+            "rest_s": m.rest_s,
+            "usable_cpus": cpus,
+        },
+        saving_s=saving,
+        step_s=step,
+        model=f"step = max(rest of step, load time per batch / workers) with {workers} workers",
+    )
+
+
+def pin_memory(a: Analysis) -> Card | None:
+    """Host-to-device copies from pageable memory, or blocking."""
+    s = steady(a)
+    c = a.config.counters
+    copied, pinned = c.get("h2d_bytes") or 0, c.get("h2d_pinned_bytes") or 0
+    copies, non_blocking = c.get("h2d_copies") or 0, c.get("h2d_non_blocking") or 0
+    if s is None or not copied or s.share("h2d") < PIN_H2D_SHARE:
+        return None
+    pinned_share, async_share = pinned / copied, non_blocking / copies if copies else 0.0
+    if pinned_share >= 0.5 and async_share >= 0.5:
+        return None
+    h2d = s.stage_s("h2d")
+    ld = loader(a)
+    fix = dataloader_code(ld, pin_memory=True) + "\n" if ld and not ld.get("pin_memory") else ""
+    fix += "x = x.to(device, non_blocking=True)  # copies overlap with compute from pinned memory"
+    return make_card(
+        "pin_memory",
+        "Copy batches from pinned memory, without blocking",
+        f"Host-to-device copies take {fmt_fraction(s.share('h2d'))} of the step ({fmt_seconds(h2d)}); "
+        f"{fmt_fraction(pinned_share)} of the {fmt_bytes(copied)} copied came from pinned memory and "
+        f"{non_blocking} of {copies} copies were non_blocking.",
+        fix,
+        {"h2d_s": h2d, "h2d_bytes": copied, "pinned_share": pinned_share, "non_blocking_share": async_share},
+        saving_s=h2d / 2,
+        step_s=s.step_s,
+        model="half the copy time: pinned copies run about twice as fast and non_blocking ones overlap compute",
+    )
+
+
+def _pre_forward_s(a: Analysis, s: Steady) -> float:
+    """Mean seconds per steady step between a batch's arrival and the forward pass that are in no built-in stage.
+
+    That is host work on the batch in the training loop (transforms, augmentation,
+    tokenization), or a user stage placed there.
+    """
+    tl = primary_timeline(a)
+    if tl is None:
+        return 0.0
+    sp = tl.spans
+    names = sp.names
+    if "data" not in names or "forward" not in names:
+        return 0.0
+    ids = sp.name_id
+    data_end = np.sort(sp.end[ids == names.index("data")])
+    fwd_start = np.sort(sp.start[ids == names.index("forward")])
+    builtin = np.isin(ids, [names.index(n) for n in STAGES if n in names]) & (sp.depth >= 0)
+    b_start, b_end = sp.start[builtin], sp.end[builtin]
+    b = a.breakdown
+    total = 0.0
+    for k in range(s.first, b.count):
+        lo, hi = b.start[k], b.end[k]
+        j = np.searchsorted(data_end, hi, side="right") - 1
+        if j < 0 or data_end[j] < lo:
+            continue
+        arrive = data_end[j]
+        f = np.searchsorted(fwd_start, arrive)
+        if f >= len(fwd_start) or fwd_start[f] > hi:
+            continue
+        total += (fwd_start[f] - arrive) - _covered(b_start, b_end, arrive, fwd_start[f])
+    return total / s.count
+
+
+def _covered(start: np.ndarray, end: np.ndarray, lo: float, hi: float) -> float:
+    """Length of the union of intervals clipped to [lo, hi]."""
+    s, e = np.clip(start, lo, hi), np.clip(end, lo, hi)
+    keep = e > s
+    covered, reach = 0.0, lo
+    for a_, b_ in sorted(zip(s[keep].tolist(), e[keep].tolist(), strict=True)):
+        if b_ > reach:
+            covered += b_ - max(a_, reach)
+            reach = b_
+    return covered
+
+
+def preprocess_in_loop(a: Analysis) -> Card | None:
+    """Per-batch host work in the training loop, between the DataLoader and the model."""
+    s = steady(a)
+    if s is None:
+        return None
+    pre = _pre_forward_s(a, s)
+    step = s.step_s
+    if pre < PREPROCESS_SHARE * step:
+        return None
+    m = _loading(a, s)
+    cap = worker_cap(a)
+    workers = max(m.workers, cap if cap is not None else 1)
+    if workers == 0:
+        return None
+    saving = step - m.step_with(workers, extra_load_s=pre)
+    if saving <= 0:
+        return None
+    ld = loader(a)
+    fix = "\n".join(
+        [
+            "# Do the per-batch work in the Dataset, so DataLoader workers run it in parallel with the step:",
+            "class Preprocessed(torch.utils.data.Dataset):",
+            "    def __init__(self, base, transform):",
+            "        self.base, self.transform = base, transform",
+            "",
+            "    def __len__(self):",
+            "        return len(self.base)",
+            "",
+            "    def __getitem__(self, i):",
+            "        x, y = self.base[i]",
+            "        return self.transform(x), y  # the code now between `for x, y in loader:` and model(x)",
+            "",
+            "dataset = Preprocessed(dataset, transform)",
+            dataloader_code(ld, num_workers=workers, persistent_workers=True) if ld else "",
+            "# (or, on a GPU: move the batch first and run the transform there)",
+        ]
+    )
+    return make_card(
+        "preprocess_in_loop",
+        f"Move the per-batch preprocessing out of the training loop ({fmt_fraction(pre / step)} of each step)",
+        f"Between a batch's arrival and the forward pass, the training loop spends {fmt_seconds(pre)} per step "
+        f"({fmt_fraction(pre / step)} of a {fmt_seconds(step)} step) in code outside any training stage: "
+        "preprocessing that runs serially with the step.",
+        fix,
+        {"preprocess_s": pre, "preprocess_share": pre / step, "workers": workers},
+        saving_s=saving,
+        step_s=step,
+        model=f"the preprocessing joins the batch's loading in {workers} DataLoader worker(s): "
+        "step = max(rest of step, (load + preprocess) / workers)",
+    )
+
+
+def _blocked_on_storage(a: Analysis, s: Steady) -> float | None:
+    """Share of the loading processes' time blocked on storage, from I/O wait; ``None`` unmeasured."""
+    iowait, cpus = window_mean(a, "host.iowait", s), a.host.get("cpu_count")
+    own = a.host.get("proc_read_bytes")
+    if iowait is None or not cpus or own is None or own < MIN_PROC_READ:
+        return None
+    ld = loader(a)
+    loaders = max(1, int(ld.get("num_workers") or 0) if ld else 1)
+    return min(1.0, iowait * float(cpus) / loaders)
+
+
+def io_bound(a: Analysis) -> Card | None:
+    """The data wait is storage wait."""
+    s = steady(a)
+    if s is None or s.share("data") < IO_DATA_SHARE:
+        return None
+    blocked = _blocked_on_storage(a, s)
+    if blocked is None or blocked < IO_BLOCKED:
+        return None
+    wait = s.stage_s("data")
+    cpus = a.host.get("cpu_count") or 1
+    ld = loader(a)
+    workers = min(2 * cpus, 32)
+    fix = "# Storage latency, not CPU, limits loading: keep more reads in flight than there are CPUs\n"
+    if ld:
+        fix += dataloader_code(ld, num_workers=workers, prefetch_factor=4, persistent_workers=True) + "\n"
+    fix += "# and/or copy the dataset to local NVMe or RAM (/dev/shm) before training."
+    return make_card(
+        "io_bound",
+        "The data wait is storage wait",
+        f"{fmt_fraction(s.share('data'))} of step time waits for data, and the loading processes were blocked on "
+        f"storage {fmt_fraction(blocked)} of the time (I/O wait {fmt_fraction(window_mean(a, 'host.iowait', s))} "
+        f"of {cpus} CPUs; the training read {fmt_bytes(a.host.get('proc_read_bytes'))} from storage).",
+        fix,
+        {"data_s": wait, "blocked_share": blocked, "proc_read_bytes": a.host.get("proc_read_bytes")},
+        saving_s=wait * blocked,
+        step_s=s.step_s,
+        model="the share of the data wait that the loaders spent blocked on storage",
+    )
+
+
+def small_files(a: Analysis) -> Card | None:
+    """Storage reads too small to be efficient."""
+    s = steady(a)
+    if s is None or s.share("data") < IO_DATA_SHARE:
+        return None
+    size, ops = a.host.get("avg_read_size_bytes"), a.host.get("read_ops")
+    blocked = _blocked_on_storage(a, s)
+    if size is None or not ops or blocked is None or a.wall_s <= 0:
+        return None
+    rate = ops / a.wall_s
+    if size >= SMALL_READ or rate < MIN_READ_OPS_PER_S or blocked < IO_BLOCKED / 2:
+        return None
+    wait = s.stage_s("data")
+    fix = "\n".join(
+        [
+            "# Pack the samples into large shards once (e.g. WebDataset tar shards of 100 MB-1 GB):",
+            "import webdataset as wds",
+            "with wds.ShardWriter('shards/train-%06d.tar', maxsize=500_000_000) as sink:",
+            "    for i, (x, y) in enumerate(dataset):",
+            "        sink.write({'__key__': f'{i:09d}', 'pt': x, 'cls': y})",
+            "# then train from the shards: reads become large and sequential",
+            "dataset = wds.WebDataset('shards/train-{000000..000099}.tar').decode().to_tuple('pt', 'cls')",
+        ]
+    )
+    return make_card(
+        "small_files",
+        f"Storage reads average {fmt_bytes(size)}: pack small files into shards",
+        f"Reads averaged {fmt_bytes(size)} ({rate:.0f} reads/s) while {fmt_fraction(s.share('data'))} of step "
+        f"time waited for data and the loaders were blocked on storage {fmt_fraction(blocked)} of the time.",
+        fix,
+        {"avg_read_size_bytes": size, "read_ops_per_s": rate, "blocked_share": blocked, "data_s": wait},
+        saving_s=wait * blocked,
+        step_s=s.step_s,
+        model="the share of the data wait spent blocked on storage, which per-request latency dominates",
+    )

@@ -1,0 +1,123 @@
+"""Training-loop rules: work the loop adds to every step (logging, syncs) or every few (checkpoints)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from perfmagic.advise.card import Card
+from perfmagic.advise.common import (
+    Steady,
+    fmt_bytes,
+    fmt_fraction,
+    fmt_seconds,
+    make_card,
+    nice_interval,
+    primary_timeline,
+    steady,
+)
+from perfmagic.analyze import Analysis
+
+LOGGING_SHARE = 0.05
+"""Logging and host-device syncs worth a card, as a share of step time."""
+CHECKPOINT_SHARE = 0.03
+"""Checkpoint time worth a card, as a share of training time (the fix aims at 2%)."""
+TARGET_OVERHEAD = 0.01
+"""What logging should cost after the fix, as a share of the step…"""
+CHECKPOINT_TARGET = 0.02
+"""…and checkpointing."""
+
+
+def _calls_per_step(a: Analysis, s: Steady, stage: str) -> float:
+    """How many times per steady step a stage was entered (outermost spans only)."""
+    tl = primary_timeline(a)
+    if tl is None or stage not in tl.spans.names:
+        return 0.0
+    sp = tl.spans
+    mine = (sp.name_id == sp.names.index(stage)) & (sp.start >= s.start) & (sp.end <= s.end)
+    return float(mine.sum()) / s.count
+
+
+def sync_logging(a: Analysis) -> Card | None:
+    """Printing, logging, metric writers and host-device syncs on the step's critical path."""
+    s = steady(a)
+    if s is None or s.share("logging") < LOGGING_SHARE:
+        return None
+    step, spent = s.step_s, s.stage_s("logging")
+    calls = _calls_per_step(a, s, "logging")
+    c = a.config.counters
+    steps = c.get("optimizer_steps") or c.get("batches") or 0
+    syncs = (c.get("syncs") or 0) / steps if steps else 0.0
+    factor = nice_interval(spent / (TARGET_OVERHEAD * step))
+    every = nice_interval(factor / calls) if calls > 0 else factor
+    lines = [f"LOG_EVERY = {every}  # steps", "if step % LOG_EVERY == 0:"]
+    if syncs:
+        lines[1:1] = ["running_loss += loss.detach()  # stays on the GPU: no sync"]
+        lines += [
+            "    print(f'loss {running_loss.item() / LOG_EVERY:.4f}')  # one sync per interval",
+            "    running_loss.zero_()",
+        ]
+    else:
+        lines.append("    print(...)  # your logging, unchanged")
+    sync_txt = f"; {syncs:.1f} host-device syncs per step (item/cpu/tolist/synchronize)" if syncs else ""
+    return make_card(
+        "sync_logging",
+        f"Logging takes {fmt_fraction(s.share('logging'))} of each step: log less often",
+        f"Printing, logging, metric writers and syncs take {fmt_seconds(spent)} of a {fmt_seconds(step)} step "
+        f"({fmt_fraction(s.share('logging'))}, {calls:.1f} calls per step{sync_txt}). Each one holds up the "
+        "training loop, and a sync also drains the GPU's queue.",
+        "\n".join(lines),
+        {
+            "logging_s": spent,
+            "logging_share": s.share("logging"),
+            "calls_per_step": calls,
+            "syncs_per_step": syncs,
+            "log_every_steps": every,
+        },
+        saving_s=spent * (1 - 1 / (calls * every)) if calls > 0 else spent * (1 - 1 / factor),
+        step_s=step,
+        model=f"logging once every {every} steps keeps it near {fmt_fraction(TARGET_OVERHEAD)} of the step",
+    )
+
+
+def checkpoint_frequency(a: Analysis) -> Card | None:
+    """Checkpoints saved so often that saving takes a large share of training time."""
+    s = steady(a)
+    if s is None or "checkpoint" not in s.stages or s.share("checkpoint") < CHECKPOINT_SHARE:
+        return None
+    col = s.seconds[:, s.stages.index("checkpoint")]
+    saves = int(np.count_nonzero(col > 0))
+    step, spent = s.step_s, s.stage_s("checkpoint")
+    per_save = float(col.sum()) / saves
+    interval = s.count / saves
+    train_step = step - spent
+    new_interval = max(nice_interval(per_save / (CHECKPOINT_TARGET * train_step)), math.ceil(interval) + 1)
+    sizes = [c["bytes"] for c in a.config.checkpoints if c.get("bytes")]
+    size = f" ({fmt_bytes(float(np.mean(sizes)))})" if sizes else ""
+    fn = a.config.checkpoints[0].get("fn", "torch.save") if a.config.checkpoints else "torch.save"
+    fix = "\n".join(
+        [
+            f"CHECKPOINT_EVERY = {new_interval}  # steps; now about every {interval:.0f}",
+            "if step % CHECKPOINT_EVERY == 0:",
+            f"    {fn}(model.state_dict(), path)",
+            "# or save in the background: torch.distributed.checkpoint.async_save(state_dict, checkpoint_id=path)",
+        ]
+    )
+    return make_card(
+        "checkpoint_frequency",
+        f"Checkpoints take {fmt_fraction(s.share('checkpoint'))} of training time: save every {new_interval} steps",
+        f"{saves} saves in {s.count} steps after warm-up (about every {interval:.0f} steps), "
+        f"{fmt_seconds(per_save)} each{size}: {fmt_fraction(s.share('checkpoint'))} of training time.",
+        fix,
+        {
+            "saves": saves,
+            "seconds_per_save": per_save,
+            "interval_steps": interval,
+            "recommended_interval_steps": new_interval,
+            "checkpoint_share": s.share("checkpoint"),
+        },
+        saving_s=spent - per_save / new_interval,
+        step_s=step,
+        model=f"a save every {new_interval} steps instead of every {interval:.0f}",
+    )

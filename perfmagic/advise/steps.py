@@ -1,0 +1,237 @@
+"""Step-shape rules: the first step, irregular steps, and the healthy compute-bound verdict."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmagic.advise.card import Card
+from perfmagic.advise.common import (
+    COMPUTE_STAGES,
+    dataloader_code,
+    fmt_fraction,
+    fmt_seconds,
+    loader,
+    make_card,
+    model,
+    steady,
+)
+from perfmagic.advise.host import contention
+from perfmagic.analyze import Analysis
+
+STARTUP_SHARE = 0.20
+"""Start-up beyond one step, as a share of the profiled window, worth a card…"""
+STARTUP_ABSOLUTE_S = 20 * 60.0
+"""…or this long whatever the window (SageMaker Debugger MaxInitializationTime: 20 minutes)…"""
+STARTUP_STEPS = 5.0
+"""…and at least this many median steps."""
+OUTLIER_RATIO = 2.0
+"""A steady step at least this many times the median is an outlier…"""
+OUTLIER_MADS = 5.0
+"""…and this many (normal-scaled) median absolute deviations above it, so jitter is not."""
+OUTLIER_SHARE = 0.05
+"""Time lost to outliers, as a share of steady time, worth a card."""
+COMPUTE_SHARE = 0.60
+"""Forward+backward+optimizer share of the step that makes a run compute-bound."""
+
+_STARTUP_FIX = {
+    "before": "# Set-up ran inside the profiled window (model build, dataset load): start profiling after it,\n"
+    "# or make it lazy (open files in Dataset.__getitem__ or a worker_init_fn, not in __init__).",
+    "data": "# The first batch: DataLoader workers start and the Dataset initialises (opens files,\n"
+    "# builds indexes). Do that work once and cache it on disk; start workers once for all epochs.",
+    "forward": "# The first forward pass: compilation, autotuning and lazy initialisation.\n"
+    "# Warm up before timing, and cache compiled graphs across runs:\n"
+    "os.environ['TORCHINDUCTOR_FX_GRAPH_CACHE'] = '1'",
+}
+
+
+def slow_startup(a: Analysis) -> Card | None:
+    """The first step, with everything before it, takes far longer than a steady step."""
+    b, s = a.breakdown, steady(a)
+    if s is None or b.count < 3 or a.steps.first_s is None or a.wall_s <= 0:
+        return None
+    median = s.median_s
+    excess = a.steps.first_s - median
+    if excess < STARTUP_STEPS * median or (excess < STARTUP_SHARE * a.wall_s and excess < STARTUP_ABSOLUTE_S):
+        return None
+    parts = {"before": float(b.start[0])}
+    for j, name in enumerate(b.stages):
+        parts[name] = float(b.seconds[0, j]) - s.stage_s(name)
+    where = max(parts, key=lambda k: parts[k])
+    md = model(a)
+    label = "before the first step" if where == "before" else f"in {where}"
+    fix = _STARTUP_FIX.get(where, f"# The first step's {where} does one-time work: move it before the loop.")
+    ld = loader(a)
+    if where == "data" and ld and ld.get("num_workers"):
+        fix += "\n" + dataloader_code(ld, persistent_workers=True)
+    if where in ("forward", "backward") and md and md.get("compiled"):
+        fix = (
+            "# torch.compile compiles during the first step; cache it across runs:\n"
+            + _STARTUP_FIX["forward"]
+        )
+    return make_card(
+        "slow_startup",
+        f"Start-up takes {fmt_seconds(excess)} before training runs at speed",
+        f"The first step finished {fmt_seconds(a.steps.first_s)} into the window against a median step of "
+        f"{fmt_seconds(median)}: {fmt_seconds(excess)} of start-up ({fmt_fraction(excess / a.wall_s)} of the "
+        f"profiled {fmt_seconds(a.wall_s)}), {fmt_seconds(parts[where])} of it {label}.",
+        fix,
+        {
+            "first_step_s": a.steps.first_s,
+            "startup_excess_s": excess,
+            "where": where,
+            "startup_share": excess / a.wall_s,
+        },
+        saving_s=excess / b.count,
+        step_s=float(b.end[-1]) / b.count,
+        model=f"the start-up's extra time spread over the {b.count} steps of this window "
+        "(step: time to the last step's end, per step)",
+    )
+
+
+def step_outliers(a: Analysis) -> Card | None:
+    """A few steps take far longer than the others, for a reason other cards do not cover."""
+    s = steady(a)
+    if s is None or s.count < 5:
+        return None
+    median = s.median_s
+    stage_median = np.median(s.seconds, axis=0)
+    extra = s.seconds - stage_median  # per step and stage, against the median step
+    covered = ["checkpoint"]  # checkpoint_frequency's
+    if any(m.get("compiled") for m in a.config.models):
+        covered += ["forward", "backward"]  # jit_compile's
+    keep = [j for j, n in enumerate(s.stages) if n not in covered]
+    spread = 1.4826 * float(np.median(np.abs(s.durations - median)))
+    outliers = np.flatnonzero(
+        (s.durations >= OUTLIER_RATIO * median) & (s.durations >= median + OUTLIER_MADS * spread)
+    )
+    lost_by_step = np.clip(extra[outliers][:, keep], 0, None).sum(axis=1)
+    step = s.step_s
+    lost = float(lost_by_step.sum()) / s.count
+    if not len(outliers) or lost < OUTLIER_SHARE * step:
+        return None
+    by_stage = np.clip(extra[outliers], 0, None).sum(axis=0)
+    where = s.stages[keep[int(np.argmax(by_stage[keep]))]]
+    big = outliers[lost_by_step >= 0.5 * lost_by_step.max()] if len(outliers) else outliers
+    period = _period(big)  # of the big ones: jitter between them does not hide a period
+    if period is None and contention(a) is not None:
+        return None  # irregular slow steps on a crowded machine: cpu_contention's
+    when = f", every {period} steps" if period else ""
+    ld = loader(a)
+    epoch = None
+    if ld and ld.get("dataset_len") and ld.get("batch_size"):
+        epoch = -(-int(ld["dataset_len"]) // int(ld["batch_size"]))
+    if (
+        where == "data"
+        and period
+        and epoch == period
+        and ld
+        and ld.get("num_workers")
+        and not ld.get("persistent_workers")
+    ):
+        why = "at each epoch's start, when DataLoader workers are started again"
+        fix = dataloader_code(ld, persistent_workers=True)
+    elif where == "data":
+        why = "some batches are much slower to load"
+        fix = "\n".join(
+            [
+                "# find the slow samples:",
+                "times = []",
+                "for i in range(len(dataset)):",
+                "    t = time.perf_counter(); dataset[i]; times.append((time.perf_counter() - t, i))",
+                "print(sorted(times)[-10:])",
+            ]
+        )
+    else:
+        why = f"periodic work in {where}: evaluation, metrics or garbage collection in the loop"
+        interval = f"{period * 10}" if period else "N"
+        fix = "\n".join(
+            [
+                f"# the loop does extra work{when}: do it less often, or off the critical path",
+                f"if step % {interval} == 0:  # was every {period or '?'} steps",
+                "    evaluate()  # your periodic work",
+                "# if it is Python's garbage collector: gc.freeze() after set-up keeps long-lived objects out",
+            ]
+        )
+    worst = float(s.durations[outliers].max())
+    return make_card(
+        "step_outliers",
+        f"{len(outliers)} slow steps cost {fmt_fraction(lost / step)} of training time",
+        f"{len(outliers)} of {s.count} steps after warm-up took at least {OUTLIER_RATIO:.0f}x the median "
+        f"{fmt_seconds(median)} (up to {fmt_seconds(worst)}){when}; their extra time is mostly in {where} "
+        f"(+{fmt_seconds(float(by_stage[s.stages.index(where)]) / len(outliers))} each): {why}.",
+        fix,
+        {
+            "outliers": len(outliers),
+            "median_step_s": median,
+            "worst_step_s": worst,
+            "stage": where,
+            "period_steps": period,
+        },
+        saving_s=lost,
+        step_s=step,
+        model="the outlier steps brought back to the median step, except time other cards account for",
+    )
+
+
+def _period(indices: np.ndarray) -> int | None:
+    """The gap most outliers repeat at (60% of the gaps, at least two), else ``None``.
+
+    Runs of consecutive slow steps (gap 1) are a slow phase, not periodic work.
+    """
+    gaps = np.diff(indices)
+    if len(gaps) < 2:
+        return None
+    values, counts = np.unique(gaps, return_counts=True)
+    best = int(np.argmax(counts))
+    period = int(values[best])
+    return period if period > 1 and counts[best] >= max(2, 0.6 * len(gaps)) else None
+
+
+def compute_bound(a: Analysis) -> Card | None:
+    """Forward, backward and optimizer dominate: a healthy run; the next levers."""
+    s = steady(a)
+    if s is None or s.share(*COMPUTE_STAGES) < COMPUTE_SHARE:
+        return None
+    md = model(a)
+    t = a.config.torch
+    c = a.config.counters
+    on_gpu = bool(md and str(md.get("device") or "").startswith("cuda"))
+    levers: list[str] = []
+    if on_gpu and not c.get("autocast_forwards"):
+        levers += ["with torch.autocast('cuda', dtype=torch.bfloat16):  # mixed precision", "    loss = ..."]
+    if md and not md.get("compiled"):
+        levers.append("model = torch.compile(model)  # fused kernels, less Python overhead")
+    ld = loader(a)
+    peak = (
+        max(
+            (d.get("mem_used_peak_bytes") or 0) / d["mem_total_bytes"]
+            for d in a.devices
+            if d.get("mem_total_bytes")
+        )
+        if a.devices
+        else None
+    )
+    if ld and ld.get("batch_size") and (not on_gpu or (peak is not None and peak < 0.5)):
+        levers.append(
+            f"loader = DataLoader(dataset, batch_size={2 * int(ld['batch_size'])}, ...)  "
+            f"# was {ld['batch_size']}; scale the learning rate with it"
+        )
+    cpus = a.host.get("cpu_count")
+    if not on_gpu and cpus and t.get("num_threads") and t["num_threads"] < cpus:
+        levers.append(f"torch.set_num_threads({cpus})  # was {t['num_threads']}")
+    shares = ", ".join(f"{n} {fmt_fraction(s.share(n))}" for n in COMPUTE_STAGES if n in s.stages)
+    return make_card(
+        "compute_bound",
+        "Compute-bound: the model's own work sets the pace",
+        f"Forward, backward and optimizer take {fmt_fraction(s.share(*COMPUTE_STAGES))} of the "
+        f"{fmt_seconds(s.step_s)} step ({shares}); nothing else holds the step back. Faster steps now come "
+        "from doing the math faster.",
+        "\n".join(["# the next levers:", *levers])
+        if levers
+        else "# the model's math is the step: profile its operators",
+        {"compute_share": s.share(*COMPUTE_STAGES)},
+        saving_s=None,
+        step_s=s.step_s,
+        model=None,
+        severity="info",
+    )

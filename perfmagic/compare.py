@@ -1,0 +1,125 @@
+"""Before/after comparison of two reports: did the fix work?
+
+Works from report dictionaries alone (reports read back from JSON). Step and stage
+times are means over the steps after the first (warm-up), from the report's
+``step_table``; that is what throughput follows, periodic checkpoints included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perfmagic.render.text import fmt_seconds
+
+
+@dataclass(frozen=True)
+class StageChange:
+    name: str
+    before_s: float  # mean seconds per step
+    after_s: float
+
+    @property
+    def delta_s(self) -> float:
+        return self.after_s - self.before_s
+
+
+class Comparison:
+    """Per-stage times, speed-up and advice before and after a change."""
+
+    def __init__(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+        self.before, self.after = before, after
+        self.step_before_s, stages_before = _per_step(before)
+        self.step_after_s, stages_after = _per_step(after)
+        names = [*stages_before, *(n for n in stages_after if n not in stages_before)]
+        self.stages = [StageChange(n, stages_before.get(n, 0.0), stages_after.get(n, 0.0)) for n in names]
+        cards_before = {c["id"]: c for c in before.get("advice", [])}
+        cards_after = {c["id"]: c for c in after.get("advice", [])}
+        self.resolved = [c for i, c in cards_before.items() if i not in cards_after]
+        self.remaining = [(c, cards_after[i]) for i, c in cards_before.items() if i in cards_after]
+        self.new = [c for i, c in cards_after.items() if i not in cards_before]
+
+    @property
+    def speedup(self) -> float | None:
+        """Mean step time before over after (> 1: faster)."""
+        if self.step_before_s is None or not self.step_after_s:
+            return None
+        return self.step_before_s / self.step_after_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": {"before_s": self.step_before_s, "after_s": self.step_after_s, "speedup": self.speedup},
+            "stages": [
+                {"name": c.name, "before_s": c.before_s, "after_s": c.after_s, "delta_s": c.delta_s}
+                for c in self.stages
+            ],
+            "advice": {
+                "resolved": [_brief(c) for c in self.resolved],
+                "remaining": [{**_brief(a), "saving_after_s": b.get("saving_s")} for a, b in self.remaining],
+                "new": [_brief(c) for c in self.new],
+            },
+        }
+
+    def __str__(self) -> str:
+        head = "perfmagic comparison: before → after"
+        lines = [head, "=" * len(head)]
+        speed = self.speedup
+        verdict = "" if speed is None else f"  ({speed:.2f}x {'faster' if speed >= 1 else 'slower'})"
+        lines.append(
+            f"step (mean after warm-up): {fmt_seconds(self.step_before_s)} → {fmt_seconds(self.step_after_s)}{verdict}"
+        )
+        if self.step_before_s is not None and self.step_after_s is not None:
+            saved = self.step_before_s - self.step_after_s
+            lines.append(f"measured saving: {'−' if saved < 0 else ''}{fmt_seconds(abs(saved))}/step")
+        if self.stages:
+            width = max(len(c.name) for c in self.stages)
+            lines += ["", f"  {'stage':<{width}}  {'before':>9}  {'after':>9}  {'change':>10}"]
+            for c in sorted(self.stages, key=lambda c: -max(c.before_s, c.after_s)):
+                small = abs(c.delta_s) < 5e-7  # below what the table can show
+                sign = " " if small else "+" if c.delta_s > 0 else "−"
+                lines.append(
+                    f"  {c.name:<{width}}  {fmt_seconds(c.before_s):>9}  {fmt_seconds(c.after_s):>9}  "
+                    f"{sign + fmt_seconds(abs(c.delta_s)):>10}"
+                )
+        lines.append("")
+        for label, cards in (("resolved", self.resolved), ("new", self.new)):
+            for c in cards:
+                predicted = (
+                    f" (predicted saving {fmt_seconds(c['saving_s'])}/step)" if c.get("saving_s") else ""
+                )
+                lines.append(f"advice {label}: [{c['severity']}] {c['id']}{predicted}")
+        for c, now in self.remaining:
+            severity = (
+                c["severity"] if c["severity"] == now["severity"] else f"{c['severity']} → {now['severity']}"
+            )
+            lines.append(f"advice remaining: [{severity}] {c['id']}")
+        if not (self.resolved or self.new or self.remaining):
+            lines.append("advice: none before or after")
+        return "\n".join(lines)
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> Comparison:
+    return Comparison(before, after)
+
+
+def _per_step(report: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+    """Mean step time and mean seconds per stage, over the steps after the first."""
+    table = report.get("step_table") or {}
+    start, end = table.get("start") or [], table.get("end") or []
+    if start and end:
+        first = 1 if len(start) >= 3 else 0
+        n = len(start) - first
+        step = sum(e - s for s, e in zip(start[first:], end[first:], strict=True)) / n
+        return step, {name: sum(v[first:]) / n for name, v in (table.get("stages") or {}).items()}
+    steps = report.get("steps") or {}
+    count = steps.get("count") or 0
+    if not count:
+        return None, {}
+    per_s = steps.get("per_s")
+    return (1 / per_s if per_s else None), {
+        n: s["total_s"] / count for n, s in report.get("stages", {}).items()
+    }
+
+
+def _brief(card: dict[str, Any]) -> dict[str, Any]:
+    return {k: card.get(k) for k in ("id", "severity", "title", "saving_s")}

@@ -1,0 +1,437 @@
+"""Each advice rule on synthetic analyses, on both sides of its threshold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from analysis_builder import CUDA_TORCH, HEALTHY, HOST, HOST_SAMPLES, LOADER, MODEL, GiB, build, gpu_static
+
+from perfmagic.advise import Card, advise, distributed, gpu, host, input, loop, steps
+from perfmagic.advise.catalog import RULES
+from perfmagic.advise.common import nice_interval
+
+IDS = [
+    "input_bound",
+    "dataloader_workers",
+    "pin_memory",
+    "preprocess_in_loop",
+    "io_bound",
+    "small_files",
+    "cpu_contention",
+    "host_memory_pressure",
+    "gpu_memory_pressure",
+    "low_gpu_util",
+    "launch_bound",
+    "jit_compile",
+    "amp",
+    "tf32",
+    "sync_logging",
+    "checkpoint_frequency",
+    "comm_bound",
+    "rank_straggler",
+    "gpu_imbalance",
+    "data_parallel",
+    "numa_affinity",
+    "slow_startup",
+    "step_outliers",
+    "compute_bound",
+]
+
+CUDA_MODEL = {**MODEL, "device": "cuda:0"}
+
+
+def stages(**changes: Any) -> dict[str, Any]:
+    return {**HEALTHY, **changes}
+
+
+def check(card: Card | None, rule_id: str) -> Card:
+    """A fired card, with everything the contract promises."""
+    assert card is not None, f"{rule_id} did not fire"
+    assert card.id == rule_id
+    assert card.severity in ("high", "medium", "low", "info")
+    assert card.title and "\n" not in card.title
+    assert card.evidence and card.fix and card.metrics
+    if card.saving_s is not None:
+        assert card.saving_s > 0
+        assert "saving_model" in card.metrics
+        assert card.speedup is not None and card.speedup > 1
+    return card
+
+
+# -- catalog -----------------------------------------------------------------
+
+
+def test_catalog_has_one_rule_per_advice_id_in_order() -> None:
+    assert [r.__name__ for r in RULES] == IDS
+
+
+def test_healthy_run_gets_only_the_compute_bound_card() -> None:
+    cards = advise(build())
+    assert [c.id for c in cards] == ["compute_bound"]
+    assert cards[0].severity == "info"
+
+
+def test_compute_bound_is_dropped_when_a_real_problem_fires() -> None:
+    a = build(stages=stages(data=0.02))
+    assert steps.compute_bound(build(stages=stages(data=0.004))) is not None
+    ids = [c.id for c in advise(a)]
+    assert ids[0] == "input_bound" and "compute_bound" not in ids
+
+
+def test_cards_are_ordered_by_saving() -> None:
+    cards = advise(build(stages=stages(data=0.02, logging=0.003)))
+    savings = [c.saving_s or 0.0 for c in cards]
+    assert savings == sorted(savings, reverse=True)
+    assert {"input_bound", "dataloader_workers", "sync_logging"} <= {c.id for c in cards}
+
+
+def test_missing_data_is_warned_once() -> None:
+    a = build(samples={})
+    advise(a)
+    advise(a)
+    gpu_warnings = [w for w in a.warnings if w.startswith("GPU rules")]
+    assert len(gpu_warnings) == 1 and "NVML" in gpu_warnings[0]
+    assert any(w.startswith("host rules") for w in a.warnings)
+
+
+def test_gpu_present_without_trace_warns_about_launch_bound_only() -> None:
+    a = build(devices=[gpu_static()], samples={**HOST_SAMPLES, "gpu0.util": 0.9})
+    advise(a)
+    assert not any(w.startswith("GPU rules") for w in a.warnings)
+    assert any(w.startswith("launch_bound") for w in a.warnings)
+
+
+def test_no_hooks_warns_about_setup_rules() -> None:
+    a = build(loader=None, model=None)
+    advise(a)
+    assert any(w.startswith("set-up rules") for w in a.warnings)
+
+
+def test_nice_interval() -> None:
+    assert [nice_interval(x) for x in (0.5, 1, 1.5, 3, 7, 12, 40, 51, 300)] == [
+        1,
+        1,
+        2,
+        5,
+        10,
+        20,
+        50,
+        100,
+        500,
+    ]
+
+
+# -- input -------------------------------------------------------------------
+
+
+def test_input_bound_fires_from_5_percent_and_says_highly_from_20() -> None:
+    assert input.input_bound(build(stages=stages(data=0.0005))) is None  # ~4%
+    moderate = check(input.input_bound(build(stages=stages(data=0.0013))), "input_bound")  # ~9%
+    assert "moderately" in moderate.title
+    card = check(input.input_bound(build(stages=stages(data=0.02))), "input_bound")
+    assert "HIGHLY" in card.title and card.severity == "high"
+    assert card.saving_s == pytest.approx(0.02, rel=0.01)
+    assert "num_workers=7,  # was 0" in card.fix
+
+
+def test_dataloader_workers_recommends_what_the_cpus_allow() -> None:
+    card = check(input.dataloader_workers(build(stages=stages(data=0.02))), "dataloader_workers")
+    # 20 ms to load a batch, 13.3 ms of rest: 2 workers keep up
+    assert card.metrics["recommended_workers"] == 2 and card.metrics["workers_needed"] == 2
+    assert card.saving_s == pytest.approx(0.02, rel=0.05)
+    assert "num_workers=2,  # was 0" in card.fix and "persistent_workers=True" in card.fix
+    few = check(
+        input.dataloader_workers(
+            build(stages=stages(data=0.1), host={**HOST, "cpu_count": 4, "affinity": [0, 1, 2, 3]})
+        ),
+        "dataloader_workers",
+    )
+    assert few.metrics["recommended_workers"] == 3 and few.metrics["workers_needed"] == 8
+
+
+def test_dataloader_workers_is_silent_when_workers_are_maxed_or_data_is_cheap() -> None:
+    assert input.dataloader_workers(build(stages=stages(data=0.0005))) is None
+    assert (
+        input.dataloader_workers(build(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7})) is None
+    )
+    one_cpu = {**HOST, "cpu_count": 1, "affinity": [0]}
+    assert input.dataloader_workers(build(stages=stages(data=0.02), host=one_cpu)) is None
+
+
+def test_input_bound_with_maxed_workers_says_make_samples_cheaper() -> None:
+    card = check(
+        input.input_bound(build(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7})), "input_bound"
+    )
+    assert "ms per sample" in card.fix
+
+
+def _h2d(**counters: Any) -> Any:
+    base = {"h2d_copies": 60, "h2d_bytes": 6 * GiB, "h2d_pinned_bytes": 0, "h2d_non_blocking": 0}
+    return build(stages=stages(h2d=0.003), torch=CUDA_TORCH, model=CUDA_MODEL, counters={**base, **counters})
+
+
+def test_pin_memory() -> None:
+    card = check(input.pin_memory(_h2d()), "pin_memory")
+    assert card.saving_s == pytest.approx(0.0015, rel=0.01)
+    assert "pin_memory=True,  # was False" in card.fix and "non_blocking=True" in card.fix
+    assert input.pin_memory(_h2d(h2d_pinned_bytes=6 * GiB, h2d_non_blocking=60)) is None
+    small = build(stages=stages(h2d=0.0003), torch=CUDA_TORCH, counters={"h2d_copies": 1, "h2d_bytes": 1})
+    assert input.pin_memory(small) is None
+
+
+def test_preprocess_in_loop() -> None:
+    card = check(input.preprocess_in_loop(build(stages=stages(pre=0.01))), "preprocess_in_loop")
+    assert card.metrics["preprocess_s"] == pytest.approx(0.01, rel=0.01)
+    assert "class Preprocessed" in card.fix and "num_workers=7" in card.fix
+    assert input.preprocess_in_loop(build(stages=stages(pre=0.0005))) is None
+    # time after the optimizer (the "other" tail) is not preprocessing
+    assert input.preprocess_in_loop(build(stages=stages(other=0.01))) is None
+
+
+IO = {**HOST_SAMPLES, "host.proc_read_bytes": 500 * 1024**2, "host.read_bytes": 10 * 1024**2}
+
+
+def test_io_bound() -> None:
+    card = check(
+        input.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.1})), "io_bound"
+    )
+    assert card.metrics["blocked_share"] == pytest.approx(0.8)
+    assert input.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.01})) is None
+    # I/O wait while the training itself read nothing is someone else's
+    quiet = {**IO, "host.iowait": 0.1, "host.proc_read_bytes": 0.0}
+    assert input.io_bound(build(stages=stages(data=0.02), samples=quiet)) is None
+
+
+def test_small_files() -> None:
+    small = {**IO, "host.iowait": 0.1, "host.read_ops": 10_000.0}  # 1 KiB per read
+    card = check(input.small_files(build(stages=stages(data=0.02), samples=small)), "small_files")
+    assert card.metrics["avg_read_size_bytes"] < 64 * 1024
+    large = {**small, "host.read_ops": 50.0}  # 200 KiB per read
+    assert input.small_files(build(stages=stages(data=0.02), samples=large)) is None
+
+
+# -- host --------------------------------------------------------------------
+
+
+def test_cpu_contention() -> None:
+    busy = {**HOST_SAMPLES, "host.cpu_util": 0.98, "host.proc_cpu_cores": 2.0}
+    card = check(host.cpu_contention(build(samples=busy)), "cpu_contention")
+    assert card.metrics["other_cores"] == pytest.approx(5.84)
+    assert host.cpu_contention(build(samples={**busy, "host.cpu_util": 0.6})) is None
+    # the machine is saturated by the training itself: no one else to blame
+    assert host.cpu_contention(build(samples={**busy, "host.proc_cpu_cores": 7.8})) is None
+
+
+def test_host_memory_pressure() -> None:
+    low = build(samples={**HOST_SAMPLES, "host.mem_available_bytes": 3 * GiB})
+    assert check(host.host_memory_pressure(low), "host_memory_pressure").severity == "high"
+    tight = build(samples={**HOST_SAMPLES, "host.mem_available_bytes": 5 * GiB})
+    assert check(host.host_memory_pressure(tight), "host_memory_pressure").severity == "medium"
+    assert (
+        host.host_memory_pressure(build(samples={**HOST_SAMPLES, "host.mem_available_bytes": 10 * GiB}))
+        is None
+    )
+
+
+TWO_NODES = {**HOST, "numa_nodes": {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}}
+
+
+def test_numa_affinity() -> None:
+    device = gpu_static(numa_node=1, numa_cpus=[4, 5, 6, 7])
+    samples = {**HOST_SAMPLES, "gpu0.util": 0.9}
+    opts: dict[str, Any] = {
+        "devices": [device],
+        "samples": samples,
+        "model": CUDA_MODEL,
+        "stages": stages(data=0.003),
+    }
+    card = check(host.numa_affinity(build(host=TWO_NODES, **opts)), "numa_affinity")
+    assert "--cpunodebind=1 --membind=1" in card.fix and "{4, 5, 6, 7}" in card.fix
+    assert host.numa_affinity(build(host={**TWO_NODES, "affinity": [4, 5, 6, 7]}, **opts)) is None
+    assert host.numa_affinity(build(host=HOST, **opts)) is None
+
+
+# -- gpu ---------------------------------------------------------------------
+
+
+def _gpu(util: float = 0.9, mem: float = 40 * GiB, **options: Any) -> Any:
+    samples = {**HOST_SAMPLES, "gpu0.util": util, "gpu0.mem_used_bytes": mem}
+    options.setdefault("devices", [gpu_static()])
+    return build(samples=samples, torch=CUDA_TORCH, model=CUDA_MODEL, **options)
+
+
+def test_gpu_memory_pressure() -> None:
+    assert check(gpu.gpu_memory_pressure(_gpu(mem=79 * GiB)), "gpu_memory_pressure").severity == "high"
+    assert check(gpu.gpu_memory_pressure(_gpu(mem=77 * GiB)), "gpu_memory_pressure").severity == "medium"
+    assert gpu.gpu_memory_pressure(_gpu(mem=70 * GiB)) is None
+
+
+def test_low_gpu_util() -> None:
+    card = check(gpu.low_gpu_util(_gpu(util=0.2, stages=stages(data=0.03))), "low_gpu_util")
+    assert card.metrics["top_host_stage"] == "data" and "input_bound" in card.fix
+    assert card.saving_s == pytest.approx(card.metrics["step_s"] * (1 - 0.2 / 0.9))
+    assert gpu.low_gpu_util(_gpu(util=0.6)) is None
+    traced = check(gpu.low_gpu_util(_gpu(util=0.9, gpu={"busy_fraction": 0.3})), "low_gpu_util")
+    assert traced.metrics["source"] == "trace"
+    assert gpu.low_gpu_util(build()) is None  # no GPU: silent
+
+
+def test_launch_bound() -> None:
+    trace = {
+        "busy_fraction": 0.6,
+        "idle_fraction": 0.4,
+        "idle_breakdown": {"host_wait": 0.1, "kernel_wait": 0.25},
+    }
+    card = check(gpu.launch_bound(_gpu(gpu=trace, optimizer={"cls": "AdamW", "fused": None})), "launch_bound")
+    assert "reduce-overhead" in card.fix and "fused=True" in card.fix
+    quiet = {**trace, "idle_breakdown": {"host_wait": 0.3, "kernel_wait": 0.05}}
+    assert gpu.launch_bound(_gpu(gpu=quiet)) is None
+    assert gpu.launch_bound(_gpu()) is None  # no trace
+
+
+def test_jit_compile() -> None:
+    forward = [0.004] * 30
+    forward[10] = forward[20] = 1.0
+    compiled = {**MODEL, "compiled": True}
+    loader = {**LOADER, "dataset_len": 1000}
+    card = check(
+        gpu.jit_compile(build(stages=stages(forward=forward), model=compiled, loader=loader)), "jit_compile"
+    )
+    assert card.metrics["recompiles"] == 2 and "drop_last=True" in card.fix
+    assert gpu.jit_compile(build(stages=stages(forward=forward))) is None  # not compiled
+    assert gpu.jit_compile(build(model=compiled)) is None  # compiled, no recompiles
+
+
+def test_amp() -> None:
+    card = check(gpu.amp(_gpu()), "amp")
+    assert "bfloat16" in card.fix and card.saving_s == pytest.approx(0.006, rel=0.01)
+    volta = check(gpu.amp(_gpu(devices=[gpu_static(cc="7.0")])), "amp")
+    assert "GradScaler" in volta.fix
+    assert gpu.amp(_gpu(devices=[gpu_static(cc="6.1")])) is None
+    assert gpu.amp(_gpu(counters={"autocast_forwards": 30})) is None
+    assert gpu.amp(build()) is None  # CPU
+
+
+def test_tf32() -> None:
+    card = check(gpu.tf32(_gpu(devices=[gpu_static(cc="8.0")])), "tf32")
+    assert "set_float32_matmul_precision('high')" in card.fix
+    allowed = {**CUDA_TORCH, "float32_matmul_precision": "high"}
+    assert (
+        gpu.tf32(
+            build(
+                samples={**HOST_SAMPLES, "gpu0.util": 0.9},
+                torch=allowed,
+                model=CUDA_MODEL,
+                devices=[gpu_static()],
+            )
+        )
+        is None
+    )
+    assert gpu.tf32(_gpu(devices=[gpu_static(cc="7.5")])) is None
+
+
+# -- loop --------------------------------------------------------------------
+
+
+def test_sync_logging() -> None:
+    card = check(loop.sync_logging(build(stages=stages(logging=0.002))), "sync_logging")
+    assert card.metrics["calls_per_step"] == pytest.approx(1.0)
+    assert "LOG_EVERY = 20" in card.fix and "step % LOG_EVERY == 0" in card.fix
+    syncing = check(
+        loop.sync_logging(build(stages=stages(logging=0.002), counters={"syncs": 30})), "sync_logging"
+    )
+    assert "loss.detach()" in syncing.fix and syncing.metrics["syncs_per_step"] == 1.0
+    assert loop.sync_logging(build(stages=stages(logging=0.0003))) is None
+
+
+def test_checkpoint_frequency() -> None:
+    every_5 = [0.05 if k % 5 == 4 else 0.0 for k in range(30)]
+    card = check(loop.checkpoint_frequency(build(stages=stages(checkpoint=every_5))), "checkpoint_frequency")
+    assert card.metrics["interval_steps"] == pytest.approx(29 / 6)
+    assert card.metrics["recommended_interval_steps"] >= 100
+    assert "CHECKPOINT_EVERY = " in card.fix and "40.0 MiB" in card.evidence
+    rare = [0.001 if k % 10 == 9 else 0.0 for k in range(30)]
+    assert loop.checkpoint_frequency(build(stages=stages(checkpoint=rare))) is None
+
+
+# -- distributed -------------------------------------------------------------
+
+
+def test_comm_bound() -> None:
+    card = check(distributed.comm_bound(build(stages=stages(comm=0.005))), "comm_bound")
+    assert "DistributedDataParallel" in card.fix
+    ddp = check(
+        distributed.comm_bound(build(stages=stages(comm=0.005), model={**MODEL, "ddp": True})), "comm_bound"
+    )
+    assert "no_sync" in ddp.fix and ddp.saving_s == pytest.approx(0.00375, rel=0.01)
+    assert distributed.comm_bound(build(stages=stages(comm=0.0005))) is None
+
+
+def test_rank_straggler() -> None:
+    waiting = {"stages": stages(comm=0.006)}
+    card = check(
+        distributed.rank_straggler(build(stages=stages(forward=0.01), ranks=[waiting] * 3)), "rank_straggler"
+    )
+    assert card.metrics["rank"] == 0 and card.metrics["stage"] == "forward"
+    assert card.saving_s == pytest.approx(0.006, rel=0.01)
+    assert distributed.rank_straggler(build(ranks=[{}] * 3)) is None
+    assert distributed.rank_straggler(build()) is None
+
+
+def test_gpu_imbalance() -> None:
+    four = [gpu_static(i) for i in range(4)]
+    idle = {**HOST_SAMPLES, "gpu0.util": 0.9, "gpu1.util": 0.0, "gpu2.util": 0.0, "gpu3.util": 0.0}
+    card = check(distributed.gpu_imbalance(build(devices=four, samples=idle)), "gpu_imbalance")
+    assert card.metrics["idle_gpus"] == [1, 2, 3] and card.speedup == pytest.approx(4.0)
+    uneven = {**HOST_SAMPLES, "gpu0.util": 0.95, "gpu1.util": 0.5, "gpu2.util": 0.5, "gpu3.util": 0.5}
+    assert (
+        check(distributed.gpu_imbalance(build(devices=four, samples=uneven)), "gpu_imbalance").metrics[
+            "idle_gpus"
+        ]
+        == []
+    )
+    even = {**HOST_SAMPLES, "gpu0.util": 0.9, "gpu1.util": 0.85, "gpu2.util": 0.8, "gpu3.util": 0.88}
+    assert distributed.gpu_imbalance(build(devices=four, samples=even)) is None
+
+
+def test_data_parallel() -> None:
+    card = check(distributed.data_parallel(build(model={**MODEL, "data_parallel": True})), "data_parallel")
+    assert card.severity == "medium" and "DistributedDataParallel" in card.fix
+    assert distributed.data_parallel(build()) is None
+
+
+# -- steps -------------------------------------------------------------------
+
+
+def test_slow_startup() -> None:
+    card = check(steps.slow_startup(build(first_extra={"data": 2.0})), "slow_startup")
+    assert card.metrics["where"] == "data"
+    before = check(steps.slow_startup(build(before_s=2.0)), "slow_startup")
+    assert before.metrics["where"] == "before"
+    assert steps.slow_startup(build(first_extra={"data": 0.02})) is None
+
+
+def test_step_outliers() -> None:
+    other = [0.05 if k % 8 == 7 else 0.0003 for k in range(40)]
+    card = check(steps.step_outliers(build(steps=40, stages=stages(other=other))), "step_outliers")
+    assert card.metrics["period_steps"] == 8 and card.metrics["stage"] == "other"
+    assert steps.step_outliers(build(steps=40)) is None
+    # slow steps that are checkpoints are checkpoint_frequency's
+    ckpt = [0.05 if k % 8 == 7 else 0.0 for k in range(40)]
+    assert steps.step_outliers(build(steps=40, stages=stages(checkpoint=ckpt))) is None
+
+
+def test_step_outliers_at_epoch_start_recommend_persistent_workers() -> None:
+    data = [0.3 if k % 10 == 0 else 0.0002 for k in range(40)]
+    loader = {**LOADER, "num_workers": 4, "prefetch_factor": 2, "dataset_len": 640}
+    card = check(
+        steps.step_outliers(build(steps=40, stages=stages(data=data), loader=loader)), "step_outliers"
+    )
+    assert "persistent_workers=True,  # was False" in card.fix
+
+
+def test_compute_bound() -> None:
+    card = check(steps.compute_bound(build()), "compute_bound")
+    assert card.severity == "info" and "torch.compile" in card.fix
+    assert steps.compute_bound(build(stages=stages(data=0.02))) is None
