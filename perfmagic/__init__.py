@@ -24,6 +24,7 @@ __all__ = [
     "profile",
     "stage",
     "step",
+    "unload_ipython_extension",
 ]
 
 
@@ -32,3 +33,10 @@ def load_ipython_extension(ipython: Any) -> None:
     from perfmagic.magic import load_ipython_extension as load
 
     load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext perfmagic``: stops a running ``%gpumonitor``."""
+    from perfmagic.magic import unload_ipython_extension as unload
+
+    unload(ipython)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 RUN_DIR_ENV = "PERFMAGIC_RUN_DIR"
 INTERVAL_ENV = "PERFMAGIC_INTERVAL"
+TRACE_ENV = "PERFMAGIC_TRACE_STEPS"
 
 SITECUSTOMIZE = '''\
 """Written by perfmagic run: profiles this interpreter, then runs the user's sitecustomize."""
@@ -63,6 +64,7 @@ def start_from_env() -> None:
         outdir=Path(run_dir) / f"proc-{os.getpid()}",
         sample=False,  # the perfmagic run process samples the hardware for the whole tree
         source="run",
+        trace=int(os.environ.get(TRACE_ENV, "0")),
     )
     session.start()
     atexit.register(_finish, session)

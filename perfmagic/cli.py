@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from perfmagic.bootstrap import INTERVAL_ENV, RUN_DIR_ENV, write_sitecustomize
+from perfmagic.bootstrap import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, write_sitecustomize
 from perfmagic.report import Report
 from perfmagic.session import Session
 from perfmagic.timeline import SPOOL_NAME, Timeline, TimelineFormatError
@@ -46,6 +46,15 @@ def _parser() -> argparse.ArgumentParser:
         "with no change to its code, and print one report.",
     )
     run_p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    run_p.add_argument("--html", metavar="FILE", help="write the report as a standalone HTML file")
+    run_p.add_argument(
+        "--trace",
+        nargs="?",
+        const=5,
+        type=int,
+        metavar="STEPS",
+        help="also run torch.profiler in each process for STEPS training steps (default 5)",
+    )
     run_p.add_argument(
         "--outdir",
         metavar="DIR",
@@ -93,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(boot.resolve()), *filter(None, [env.get("PYTHONPATH")])])
     env[RUN_DIR_ENV] = str(outdir.resolve())
     env[INTERVAL_ENV] = str(args.interval)
+    if args.trace:
+        env[TRACE_ENV] = str(args.trace)
 
     try:
         child = subprocess.Popen(cmd, env=env)
@@ -122,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     report.save(outdir / "report.json")
     if args.json:
         report.to_json(args.json)
+    if args.html:
+        report.to_html(args.html)
     if not args.quiet:
         print(report)
         print(f"\nrecords and report.json in {outdir}", file=sys.stderr)

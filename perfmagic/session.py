@@ -20,6 +20,7 @@ from perfmagic.collect.stages import NO_RECORDER, StageRecorder
 from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
 
 if TYPE_CHECKING:
+    from perfmagic.collect.torch_profiler import TorchProfiler
     from perfmagic.collect.torch_stages import TorchStages
     from perfmagic.report import Report
 
@@ -52,10 +53,15 @@ class Session:
         sample: bool = True,
         sources: list[Source] | None = None,
         source: str = "live",
+        trace: bool | int = False,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         self.interval = float(interval)
+        # torch.profiler over this many training steps (True: 5); the heavy mode is opt-in and bounded
+        self.trace_steps = 5 if trace is True else int(trace)
+        if self.trace_steps < 0:
+            raise ValueError(f"trace must be a number of steps >= 0, got {trace!r}")
         self.outdir = Path(outdir) if outdir is not None else Path(tempfile.mkdtemp(prefix="perfmagic-"))
         self.hooks = hooks
         self.sample = sample
@@ -66,6 +72,7 @@ class Session:
         self._sources = sources
         self._sampler: Sampler | None = None
         self._torch: TorchStages | None = None
+        self._tracer: TorchProfiler | None = None
         self._pending_import: PostImportHook | None = None
         self._spool_file: IO[str] | None = None
         self._spooler: Spooler | None = None
@@ -126,7 +133,7 @@ class Session:
             self.recorder = StageRecorder(self.timeline, self._origin)
             self._start_framework_hooks()
         if self.sample:
-            sources = self._sources if self._sources is not None else _default_sources()
+            sources = self._sources if self._sources is not None else default_sources()
             self._sampler = Sampler(self.timeline, sources, self.interval, self._clock, self._on_tick)
         else:  # no metrics, but the thread still spools: a killed process keeps its record
             self._sampler = Sampler(self.timeline, [], _SPOOL_EVERY_S, self._clock, self._on_tick)
@@ -149,6 +156,11 @@ class Session:
         self._torch = torch_stages.TorchStages(self.recorder)
         self._torch.install()
         self.timeline.meta["framework"] = "torch"
+        if self.trace_steps:
+            from perfmagic.collect.torch_profiler import TorchProfiler
+
+            self._tracer = TorchProfiler(self.timeline, self._origin, self.outdir, steps=self.trace_steps)
+            self._tracer.start()
 
     def stop(self) -> Report:
         """Turn every collector off, write the final record, build the report."""
@@ -176,6 +188,8 @@ class Session:
     def _teardown(self) -> None:
         """Remove every hook and stop the sampler (each part only if it started)."""
         try:
+            if self._tracer is not None:
+                self.warnings += self._tracer.stop()
             if self._pending_import is not None:
                 self._pending_import.remove()
             if self._torch is not None:
@@ -280,7 +294,8 @@ def load(path: str | os.PathLike[str]) -> Report:
     return Report.from_timelines([timeline], source=str(timeline.meta.get("source", "live")))
 
 
-def _default_sources() -> list[Source]:
+def default_sources() -> list[Source]:
+    """The metric sources a session samples by default: NVML and the host."""
     from perfmagic.collect.host import HostSource
     from perfmagic.collect.nvml import NvmlSource
 

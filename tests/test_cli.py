@@ -130,3 +130,20 @@ def test_run_merges_torchrun_ranks(tmp_path: Path) -> None:
     # Rank 1 sleeps 10 ms a step; rank 0 waits for it in the collectives.
     assert ranks[0]["stages"]["comm"]["median_s"] > 0.005
     assert ranks[0]["stages"]["comm"]["fraction"] > ranks[1]["stages"]["comm"]["fraction"]
+
+
+def test_run_with_trace_and_html_writes_both(tmp_path: Path) -> None:
+    out, html = tmp_path / "out.json", tmp_path / "report.html"
+    result = run_cli(
+        "run", "--trace", "3", "--json", str(out), "--html", str(html), "--outdir", str(tmp_path / "rec"),
+        "--", sys.executable, str(SCRIPTS / "train_plain.py"), "12",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "USDT" not in result.stderr  # libkineto's fd-2 chatter goes to a log file
+    report = json.loads(out.read_text())
+    traces = report["torch_traces"]
+    assert len(traces) == 1 and traces[0]["steps"] == 3
+    trace = json.loads(Path(traces[0]["path"]).read_text())
+    assert sum(1 for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")) == 3
+    assert html.read_text().lstrip().lower().startswith("<!doctype html")

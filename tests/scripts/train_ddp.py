@@ -10,7 +10,9 @@ from torch.nn.parallel import DistributedDataParallel
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(rank)
-model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+model = DistributedDataParallel(
+    torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 steps = int(os.environ.get("TRAIN_STEPS", "20"))
 for _ in range(steps):

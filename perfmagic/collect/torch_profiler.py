@@ -1,0 +1,145 @@
+"""The ``--trace`` collector: torch.profiler over a bounded number of training steps.
+
+Steps are counted at each optimizer step (the global post-hook), so the profiler
+waits ``wait`` steps, warms up ``warmup``, records ``steps`` and then turns itself
+off: the heavy mode costs only those few steps. The Chrome trace goes to the
+output directory, and a ``torch_trace`` mark records where it is and one event's
+time on the timeline's clock (a ``record_function`` label), which is how the
+Chrome-trace export puts both on one clock.
+
+libkineto writes ``USDT ... profiler_start/stop`` lines to the C-level stderr at
+every transition; they go to ``torch_profiler.log`` in the output directory, and
+fd 2 is restored after each call, whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from perfmagic.analyze.timeseries import TORCH_TRACE_MARK
+from perfmagic.timeline import Timeline
+
+TRACE_NAME = "torch_trace.json"
+LOG_NAME = "torch_profiler.log"
+CLOCK_LABEL = "perfmagic.clock"
+
+
+class TorchProfiler:
+    """Runs torch.profiler for ``steps`` optimizer steps after ``wait`` + ``warmup`` steps.
+
+    ``origin`` is the ``time.perf_counter()`` of the timeline's zero.
+    """
+
+    def __init__(
+        self,
+        timeline: Timeline,
+        origin: float,
+        outdir: str | os.PathLike[str],
+        steps: int = 5,
+        wait: int = 1,
+        warmup: int = 1,
+    ) -> None:
+        if steps < 1:
+            raise ValueError(f"--steps must be at least 1, got {steps}")
+        self.timeline = timeline
+        self.steps = steps
+        self.warnings: list[str] = []
+        self._origin = origin
+        self._wait, self._warmup = wait, warmup
+        self._outdir = Path(outdir)
+        self._prof: Any = None
+        self._hook: Any = None
+        self._thread = threading.get_ident()
+        self._stepped = 0
+        self._clock_t: float | None = None
+        self._written: Path | None = None
+
+    def start(self) -> None:
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self._prof = profile(
+            activities=activities,
+            schedule=schedule(wait=self._wait, warmup=self._warmup, active=self.steps, repeat=1),
+            on_trace_ready=self._export,
+        )
+        with self._quiet():
+            self._prof.start()
+        self._hook = register_optimizer_step_post_hook(self._on_step)
+
+    def stop(self) -> list[str]:
+        """Stop profiling (writing the trace if it recorded anything); returns warnings."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            with self._quiet():
+                prof.stop()
+        if self._written is not None and self._clock_t is not None:
+            self.timeline.add_mark(
+                self._clock(),
+                TORCH_TRACE_MARK,
+                path=str(self._written),
+                clock_name=CLOCK_LABEL,
+                clock_t=self._clock_t,
+                steps=max(0, min(self.steps, self._stepped - self._wait - self._warmup)),
+            )
+        else:
+            self.warnings.append(
+                f"--trace: torch.profiler recorded nothing: it needs {self._wait + self._warmup + 1} optimizer "
+                f"steps and saw {self._stepped}"
+            )
+        return self.warnings
+
+    def _clock(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._prof is None or threading.get_ident() != self._thread:
+            return
+        self._stepped += 1
+        if self._stepped > self._wait + self._warmup + self.steps:
+            return
+        with self._quiet():
+            self._prof.step()
+        if self._stepped == self._wait + self._warmup:  # now recording: pin one event to our clock
+            from torch.profiler import record_function
+
+            with record_function(CLOCK_LABEL):
+                self._clock_t = self._clock()
+
+    def _export(self, prof: Any) -> None:
+        path = self._outdir / TRACE_NAME
+        prof.export_chrome_trace(str(path))
+        self._written = path
+
+    @contextmanager
+    def _quiet(self) -> Iterator[None]:
+        with redirect_fd2(self._outdir / LOG_NAME):
+            yield
+
+
+@contextmanager
+def redirect_fd2(path: Path) -> Iterator[None]:
+    """Send the C-level stderr (fd 2) to ``path`` (appending) for the block; always restored."""
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as f:
+            os.dup2(f.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)

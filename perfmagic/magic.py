@@ -1,0 +1,350 @@
+"""IPython magics: ``%%gpuprofile`` and ``%gpumonitor`` (the only module that imports IPython).
+
+``%%gpuprofile`` runs its cell the way IPython would without it (same namespace,
+the last expression's value as the cell's result, the usual traceback), with a
+profile around it. As ``%time`` does, the cell is compiled here and executed in
+the user namespace rather than through a nested ``run_cell``: then an exception
+or Ctrl-C leaves the cell itself failed, so "run all" stops there, and the
+traceback is shown once.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from pathlib import Path
+from types import CodeType
+from typing import Any, TypeVar, cast
+
+from IPython import display as _display
+from IPython.core import magic_arguments as _magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, output_can_be_silenced
+
+from perfmagic.report import Report
+from perfmagic.session import Session, active_session
+
+# IPython's helpers carry no annotations: typed here, so strict mypy checks the magics themselves.
+_F = TypeVar("_F", bound=Callable[..., Any])
+parse_argstring: Any = _magic_arguments.parse_argstring
+display: Any = _display.display
+_argument: Any = _magic_arguments.argument
+_magic_arguments_decorator: Any = _magic_arguments.magic_arguments
+
+
+def argument(*args: Any, **kwargs: Any) -> Callable[[_F], _F]:
+    return cast(Callable[[_F], _F], _argument(*args, **kwargs))
+
+
+def magic_arguments() -> Callable[[_F], _F]:
+    return cast(Callable[[_F], _F], _magic_arguments_decorator())
+
+
+_NOTHING = object()
+_ALREADY = (
+    "another perfmagic profile is running in this kernel (a `with perfmagic.profile()` block, or a "
+    "%%gpuprofile cell still running in a thread): perfmagic profiles one block at a time"
+)
+_ASYNC = (
+    "%%gpuprofile cannot run a cell with top-level `await`: the magic runs the cell synchronously. "
+    "Profile inside the coroutine instead:\n\n"
+    "    with perfmagic.profile() as session:\n        await train()\n    session.report"
+)
+
+
+@magics_class
+class PerfMagics(Magics):
+    """``%%gpuprofile`` and ``%gpumonitor``."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self._monitor: Any = None
+        self._monitor_handle: Any = None
+
+    @property
+    def _shell(self) -> InteractiveShell:
+        assert self.shell is not None, "magics are used from a shell"
+        return self.shell
+
+    @magic_arguments()
+    @argument(
+        "--interval", type=float, default=0.1, metavar="S", help="seconds between samples (default 0.1)"
+    )
+    @argument(
+        "--trace",
+        action="store_true",
+        help="also run torch.profiler for a few optimizer steps (see --steps); its Chrome trace goes to "
+        "the output directory and into report.to_chrome_trace()",
+    )
+    @argument(
+        "--steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --trace: steps torch.profiler records, after 1 skipped and 1 warm-up step (default 5)",
+    )
+    @argument(
+        "--outdir", metavar="DIR", help="where the spool, report.json and traces go (default: a temp dir)"
+    )
+    @argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    @argument("--html", metavar="FILE", help="also write the report as one self-contained HTML file")
+    @argument("--no-live", action="store_true", help="no live panel while the cell runs")
+    @argument(
+        "--quiet", action="store_true", help="no live panel and no report output (use -o / -v / --json)"
+    )
+    @argument("-o", dest="return_report", action="store_true", help="return the Report as the cell's result")
+    @argument("-v", dest="var", metavar="NAME", help="store the Report in the variable NAME")
+    @argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        help="line magic: compare two reports (variables holding a Report, or report JSON files), A before B",
+    )
+    @line_cell_magic
+    @output_can_be_silenced
+    def gpuprofile(self, line: str = "", cell: str | None = None) -> Any:
+        """Profile a training cell: live panel while it runs, then a report on why it is slow.
+
+        ``%%gpuprofile [options]`` on the first line of a cell runs the cell as
+        usual (its variables stay, its last value is shown, its traceback is the
+        usual one) and shows what each training stage and the hardware did. If the
+        cell raises or is interrupted, the report of what ran is shown, then the
+        traceback. ``%gpuprofile --compare A B`` shows two reports side by side.
+        """
+        __tracebackhide__ = True
+        args = self._parse(PerfMagics.gpuprofile, line)
+        if args.var is not None and not args.var.isidentifier():
+            raise UsageError(f"-v takes a variable name, got {args.var!r}")
+        if args.compare is not None:
+            if cell is not None:
+                raise UsageError("--compare is a line magic: %gpuprofile --compare A B")
+            return self._compare(args)
+        if cell is None:
+            raise UsageError(
+                "%%gpuprofile is a cell magic: put `%%gpuprofile [options]` (two %) on the first line of the "
+                "training cell; the line form only takes --compare A B"
+            )
+        if not args.interval > 0:
+            raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
+        if args.steps is not None and not args.trace:
+            raise UsageError("--steps sets how many steps --trace records: add --trace")
+        if args.steps is not None and args.steps < 1:
+            raise UsageError(f"--steps must be at least 1, got {args.steps}")
+        report, value = self._profile_cell(args, cell)
+        if args.return_report:
+            if value is not _NOTHING and value is not None:
+                self._shell.displayhook(value)
+            return report
+        return None if value is _NOTHING else value
+
+    @magic_arguments()
+    @argument("action", nargs="?", choices=("start", "stop"), default="start", help="start (default) or stop")
+    @argument(
+        "--interval", type=float, default=0.5, metavar="S", help="seconds between samples (default 0.5)"
+    )
+    @line_magic
+    def gpumonitor(self, line: str = "") -> None:
+        """Show a live GPU and host monitor without profiling any code: ``%gpumonitor [start|stop]``.
+
+        The monitor keeps updating while the kernel is idle or runs other cells,
+        until ``%gpumonitor stop``. Starting it again restarts it.
+        """
+        args = self._parse(PerfMagics.gpumonitor, line)
+        if not args.interval > 0:
+            raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
+        self.stop_monitor()
+        if args.action == "start":
+            from perfmagic.render.html import bokeh_loader
+            from perfmagic.render.live import Monitor
+
+            self._monitor = Monitor(interval=args.interval)
+            self._monitor_handle = display(
+                {"text/plain": "perfmagic monitor", "text/html": bokeh_loader()}, raw=True, display_id=True
+            )
+            display(self._monitor.panel.widget)
+            self._monitor.start()
+
+    def stop_monitor(self) -> None:
+        """Stop the ``%gpumonitor`` monitor, if one runs."""
+        if self._monitor is None:
+            return
+        monitor, self._monitor = self._monitor, None
+        warnings = monitor.stop()
+        if self._monitor_handle is not None:
+            text = "perfmagic monitor stopped" + (f" ({'; '.join(warnings)})" if warnings else "")
+            self._monitor_handle.update({"text/plain": text}, raw=True)
+            self._monitor_handle = None
+
+    # -- %%gpuprofile ------------------------------------------------------
+
+    def _profile_cell(self, args: Any, cell: str) -> tuple[Report | None, Any]:
+        __tracebackhide__ = True
+        body, last = self._compile(cell)
+        if active_session() is not None:
+            raise UsageError(_ALREADY)
+        if args.trace:
+            from perfmagic.collect.torch_stages import torch_available
+
+            if not torch_available():
+                raise UsageError("--trace runs torch.profiler, and torch is not installed")
+        trace = (args.steps or 5) if args.trace else 0
+        session = Session(interval=args.interval, outdir=args.outdir, trace=trace)
+        view = None if args.no_live or args.quiet else _LiveView(session)
+        if view is not None:
+            session.add_tick_listener(view.panel.update)
+        ns, gns = self._shell.user_ns, self._shell.user_global_ns
+        value: Any = _NOTHING
+        error: BaseException | None = None
+        try:
+            with session:
+                exec(body, gns, ns)
+                if last is not None:
+                    value = eval(last, gns, ns)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            report = self._deliver(session, view, args, error)
+        return report, value
+
+    def _deliver(
+        self, session: Session, view: _LiveView | None, args: Any, error: BaseException | None
+    ) -> Report | None:
+        """Show and export the report of whatever ran; never hides the cell's own exception."""
+        try:
+            report = session.report
+        except RuntimeError:  # stopping failed: the exception already propagating says why
+            if view is not None:
+                view.close(None, "the report could not be built")
+            return None
+        if args.var is not None:
+            self._shell.user_ns[args.var] = report
+        links = self._export(report, session.outdir, args)
+        show = not args.quiet and (not args.return_report or error is not None)
+        from perfmagic.render.notebook import report_bundle
+
+        bundle = report_bundle(report.to_dict(), links) if show else None
+        reason = None if error is None else type(error).__name__
+        if view is not None:
+            view.close(report, reason, bundle)
+        elif bundle is not None:
+            display(bundle, raw=True)
+        return report
+
+    def _export(self, report: Report, outdir: Path, args: Any) -> list[tuple[str, str]]:
+        written: list[tuple[str, Path]] = []
+        problems = []
+        for label, path, write in (
+            ("JSON", args.json, report.to_json),
+            ("HTML", args.html, report.to_html),
+        ):
+            if path:
+                try:
+                    write(path)
+                    written.append((label, Path(path)))
+                except OSError as e:
+                    problems.append(f"could not write {label} to {path}: {e.strerror or e}")
+        written.append(("report.json", outdir / "report.json"))
+        for trace in report["torch_traces"]:
+            written.append(("torch.profiler trace", Path(trace["path"])))
+        for problem in problems:
+            print(f"perfmagic: {problem}")
+        return [(label, _href(path)) for label, path in written]
+
+    def _compile(self, cell: str) -> tuple[CodeType, CodeType | None]:
+        """The cell as IPython would run it: input transforms, AST transforms, last expression apart."""
+        shell: Any = self._shell
+        source = shell.transform_cell(cell)
+        if shell.should_run_async(cell, transformed_cell=source, preprocessing_exc_tuple=None):
+            raise UsageError(_ASYNC)
+        filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+        tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            expression: Any = ast.Expression(tree.body.pop().value)
+            last = shell.compile(expression, filename, "eval")
+        body: Any = tree
+        return shell.compile(body, filename, "exec"), last
+
+    # -- %gpuprofile --compare ---------------------------------------------
+
+    def _compare(self, args: Any) -> Any:
+        from perfmagic.render.notebook import comparison_bundle
+
+        a, b = (self._report_named(name) for name in args.compare)
+        comparison = a.compare(b)
+        if args.var is not None:
+            self._shell.user_ns[args.var] = comparison
+        if args.return_report:
+            return comparison
+        if not args.quiet:
+            display(comparison_bundle(comparison.to_dict(), str(comparison), tuple(args.compare)), raw=True)
+        return None
+
+    def _report_named(self, name: str) -> Report:
+        value = self._shell.user_ns.get(name, _NOTHING)
+        if isinstance(value, Report):
+            return value
+        if value is _NOTHING and Path(name).is_file():
+            return Report.load(name)
+        raise UsageError(
+            f"--compare: {name!r} is neither a variable holding a perfmagic Report nor a report file"
+        )
+
+    def _parse(self, magic: Any, line: str) -> Any:
+        try:
+            return parse_argstring(magic, line)
+        except UsageError as e:
+            usage = magic.parser.format_usage().replace("::", "").strip()  # the parser writes reST
+            raise UsageError(f"{e}\nusage: {usage}\n(%{magic.__name__}? documents every option)") from None
+
+
+class _LiveView:
+    """The live panel's two outputs: BokehJS + a caption, and the widgets.
+
+    When the cell ends, the caption becomes a one-line summary and the widgets
+    become the report, in place (so the report sits above the cell's own output).
+    """
+
+    def __init__(self, session: Session) -> None:
+        from perfmagic.render.html import bokeh_loader
+        from perfmagic.render.live import LivePanel
+
+        self.panel = LivePanel(session)
+        caption = "perfmagic: profiling this cell…"
+        self._caption = display(
+            {
+                "text/plain": caption,
+                "text/html": f'{bokeh_loader()}<div style="font-size:12px">{caption}</div>',
+            },
+            raw=True,
+            display_id=True,
+        )
+        self._panel = display(self.panel.widget, display_id=True)
+
+    def close(self, report: Report | None, error: str | None, bundle: dict[str, str] | None = None) -> None:
+        from perfmagic.render.notebook import finished_bundle
+
+        self.panel.close()
+        summary = finished_bundle(report.to_dict() if report is not None else None, error)
+        if self._caption is not None:
+            self._caption.update(summary, raw=True)
+        if self._panel is not None:
+            self._panel.update(bundle or {"text/plain": ""}, raw=True)
+
+
+def _href(path: Path) -> str:
+    """A link the notebook can follow: relative to the kernel's directory when inside it."""
+    full, here = path.resolve(), Path.cwd().resolve()
+    return full.relative_to(here).as_posix() if full.is_relative_to(here) else str(full)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(PerfMagics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    magics = ipython.magics_manager.registry.get("PerfMagics")
+    if magics is not None:
+        magics.stop_monitor()

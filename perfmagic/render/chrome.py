@@ -1,0 +1,123 @@
+"""Chrome Trace Event Format export, for Perfetto and chrome://tracing.
+
+One process track "perfmagic" with a "steps" thread (one complete event per step)
+and a "stages" thread (each stage's time in the step as one span; stages are laid
+end to end in pipeline order, since a report keeps each stage's total per step,
+not its every interval), plus counter tracks for the sampled metrics. When the
+window ran with ``--trace``, the torch.profiler trace is merged in, shifted onto
+the same clock. Times are microseconds since the profiled window started.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+PID = 0x7FFF0000
+"""Our process id in the trace: apart from real pids and from the GPU ids kineto uses as pids."""
+_STEPS_TID = 1
+_STAGES_TID = 2
+_COUNTERS = {
+    ".util": ("utilization (%)", 100.0),
+    ".mem_used_bytes": ("memory used (MiB)", 1 / 2**20),
+    ".power_w": ("power (W)", 1.0),
+    "host.cpu_util": ("host CPU (%)", 100.0),
+    "host.proc_cpu_cores": ("process CPU (cores)", 1.0),
+    "host.rss_bytes": ("process RSS (MiB)", 1 / 2**20),
+    "host.read_bytes_per_s": ("disk read (MiB/s)", 1 / 2**20),
+    "host.write_bytes_per_s": ("disk write (MiB/s)", 1 / 2**20),
+}
+
+
+def chrome_trace(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as a Trace Event Format object (``{"traceEvents": [...]}``)."""
+    events: list[dict[str, Any]] = [
+        _meta("process_name", {"name": "perfmagic"}),
+        _meta("thread_name", {"name": "steps"}, _STEPS_TID),
+        _meta("thread_name", {"name": "stages"}, _STAGES_TID),
+    ]
+    table = report.get("step_table") or {}
+    names = list((table.get("stages") or {}).keys())
+    for i, (start, end) in enumerate(zip(table.get("start") or [], table.get("end") or [], strict=True)):
+        events.append(_span(f"step {i + 1}", start, end - start, _STEPS_TID, {"step": i + 1}))
+        t = start
+        for name in names:
+            s = table["stages"][name][i] or 0.0
+            if s > 0:
+                events.append(_span(name, t, s, _STAGES_TID, {"step": i + 1, "seconds": s}))
+                t += s
+    for metric, series in sorted(((report.get("timeseries") or {}).get("metrics") or {}).items()):
+        label = _counter_label(metric)
+        if label is None:
+            continue
+        title, factor = label
+        for t, v in zip(series["t"], series["v"], strict=True):
+            if v is not None:
+                events.append(
+                    {"ph": "C", "name": title, "pid": PID, "ts": t * 1e6, "args": {"value": v * factor}}
+                )
+    for trace in report.get("torch_traces") or []:
+        events += torch_events(trace)
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"generator": "perfmagic", "schema": report.get("schema")},
+    }
+
+
+def write_chrome_trace(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write the trace as JSON (gzip-compressed when the name ends in ``.gz``)."""
+    p = Path(path)
+    text = json.dumps(chrome_trace(report), separators=(",", ":"))
+    if p.suffix == ".gz":
+        p.write_bytes(gzip.compress(text.encode()))
+    else:
+        p.write_text(text, encoding="utf-8")
+    return p
+
+
+def torch_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of a torch.profiler trace on the report's clock (empty when the file is gone)."""
+    path = Path(trace["path"])
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        events: list[dict[str, Any]] = json.loads(raw)["traceEvents"]
+    except (OSError, ValueError, KeyError):
+        return []
+    marker = next((e for e in events if e.get("name") == trace.get("clock_name") and "ts" in e), None)
+    if marker is None or trace.get("clock_t") is None:
+        return []
+    shift = float(marker["ts"]) - float(trace["clock_t"]) * 1e6
+    for e in events:
+        if "ts" in e:
+            e["ts"] = float(e["ts"]) - shift
+    return events
+
+
+def _counter_label(metric: str) -> tuple[str, float] | None:
+    for suffix, (title, factor) in _COUNTERS.items():
+        if metric == suffix:
+            return title, factor
+        if metric.startswith("gpu") and metric.endswith(suffix):
+            return f"GPU {metric.split('.', 1)[0][3:]} {title}", factor
+    return None
+
+
+def _span(name: str, start: float, dur: float, tid: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "name": name,
+        "cat": "perfmagic",
+        "pid": PID,
+        "tid": tid,
+        "ts": start * 1e6,
+        "dur": dur * 1e6,
+        "args": args,
+    }
+
+
+def _meta(name: str, args: dict[str, Any], tid: int = 0) -> dict[str, Any]:
+    return {"ph": "M", "name": name, "pid": PID, "tid": tid, "args": args}

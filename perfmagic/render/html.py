@@ -1,0 +1,226 @@
+"""HTML rendering of a report: the fragment the notebook shows and the standalone file.
+
+A fragment carries what it needs to draw: its styles, the Bokeh charts and the
+BokehJS library inline (evaluated once per page: a fragment finds it already loaded
+and skips it), so a report opens offline, after the notebook is saved and reopened,
+and after ``jupyter nbconvert --to html``.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from perfmagic.render.text import fmt_fraction, fmt_seconds
+
+SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
+
+_STAGE_WORDS = {
+    "data": "Input-bound: waiting for the next batch takes {share} of each step",
+    "h2d": "Copy-bound: host-to-device copies take {share} of each step",
+    "forward": "Compute-bound: the forward pass takes {share} of each step",
+    "backward": "Compute-bound: the backward pass takes {share} of each step",
+    "optimizer": "Optimizer-bound: the optimizer takes {share} of each step",
+    "checkpoint": "Checkpoint-bound: saving checkpoints takes {share} of each step",
+    "logging": "Sync-bound: logging and host-device syncs take {share} of each step",
+    "comm": "Communication-bound: waiting for collectives takes {share} of each step",
+    "other": "Untracked work (outside the known stages) takes {share} of each step",
+}
+
+CSS = """
+.pm-report{font-family:var(--jp-ui-font-family,system-ui,-apple-system,Segoe UI,sans-serif);
+ color:var(--jp-ui-font-color1,#1f2328);max-width:1200px;font-size:13px;line-height:1.45}
+.pm-report h3{font-size:15px;margin:4px 0 8px}
+.pm-report .pm-sub{color:var(--jp-ui-font-color2,#57606a);font-weight:normal;font-size:12px}
+.pm-kpis{display:flex;flex-wrap:wrap;gap:8px;margin:6px 0 10px}
+.pm-kpi{border:1px solid var(--jp-border-color2,#d0d7de);border-radius:6px;padding:6px 12px;min-width:110px}
+.pm-kpi b{display:block;font-size:18px;font-weight:600}
+.pm-kpi span{color:var(--jp-ui-font-color2,#57606a);font-size:11px;text-transform:uppercase;letter-spacing:.04em}
+.pm-bottleneck{border-left:4px solid #f28e2b;padding:6px 10px;margin:6px 0 10px;
+ background:var(--jp-layout-color2,#f6f8fa)}
+.pm-cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(340px,1fr));gap:10px;margin:10px 0}
+.pm-card{border:1px solid var(--jp-border-color2,#d0d7de);border-left-width:6px;border-radius:6px;padding:8px 12px}
+.pm-card .pm-sev{font-size:10px;font-weight:700;text-transform:uppercase;letter-spacing:.06em}
+.pm-card .pm-title{font-weight:600;font-size:14px;margin:2px 0 4px}
+.pm-card .pm-saving{font-weight:600;margin:4px 0}
+.pm-report .pm-fix{margin-top:6px;background:var(--jp-layout-color2,#f6f8fa);border-radius:4px}
+.pm-report .pm-fix-head{display:flex;justify-content:space-between;align-items:center;padding:3px 8px 0;
+ font-size:10px;text-transform:uppercase;letter-spacing:.06em;color:var(--jp-ui-font-color2,#57606a)}
+.pm-report .pm-fix pre{background:transparent;padding:4px 8px 8px;margin:0;overflow-x:auto;font-size:12px;
+ white-space:pre;word-break:normal;overflow-wrap:normal}
+.pm-report .pm-fix pre code{white-space:pre;word-break:normal;overflow-wrap:normal;background:transparent}
+.pm-report .pm-copy{font-size:11px;padding:1px 8px;cursor:pointer;text-transform:none;letter-spacing:0;
+ border:1px solid var(--jp-border-color2,#d0d7de);border-radius:4px;background:var(--jp-layout-color1,#fff);
+ color:inherit}
+.pm-warn{color:var(--jp-ui-font-color2,#57606a);font-size:12px}
+.pm-links a{margin-right:14px}
+.pm-cmp td,.pm-cmp th{padding:2px 10px;text-align:right}
+.pm-cmp td:first-child,.pm-cmp th:first-child{text-align:left}
+"""
+
+# Clipboard API where allowed (secure contexts), else the selection fallback.
+_COPY_JS = (
+    "(function(b){var t=b.closest('.pm-fix').querySelector('pre').innerText;"
+    "function done(){b.textContent='Copied';setTimeout(function(){b.textContent='Copy'},1200)}"
+    "function legacy(){var a=document.createElement('textarea');a.value=t;document.body.appendChild(a);"
+    "a.select();try{document.execCommand('copy');done()}finally{document.body.removeChild(a)}}"
+    "if(navigator.clipboard&&window.isSecureContext){navigator.clipboard.writeText(t).then(done,legacy)}"
+    "else{legacy()}})(this)"
+)
+
+
+def bokeh_loader() -> str:
+    """A script that defines BokehJS (inline, no CDN) unless this page already has this version."""
+    from bokeh import __version__ as version
+    from bokeh.resources import Resources
+
+    code = "\n".join(Resources(mode="inline", components=["bokeh"]).js_raw)
+    return (
+        f'<script type="text/javascript">if(!(window.Bokeh&&window.Bokeh["{version}"])){{\n'
+        f"{code}\n}}</script>"
+    )
+
+
+def charts_html(layout: Any) -> str:
+    """A Bokeh layout as a div plus its embedding script, BokehJS included."""
+    if layout is None:
+        return ""
+    from bokeh.embed import components
+
+    script, div = components(layout)
+    return f"{bokeh_loader()}{script}{div}"
+
+
+def report_fragment(report: dict[str, Any], links: Sequence[tuple[str, str]] = ()) -> str:
+    """The whole report as one self-contained HTML fragment."""
+    from perfmagic.render.waterfall import report_layout
+
+    parts = [f"<style>{CSS}</style>", '<div class="pm-report">', _header(report)]
+    parts.append(charts_html(report_layout(report)))
+    parts.append(cards_html(report.get("advice") or []))
+    if report.get("warnings"):
+        items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
+        parts.append(
+            f'<details class="pm-warn"><summary>Not measured ({len(report["warnings"])})</summary><ul>{items}</ul></details>'
+        )
+    if links:
+        parts.append(f'<p class="pm-links">Files: {"".join(_link(label, href) for label, href in links)}</p>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _link(label: str, path: str) -> str:
+    """A link where the page can follow it (a relative path), else the path to copy."""
+    if os.path.isabs(path):
+        return f"<span>{html.escape(label)}: <code>{html.escape(path)}</code></span> "
+    return f'<a href="{html.escape(path)}" target="_blank">{html.escape(label)}</a> '
+
+
+def document(title: str, body: str) -> str:
+    """A standalone page around a fragment."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title></head>"
+        f'<body style="margin:16px">{body}</body></html>\n'
+    )
+
+
+def write_html(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write the report as one HTML file that opens offline."""
+    p = Path(path)
+    p.write_text(
+        document(f"perfmagic report — {headline(report)}", report_fragment(report)), encoding="utf-8"
+    )
+    return p
+
+
+def headline(report: dict[str, Any]) -> str:
+    """The bottleneck in words (or why there is none)."""
+    name = report.get("bottleneck")
+    if not name:
+        return "no training steps were seen" if not report["steps"].get("count") else "no bottleneck found"
+    share = fmt_fraction((report.get("stages") or {}).get(name, {}).get("fraction"))
+    if name in _STAGE_WORDS:
+        return _STAGE_WORDS[name].format(share=share)
+    return f"your stage “{name}” takes {share} of each step"
+
+
+def gpu_busy(report: dict[str, Any]) -> float | None:
+    """GPU busy fraction: from a GPU trace when there is one, else mean NVML utilization."""
+    trace = report.get("gpu") or {}
+    if trace.get("busy_fraction") is not None:
+        return float(trace["busy_fraction"])
+    utils = [d["util_mean"] for d in report.get("devices") or [] if d.get("util_mean") is not None]
+    return sum(utils) / len(utils) if utils else None
+
+
+def _header(report: dict[str, Any]) -> str:
+    steps = report["steps"]
+    busy = gpu_busy(report)
+    gpu_note = fmt_fraction(busy) if busy is not None else ("n/a" if report.get("devices") else "no GPU")
+    kpis = [
+        ("step time (median)", fmt_seconds(steps.get("median_s"))),
+        ("p90 step", fmt_seconds(steps.get("p90_s"))),
+        ("steps/s", f"{steps['per_s']:.3g}" if steps.get("per_s") else "n/a"),
+        ("steps", str(steps.get("count", 0))),
+        ("GPU busy", gpu_note),
+    ]
+    sub = f"{report.get('source', 'live')}"
+    if report.get("framework"):
+        sub += f", {report['framework']}"
+    sub += f", {fmt_seconds(report.get('wall_s'))} profiled"
+    boxes = "".join(f'<div class="pm-kpi"><span>{k}</span><b>{html.escape(v)}</b></div>' for k, v in kpis)
+    color = _bottleneck_color(report)
+    return (
+        f'<h3>perfmagic report <span class="pm-sub">({html.escape(sub)})</span></h3>'
+        f'<div class="pm-kpis">{boxes}</div>'
+        f'<div class="pm-bottleneck" style="border-left-color:{color}"><b>Bottleneck:</b> '
+        f"{html.escape(headline(report))}</div>"
+    )
+
+
+def _bottleneck_color(report: dict[str, Any]) -> str:
+    from perfmagic.render.waterfall import stage_color
+
+    name = report.get("bottleneck")
+    return stage_color(name) if name else "#bab0ac"
+
+
+def cards_html(cards: Sequence[dict[str, Any]], note: str = "") -> str:
+    """Advice cards: severity color, title, evidence, estimated saving, fix code with a copy button."""
+    if not cards:
+        return f'<p class="pm-warn">{html.escape(note or "No advice: no rule found a bottleneck it knows how to fix.")}</p>'
+    out = ['<div class="pm-cards">']
+    for card in cards:
+        color = SEVERITY_COLORS.get(card.get("severity", "info"), "#4e79a7")
+        saving = _saving(card)
+        fix = card.get("fix") or ""
+        out.append(
+            f'<div class="pm-card" style="border-left-color:{color}" data-advice-id="{html.escape(str(card.get("id")))}">'
+            f'<div class="pm-sev" style="color:{color}">{html.escape(str(card.get("severity")))}</div>'
+            f'<div class="pm-title">{html.escape(str(card.get("title")))}</div>'
+            f"<div>{html.escape(str(card.get('evidence', '')))}</div>"
+            + (f'<div class="pm-saving">{html.escape(saving)}</div>' if saving else "")
+            + (
+                f'<div class="pm-fix"><div class="pm-fix-head"><span>fix</span>'
+                f'<button class="pm-copy" onclick="{html.escape(_COPY_JS)}">Copy</button></div>'
+                f"<pre><code>{html.escape(fix)}</code></pre></div>"
+                if fix
+                else ""
+            )
+            + "</div>"
+        )
+    out.append("</div>")
+    return "".join(out)
+
+
+def _saving(card: dict[str, Any]) -> str:
+    parts = []
+    if card.get("saving_s"):
+        parts.append(f"saves ~{fmt_seconds(card['saving_s'])} per step")
+    if card.get("speedup"):
+        parts.append(f"~{card['speedup']:.2g}× faster")
+    return ", ".join(parts)

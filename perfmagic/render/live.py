@@ -1,0 +1,295 @@
+"""The live panel: GPU and host utilization and the training's stage while a cell runs.
+
+ipywidgets for the numbers and a Bokeh chart (through jupyter_bokeh, BokehJS
+inline) of utilization over the last minute. :meth:`LivePanel.update` runs on the
+sampler's thread after each tick and does its work at most ``max_hz`` times a
+second; the training thread never runs any of it. It only reads: the timeline's
+latest samples and the recorder's current stage and step count.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from perfmagic.analyze.steps import BOUNDARY_KINDS
+from perfmagic.render.text import fmt_bytes, fmt_fraction
+from perfmagic.render.waterfall import STAGE_COLORS, stage_color
+from perfmagic.timeline import Timeline
+
+if TYPE_CHECKING:
+    from perfmagic.collect.sampler import Sampler
+    from perfmagic.collect.stages import StageRecorder
+
+_RATE_WINDOW_S = 3.0
+_BAR = {"width": "150px"}
+
+
+class Feed(Protocol):
+    """What a panel watches: a session, or a bare sampler's timeline (no recorder)."""
+
+    @property
+    def timeline(self) -> Timeline: ...
+
+    @property
+    def recorder(self) -> StageRecorder | None: ...
+
+
+class LivePanel:
+    """Widgets that follow a running feed; ``widget`` is what the notebook displays."""
+
+    def __init__(
+        self, feed: Feed, *, title: str = "perfmagic", max_hz: float = 4.0, window_s: float = 60.0
+    ) -> None:
+        import ipywidgets as w
+
+        self.feed = feed
+        self.title = title
+        self.min_period = 1.0 / max_hz
+        self.updates = 0
+        self.busy_s = 0.0  # wall time spent updating, on the sampler thread (waits for the GIL included)
+        self.cpu_s = 0.0  # CPU time of those updates: what they take from the training
+        self._start = time.perf_counter()
+        self._last = 0.0
+        self._steps: deque[tuple[float, int]] = deque()
+        self._gpu_rows: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
+        self._closed = False
+        self._lock = threading.Lock()
+        self._rollover = int(window_s * max_hz) + 1
+
+        self._status = w.HTML(self._status_html(None, 0, None))
+        self._status.add_class("pm-live-status")
+        self._gpus = w.VBox([w.HTML("<i>waiting for the first sample…</i>")])
+        self._gpus.add_class("pm-live-gpus")
+        self._cpu = w.FloatProgress(min=0, max=100, bar_style="info", layout=_BAR)
+        self._cpu_text = w.HTML()
+        self._host_text = w.HTML()
+        self._cpu_text.add_class("pm-live-cpu")
+        host = w.HBox(
+            [
+                w.HTML("<b>Host</b>&nbsp;CPU", layout={"width": "90px"}),
+                self._cpu,
+                self._cpu_text,
+                self._host_text,
+            ]
+        )
+        self._gpu_line: Any = None
+        self._source, self._chart = self._make_chart(window_s)
+        children = [self._status, self._gpus, host] + ([self._chart] if self._chart is not None else [])
+        self.widget = w.VBox(children, layout={"border": "1px solid #d0d7de", "padding": "6px 10px"})
+        self.widget.add_class("perfmagic-live")
+
+    # -- updates (sampler thread) ------------------------------------------
+
+    def update(self, force: bool = False) -> None:
+        """Refresh from the feed, unless the last refresh was less than ``1/max_hz`` ago."""
+        begin = time.perf_counter()
+        if not force and begin - self._last < self.min_period:
+            return
+        if not self._lock.acquire(blocking=False):  # another thread is refreshing right now
+            return
+        cpu = time.thread_time()
+        try:
+            if not self._closed:
+                self._last = begin
+                self._refresh(begin)
+        finally:
+            self._lock.release()
+        self.cpu_s += time.thread_time() - cpu
+        self.busy_s += time.perf_counter() - begin
+
+    def _refresh(self, begin: float) -> None:
+        tl = self.feed.timeline
+        recorder = self.feed.recorder
+        steps = _step_count(recorder.boundary_counts) if recorder is not None else None
+        stage = recorder.current_stage if recorder is not None else None
+        self._status.value = self._status_html(stage, steps, self._step_rate(begin, steps))
+        gpu_utils = self._update_gpus(tl)
+        cpu = _latest(tl, "host.cpu_util")
+        self._cpu.value = 0.0 if cpu is None else cpu * 100
+        self._cpu_text.value = f"&nbsp;{fmt_fraction(cpu)}"
+        cores = _latest(tl, "host.proc_cpu_cores")
+        parts = [
+            f"process {cores:.1f} cores" if cores is not None else None,
+            f"RSS {fmt_bytes(_latest(tl, 'host.rss_bytes'))}",
+            f"read {fmt_bytes(_rate(tl, 'host.read_bytes'))}/s",
+            f"write {fmt_bytes(_rate(tl, 'host.write_bytes'))}/s",
+        ]
+        self._host_text.value = "&nbsp;·&nbsp;" + " · ".join(p for p in parts if p)
+        if self._source is not None:
+            gpu = float(np.mean(gpu_utils)) * 100 if gpu_utils else np.nan
+            self._source.stream(
+                {"t": [begin - self._start], "gpu": [gpu], "cpu": [np.nan if cpu is None else cpu * 100]},
+                rollover=self._rollover,
+            )
+        self.updates += 1
+
+    def close(self) -> None:
+        """Stop updating and close the widgets (their views go away in the browser)."""
+        with self._lock:
+            self._closed = True
+            _close(self.widget)
+            if self._chart is not None and self._chart._model.document is not None:
+                # jupyter_bokeh's close() fails when called again (its __del__ does): detach the figure
+                self._chart._model.document.remove_root(self._chart._model)
+
+    # -- parts -------------------------------------------------------------
+
+    def _update_gpus(self, tl: Timeline) -> list[float]:
+        nvml = tl.meta.get("nvml")
+        if nvml is None:
+            return []
+        if not nvml.get("available"):
+            if not self._gpu_rows:
+                import ipywidgets as w
+
+                reason = html.escape(str(nvml.get("reason") or "NVML is not available"))
+                self._gpus.children = [w.HTML(f"<b>No GPU</b>: {reason}. Showing the host only.")]
+                self._gpu_rows[-1] = (None, None, None, None, None)
+                if self._gpu_line is not None:
+                    self._gpu_line.visible = False
+            return []
+        devices = tl.meta.get("devices") or []
+        if not self._gpu_rows and devices:
+            self._gpus.children = [self._gpu_row(d) for d in devices]
+        utils = []
+        for d in devices:
+            i = int(d["index"])
+            row = self._gpu_rows.get(i)
+            if row is None:
+                continue
+            util_bar, util_text, mem_bar, mem_text, power = row
+            util = _latest(tl, f"gpu{i}.util")
+            mem = _latest(tl, f"gpu{i}.mem_used_bytes")
+            watts = _latest(tl, f"gpu{i}.power_w")
+            if util is not None:
+                utils.append(util)
+            util_bar.value = 0.0 if util is None else util * 100
+            util_text.value = f"&nbsp;{fmt_fraction(util)}"
+            total = d.get("mem_total_bytes")
+            mem_bar.value = 0.0 if mem is None or not total else 100 * mem / total
+            mem_text.value = f"&nbsp;{fmt_bytes(mem)} / {fmt_bytes(total)}"
+            power.value = "" if watts is None else f"&nbsp;·&nbsp;{watts:.0f} W"
+        return utils
+
+    def _gpu_row(self, device: dict[str, Any]) -> Any:
+        import ipywidgets as w
+
+        i = int(device["index"])
+        util_bar = w.FloatProgress(min=0, max=100, bar_style="success", layout=_BAR)
+        mem_bar = w.FloatProgress(min=0, max=100, bar_style="warning", layout=_BAR)
+        util_text, mem_text, power = w.HTML(), w.HTML(), w.HTML()
+        util_text.add_class("pm-live-gpu-util")
+        self._gpu_rows[i] = (util_bar, util_text, mem_bar, mem_text, power)
+        name = html.escape(str(device.get("name") or ""))
+        label = w.HTML(f"<b>GPU {i}</b>&nbsp;<small>{name}</small>", layout={"width": "220px"})
+        return w.HBox([label, util_bar, util_text, w.HTML("&nbsp;mem"), mem_bar, mem_text, power])
+
+    def _step_rate(self, now: float, steps: int | None) -> float | None:
+        if steps is None:
+            return None
+        q = self._steps
+        q.append((now, steps))
+        while len(q) > 2 and now - q[0][0] > _RATE_WINDOW_S:
+            q.popleft()
+        (t0, s0), (t1, s1) = q[0], q[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None
+
+    def _status_html(self, stage: str | None, steps: int | None, rate: float | None) -> str:
+        elapsed = time.perf_counter() - self._start
+        parts = [f"<b>{html.escape(self.title)}</b> · running {elapsed:.1f} s"]
+        if steps is not None:
+            color = stage_color(stage) if stage else STAGE_COLORS["other"]
+            label = html.escape(stage or "other")
+            parts.append(
+                f'stage <span class="pm-live-stage" style="background:{color};color:#fff;border-radius:3px;'
+                f'padding:0 5px">{label}</span>'
+            )
+            parts.append(f'<span class="pm-live-steps">{steps}</span> steps')
+            parts.append(f"{rate:.2f} steps/s" if rate else "— steps/s")
+        return " · ".join(parts)
+
+    def _make_chart(self, window_s: float) -> tuple[Any, Any]:
+        try:
+            from bokeh.models import ColumnDataSource, DataRange1d, Range1d
+            from bokeh.plotting import figure
+            from jupyter_bokeh import BokehModel
+        except ImportError:  # the chart is optional; the numbers are the panel
+            return None, None
+        source = ColumnDataSource({"t": [], "gpu": [], "cpu": []})
+        fig = figure(
+            height=130,
+            sizing_mode="stretch_width",
+            y_range=Range1d(start=0, end=105),
+            x_range=DataRange1d(follow="end", follow_interval=window_s, range_padding=0),
+            tools="",
+            toolbar_location=None,
+            y_axis_label="%",
+        )
+        self._gpu_line = fig.line(
+            "t", "gpu", source=source, color="#59a14f", line_width=2, legend_label="GPU util (mean)"
+        )
+        fig.line("t", "cpu", source=source, color="#e15759", line_width=2, legend_label="host CPU")
+        fig.legend.location = "top_left"
+        fig.legend.label_text_font_size = "8pt"
+        fig.legend.background_fill_alpha = 0.5
+        fig.xaxis.axis_label = "seconds"
+        return source, BokehModel(fig)
+
+
+class Monitor:
+    """``%gpumonitor``: a sampler and a live panel, without profiling any code."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        from perfmagic.collect.sampler import Sampler
+        from perfmagic.session import default_sources
+
+        self.timeline = Timeline()
+        self.recorder: StageRecorder | None = None
+        self._origin = time.perf_counter()
+        self.panel = LivePanel(self, title="perfmagic monitor")
+        self._sampler: Sampler = Sampler(
+            self.timeline, default_sources(), interval, self._clock, self.panel.update
+        )
+
+    def _clock(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def start(self) -> None:
+        self._sampler.start()
+        self.panel.update(force=True)
+
+    def stop(self) -> list[str]:
+        """Stop sampling and close the panel; returns the sampler's warnings."""
+        self._sampler.stop()
+        self.panel.close()
+        return self._sampler.warnings
+
+
+def _step_count(counts: dict[str, int]) -> int:
+    return next((counts[k] for k in BOUNDARY_KINDS if counts.get(k)), 0)
+
+
+def _latest(tl: Timeline, metric: str) -> float | None:
+    _, v = tl.series(metric)
+    if not len(v) or np.isnan(v[-1]):
+        return None
+    return float(v[-1])
+
+
+def _rate(tl: Timeline, metric: str) -> float | None:
+    t, v = tl.series(metric)
+    if len(t) < 2 or t[-1] <= t[-2]:
+        return None
+    return float((v[-1] - v[-2]) / (t[-1] - t[-2]))
+
+
+def _close(widget: Any) -> None:
+    for child in getattr(widget, "children", ()):
+        _close(child)
+    widget.close()

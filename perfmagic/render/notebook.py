@@ -1,0 +1,91 @@
+"""Notebook outputs: MIME bundles with rich HTML and a ``text/plain`` fallback.
+
+Bundles are plain dictionaries (``{mime type: data}``): the magic displays them
+and ``Report._repr_mimebundle_`` returns them, so nothing here imports IPython.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+from perfmagic.render.html import CSS, cards_html, charts_html, headline, report_fragment
+from perfmagic.render.text import fmt_seconds, render_text
+
+Bundle = dict[str, str]
+
+
+def report_bundle(report: dict[str, Any], links: Sequence[tuple[str, str]] = ()) -> Bundle:
+    """The report: header, stage waterfall, utilization, advice cards, export links."""
+    return {"text/plain": render_text(report), "text/html": report_fragment(report, links)}
+
+
+def finished_bundle(report: dict[str, Any] | None, error: str | None = None) -> Bundle:
+    """What the live panel turns into when the cell ends: one line, the report follows."""
+    if report is None:
+        text = f"perfmagic: profiling failed ({error})" if error else "perfmagic: no report"
+    else:
+        steps = report["steps"]
+        text = (
+            f"perfmagic: profiled {fmt_seconds(report.get('wall_s'))}, {steps.get('count', 0)} steps, "
+            f"median step {fmt_seconds(steps.get('median_s'))} — {headline(report)}"
+        )
+        if error:
+            text += f" (the cell ended with {error})"
+    return {
+        "text/plain": text,
+        "text/html": f'<div style="font-size:12px;opacity:.75">{html.escape(text)}</div>',
+    }
+
+
+def comparison_bundle(
+    comparison: dict[str, Any], text: str, labels: tuple[str, str] = ("before", "after")
+) -> Bundle:
+    """Two runs side by side (``Comparison.to_dict()``): stage times, speedup, resolved advice."""
+    from perfmagic.render.waterfall import comparison_figure
+
+    stages = comparison.get("stages") or []
+    before = {s["name"]: float(s.get("before_s") or 0.0) for s in stages}
+    after = {s["name"]: float(s.get("after_s") or 0.0) for s in stages}
+    step = comparison.get("step") or {}
+    speedup = step.get("speedup")
+    a, b = (html.escape(x) for x in labels)
+    kpis = (
+        (f"step, {labels[0]}", fmt_seconds(step.get("before_s"))),
+        (f"step, {labels[1]}", fmt_seconds(step.get("after_s"))),
+        ("speedup", f"{speedup:.2f}×" if speedup else "n/a"),
+    )
+    boxes = "".join(
+        f'<div class="pm-kpi"><span>{html.escape(k)}</span><b>{html.escape(v)}</b></div>' for k, v in kpis
+    )
+    rows = "".join(
+        f"<tr><td>{html.escape(s['name'])}</td><td>{fmt_seconds(s.get('before_s'))}</td>"
+        f"<td>{fmt_seconds(s.get('after_s'))}</td><td>{_change(s.get('before_s'), s.get('after_s'))}</td></tr>"
+        for s in sorted(stages, key=lambda s: -max(s.get("before_s") or 0.0, s.get("after_s") or 0.0))
+    )
+    table = (
+        f'<table class="pm-cmp"><tr><th>stage (mean per step)</th><th>{a}</th><th>{b}</th><th>change</th></tr>'
+        f"{rows}</table>"
+    )
+    advice = comparison.get("advice") or {}
+    sections = "".join(
+        f"<h4>{title} ({len(advice.get(key) or [])})</h4>{cards_html(advice.get(key) or [], note=empty)}"
+        for key, title, empty in (
+            ("resolved", "Resolved advice", "No advice card was resolved."),
+            ("remaining", "Still open", "No advice left open."),
+            ("new", "New advice", "No new advice."),
+        )
+    )
+    body = (
+        f'<style>{CSS}</style><div class="pm-report"><h3>perfmagic comparison: {a} → {b}</h3>'
+        f'<div class="pm-kpis">{boxes}</div>{charts_html(comparison_figure(before, after, labels))}'
+        f"{table}{sections}</div>"
+    )
+    return {"text/plain": text, "text/html": body}
+
+
+def _change(before: float | None, after: float | None) -> str:
+    if not before:
+        return "new" if after else ""
+    return f"{(after or 0.0) / before - 1:+.0%}"

@@ -1,0 +1,47 @@
+"""TensorBoard export: step and stage times and utilization as scalars (tensorboardX event files).
+
+Tags: ``perfmagic/step_time_s`` and ``perfmagic/stage/<name>_s`` per step (x axis:
+step number); ``perfmagic/<metric>`` for the sampled metrics (x axis: milliseconds
+since the window started); the text report under ``perfmagic/report``. Wall
+times are real when the report knows when the window started.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from perfmagic.render.text import render_text
+
+
+def write_tensorboard(report: dict[str, Any], logdir: str | os.PathLike[str]) -> Path:
+    """Write the report's scalars as a new event file in ``logdir`` (created if needed); returns ``logdir``."""
+    from tensorboardX import SummaryWriter
+
+    table = report.get("step_table") or {}
+    ts = report.get("timeseries") or {}
+    epoch = float(ts.get("epoch") or 0.0)
+    writer = SummaryWriter(logdir=str(logdir))
+    try:
+        stages = table.get("stages") or {}
+        for i, (start, end) in enumerate(zip(table.get("start") or [], table.get("end") or [], strict=True)):
+            wall = epoch + end
+            writer.add_scalar("perfmagic/step_time_s", end - start, global_step=i + 1, walltime=wall)
+            for name, column in stages.items():
+                if column[i] is not None:
+                    writer.add_scalar(
+                        f"perfmagic/stage/{name}_s", column[i], global_step=i + 1, walltime=wall
+                    )
+        for metric, series in sorted((ts.get("metrics") or {}).items()):
+            for t, v in zip(series["t"], series["v"], strict=True):
+                if v is not None:
+                    writer.add_scalar(
+                        f"perfmagic/{metric}", v, global_step=round(t * 1000), walltime=epoch + t
+                    )
+        writer.add_text(
+            "perfmagic/report", "```\n" + render_text(report) + "\n```", walltime=epoch + report["wall_s"]
+        )
+    finally:
+        writer.close()
+    return Path(logdir)

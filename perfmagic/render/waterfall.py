@@ -1,0 +1,323 @@
+"""Bokeh figures of a report, shared by the notebook report and the HTML file.
+
+Everything is drawn from the report's dictionary, so a report read back from JSON
+draws the same. Each stage has one color everywhere (built-in stages a fixed one,
+user stages one derived from their name), so charts of two runs read alike.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from perfmagic.render.text import fmt_seconds
+
+if TYPE_CHECKING:
+    from bokeh.models import LayoutDOM, Range
+    from bokeh.plotting import figure as Figure
+
+STAGE_COLORS: dict[str, str] = {
+    "data": "#f28e2b",
+    "h2d": "#edc948",
+    "forward": "#4e79a7",
+    "backward": "#59a14f",
+    "optimizer": "#76b7b2",
+    "checkpoint": "#b07aa1",
+    "logging": "#e15759",
+    "comm": "#9c755f",
+    "other": "#bab0ac",
+}
+_USER_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+_SERIES_COLORS = ("#4e79a7", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f")
+_HOST_COLOR = "#e15759"
+MAX_BARS = 600
+"""More steps than this are drawn in bins of consecutive steps (per-step means)."""
+
+_TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
+_GIB = 1024**3
+
+
+def stage_color(name: str) -> str:
+    """The color of a stage: fixed for built-in stages, stable per name for user stages."""
+    color = STAGE_COLORS.get(name)
+    if color is None:
+        color = _USER_PALETTE[zlib.crc32(name.encode()) % len(_USER_PALETTE)]
+    return color
+
+
+def report_layout(report: dict[str, Any]) -> LayoutDOM | None:
+    """Stage waterfall, aggregate breakdown and utilization over time; None when there is nothing to draw."""
+    from bokeh.layouts import column, row
+
+    table = report.get("step_table") or {}
+    time_figs: list[Figure] = []
+    waterfall = waterfall_figure(table) if table.get("start") else None
+    if waterfall is not None:
+        time_figs.append(waterfall)
+    x_range = waterfall.x_range if waterfall is not None else None
+    time_figs += utilization_figures(report.get("timeseries") or {}, x_range)
+    side = breakdown_figure(report.get("stages") or {})
+    if not time_figs and side is None:
+        return None
+    left = column(*time_figs, sizing_mode="stretch_width") if time_figs else None
+    parts = [p for p in (left, side) if p is not None]
+    return row(*parts, sizing_mode="stretch_width") if len(parts) > 1 else parts[0]
+
+
+def waterfall_figure(table: dict[str, Any]) -> Figure:
+    """Steps along time, each a stacked bar of its stages (hover: the durations)."""
+    from bokeh.models import ColumnDataSource, DataRange1d, HoverTool
+    from bokeh.models.renderers import DataRenderer
+    from bokeh.plotting import figure
+
+    start = np.asarray(table["start"], dtype=float)
+    end = np.asarray(table["end"], dtype=float)
+    names = list(table["stages"])
+    seconds = np.array([[_num(x) for x in table["stages"][n]] for n in names], dtype=float).T
+    k = max(1, -(-len(start) // MAX_BARS))  # bins of k consecutive steps, drawn as per-step means
+    first = np.arange(0, len(start), k)
+    last = first
+    if k > 1:
+        last = np.minimum(first + k - 1, len(start) - 1)
+        counts = (last - first + 1)[:, None]
+        seconds = np.add.reduceat(seconds, first, axis=0) / counts
+        start, end = start[first], end[last]
+    totals = seconds.sum(axis=1)
+    scale, unit = (1.0, "s") if len(totals) and np.median(totals) >= 1 else (1e3, "ms")
+    pad = (end - start) * 0.06
+
+    stacked = np.cumsum(seconds, axis=1) - seconds  # each stage's bottom: the stages before it
+    labels = [f"{f + 1}" if f == g else f"{f + 1}–{g + 1} (mean)" for f, g in zip(first, last, strict=True)]
+    title = "Stage waterfall: each step split into its stages" + (f" (bins of {k} steps)" if k > 1 else "")
+    fig = figure(
+        title=title,
+        y_range=DataRange1d(start=0),
+        height=300,
+        sizing_mode="stretch_width",
+        tools=_TOOLS,
+        x_axis_label="time since start (s)",
+        y_axis_label=f"step time ({unit})",
+        output_backend="canvas",
+    )
+    renderers: list[DataRenderer] = []
+    for j, name in enumerate(names):  # one renderer per stage: legend in pipeline order, click to hide
+        rows = seconds[:, j] > 0
+        if not rows.any():
+            continue
+        s = seconds[rows, j]
+        src = ColumnDataSource(
+            {
+                "left": (start + pad)[rows],
+                "right": (end - pad)[rows],
+                "bottom": stacked[rows, j] * scale,
+                "top": (stacked[rows, j] + s) * scale,
+                "steps": [lab for lab, r in zip(labels, rows, strict=True) if r],
+                "dur": [fmt_seconds(x) for x in s],
+                "share": [f"{x / t:.0%}" if t > 0 else "" for x, t in zip(s, totals[rows], strict=True)],
+                "total": [fmt_seconds(t) for t in totals[rows]],
+            }
+        )
+        color = stage_color(name)
+        renderers.append(
+            fig.quad(
+                left="left",
+                right="right",
+                bottom="bottom",
+                top="top",
+                fill_color=color,
+                line_color=None,
+                legend_label=name,
+                name=name,
+                source=src,
+            )
+        )
+    fig.add_tools(
+        HoverTool(
+            renderers=renderers,
+            tooltips=[
+                ("step", "@steps"),
+                ("stage", "$name"),
+                ("time", "@dur (@share)"),
+                ("step time", "@total"),
+            ],
+        )
+    )
+    if renderers:
+        fig.legend.orientation = "horizontal"
+        fig.legend.label_text_font_size = "8pt"
+        fig.legend.click_policy = "hide"
+        fig.add_layout(fig.legend[0], "below")
+    fig.toolbar.logo = None
+    return fig
+
+
+def breakdown_figure(stages: dict[str, dict[str, Any]]) -> Figure | None:
+    """Share of step time per stage over all steps (hover: total and median per step)."""
+    if not stages:
+        return None
+    from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d
+    from bokeh.plotting import figure
+
+    order = sorted(stages, key=lambda n: _num(stages[n].get("fraction")))
+    frac = [_num(stages[n].get("fraction")) for n in order]
+    src = ColumnDataSource(
+        {
+            "stage": order,
+            "pct": [f * 100 for f in frac],
+            "label": [f"{f:.0%}" for f in frac],
+            "color": [stage_color(n) for n in order],
+            "total": [fmt_seconds(stages[n].get("total_s")) for n in order],
+            "median": [fmt_seconds(stages[n].get("median_s")) for n in order],
+        }
+    )
+    fig = figure(
+        title="Share of step time",
+        y_range=FactorRange(factors=order),
+        x_range=Range1d(start=0, end=max(100.0, max(frac) * 100 if frac else 0) * 1.15),
+        width=300,
+        height=max(160, 60 + 28 * len(order)),
+        tools="save",
+        x_axis_label="% of step time",
+        output_backend="canvas",
+    )
+    fig.hbar(y="stage", right="pct", height=0.7, fill_color="color", line_color=None, source=src)
+    fig.text(
+        x="pct", y="stage", text="label", x_offset=4, text_baseline="middle", text_font_size="8pt", source=src
+    )
+    fig.add_tools(
+        HoverTool(
+            tooltips=[
+                ("stage", "@stage"),
+                ("share", "@label"),
+                ("total", "@total"),
+                ("median/step", "@median"),
+            ]
+        )
+    )
+    fig.ygrid.grid_line_color = None
+    fig.toolbar.logo = None
+    return fig
+
+
+def utilization_figures(ts: dict[str, Any], x_range: Range | None = None) -> list[Figure]:
+    """Utilization (%) and memory (GiB) over time, on the waterfall's time axis."""
+    metrics: dict[str, dict[str, list[Any]]] = ts.get("metrics") or {}
+    util = [
+        (f"GPU {_gpu(m)}", m, 100.0) for m in sorted(metrics) if m.endswith(".util") and m.startswith("gpu")
+    ]
+    util += [(label, m, 100.0) for label, m in (("host CPU", "host.cpu_util"),) if m in metrics]
+    mem = [(f"GPU {_gpu(m)} memory", m, 1 / _GIB) for m in sorted(metrics) if m.endswith(".mem_used_bytes")]
+    mem += [("process RSS", "host.rss_bytes", 1 / _GIB)] if "host.rss_bytes" in metrics else []
+    figs = []
+    if util:
+        figs.append(_series_figure("Utilization", "%", util, metrics, x_range, (0, 105)))
+    if mem:
+        figs.append(_series_figure("Memory", "GiB", mem, metrics, x_range, None))
+    return figs
+
+
+def _series_figure(
+    title: str,
+    unit: str,
+    lines: list[tuple[str, str, float]],
+    metrics: dict[str, dict[str, list[Any]]],
+    x_range: Range | None,
+    y_range: tuple[float, float] | None,
+) -> Figure:
+    from bokeh.models import ColumnDataSource, HoverTool, Range1d
+    from bokeh.models.renderers import DataRenderer
+    from bokeh.plotting import figure
+
+    kwargs: dict[str, Any] = {"x_range": x_range} if x_range is not None else {}
+    if y_range is not None:
+        kwargs["y_range"] = Range1d(start=y_range[0], end=y_range[1])
+    fig = figure(
+        title=title,
+        height=170,
+        sizing_mode="stretch_width",
+        tools=_TOOLS,
+        y_axis_label=unit,
+        output_backend="canvas",
+        **kwargs,
+    )
+    gpu_colors = iter(_SERIES_COLORS)
+    renderers: list[DataRenderer] = []
+    for label, metric, factor in lines:
+        series = metrics[metric]
+        v = np.array([_num(x, np.nan) for x in series["v"]], dtype=float) * factor
+        src = ColumnDataSource({"t": np.asarray(series["t"], dtype=float), "v": v})
+        color = _HOST_COLOR if metric.startswith("host") else next(gpu_colors, "#333333")
+        renderers.append(fig.line("t", "v", source=src, line_width=1.6, color=color, legend_label=label))
+    fig.add_tools(
+        HoverTool(renderers=renderers, tooltips=[("t", "@t{0.00} s"), (unit, "@v{0.0}")], mode="vline")
+    )
+    fig.legend.location = "top_left"
+    fig.legend.label_text_font_size = "8pt"
+    fig.legend.background_fill_alpha = 0.6
+    fig.toolbar.logo = None
+    return fig
+
+
+def comparison_figure(
+    before: dict[str, float], after: dict[str, float], labels: tuple[str, str]
+) -> Figure | None:
+    """Seconds per step of each stage, before and after, side by side."""
+    names = list(dict.fromkeys([*before, *after]))
+    if not names:
+        return None
+    from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, HoverTool
+    from bokeh.plotting import figure
+    from bokeh.transform import dodge
+
+    order = sorted(names, key=lambda n: max(before.get(n, 0.0), after.get(n, 0.0)))
+    b = [before.get(n, 0.0) for n in order]
+    a = [after.get(n, 0.0) for n in order]
+    scale, unit = (1.0, "s") if max(b + a) >= 1 else (1e3, "ms")
+    src = ColumnDataSource(
+        {
+            "stage": order,
+            "before": [x * scale for x in b],
+            "after": [x * scale for x in a],
+            "before_txt": [fmt_seconds(x) for x in b],
+            "after_txt": [fmt_seconds(x) for x in a],
+            "color": [stage_color(n) for n in order],
+        }
+    )
+    fig = figure(
+        title=f"Time per step by stage: {labels[0]} vs {labels[1]}",
+        y_range=FactorRange(factors=order),
+        x_range=DataRange1d(start=0),
+        height=max(180, 70 + 40 * len(order)),
+        sizing_mode="stretch_width",
+        tools="save",
+        x_axis_label=f"per step ({unit})",
+        output_backend="canvas",
+    )
+    for key, offset, alpha, label in (("before", 0.18, 0.35, labels[0]), ("after", -0.18, 1.0, labels[1])):
+        fig.hbar(
+            y=dodge("stage", offset, range=fig.y_range),
+            right=key,
+            height=0.34,
+            fill_color="color",
+            fill_alpha=alpha,
+            line_color="color",
+            legend_label=label,
+            source=src,
+        )
+    fig.add_tools(
+        HoverTool(tooltips=[("stage", "@stage"), (labels[0], "@before_txt"), (labels[1], "@after_txt")])
+    )
+    fig.ygrid.grid_line_color = None
+    fig.legend.location = "bottom_right"
+    fig.toolbar.logo = None
+    return fig
+
+
+def _gpu(metric: str) -> str:
+    return metric.split(".", 1)[0][3:]
+
+
+def _num(x: Any, default: float = 0.0) -> float:
+    return default if x is None else float(x)

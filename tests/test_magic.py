@@ -1,0 +1,323 @@
+"""%%gpuprofile and %gpumonitor in an in-process IPython shell: the cell behaves as without the magic."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import CapturedIO, capture_output
+from torch.optim import optimizer as optim_mod
+from torch.utils.data import dataloader as dl
+
+import perfmagic
+from perfmagic.magic import PerfMagics
+from perfmagic.session import active_session
+
+TRAIN = """\
+import time, torch
+from torch.utils.data import DataLoader, TensorDataset
+ds = TensorDataset(torch.randn(128, 8), torch.randn(128, 1))
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (x, y) in enumerate(DataLoader(ds, batch_size=8)):
+    time.sleep(0.01)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def ip() -> Iterator[InteractiveShell]:
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("colors", "nocolor")
+    shell.run_line_magic("load_ext", "perfmagic")
+    yield shell
+    shell.run_line_magic("gpumonitor", "stop")
+
+
+def run(ip: InteractiveShell, cell: str) -> tuple[Any, CapturedIO]:
+    with capture_output() as cap:
+        result = ip.run_cell(cell)
+    return result, cap
+
+
+def snapshot() -> dict[str, Any]:
+    """Everything profiling touches, to check that it is all put back."""
+    return {
+        "print": builtins.print,
+        "stdout": sys.stdout,
+        "stderr": sys.stderr,
+        "module_call": torch.nn.Module.__call__,
+        "backward": torch.Tensor.backward,
+        "to": torch.Tensor.to,
+        "save": torch.save,
+        "next": dl._BaseDataLoaderIter.__next__,
+        "logger": logging.Logger.handle,
+        "optimizer_hooks": (
+            len(optim_mod._global_optimizer_pre_hooks),
+            len(optim_mod._global_optimizer_post_hooks),
+        ),
+        "fd2": os.fstat(2).st_ino,
+        "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("perfmagic")),
+        "active": active_session(),
+    }
+
+
+def html_outputs(cap: CapturedIO) -> list[str]:
+    return [o.data["text/html"] for o in cap.outputs if "text/html" in o.data]
+
+
+def test_help_documents_every_option(ip: InteractiveShell) -> None:
+    doc = ip.find_cell_magic("gpuprofile").__doc__ or ""
+    for option in (
+        "--interval",
+        "--trace",
+        "--steps",
+        "--outdir",
+        "--json",
+        "--html",
+        "--no-live",
+        "--quiet",
+    ):
+        assert option in doc
+    assert "-o " in doc and "-v NAME" in doc and "--compare" in doc
+    _, cap = run(ip, "%gpuprofile?")
+    assert "--no-live" in cap.stdout and "store the Report in the variable NAME" in cap.stdout
+    assert "start (default) or stop" in (ip.find_line_magic("gpumonitor").__doc__ or "")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--bogus", "unrecognized arguments: --bogus"),
+        ("--interval fast", "invalid float value"),
+        ("--interval 0", "--interval must be a positive"),
+        ("--steps 3", "add --trace"),
+        ("--trace --steps 0", "--steps must be at least 1"),
+        ("-v 1abc", "-v takes a variable name"),
+    ],
+)
+def test_bad_option_is_usage_error_with_usage(ip: InteractiveShell, line: str, message: str) -> None:
+    before = snapshot()
+    result, _ = run(ip, f"%%gpuprofile {line}\nran = True\n")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert message in str(result.error_in_exec)
+    if "unrecognized" in message or "invalid" in message:
+        assert "usage: %gpuprofile [--interval S]" in str(result.error_in_exec)
+    assert "ran" not in ip.user_ns
+    assert snapshot() == before
+
+
+def test_line_form_without_compare_says_how_to_use_it(ip: InteractiveShell) -> None:
+    with pytest.raises(UsageError, match="is a cell magic"):
+        ip.run_line_magic("gpuprofile", "")
+
+
+def test_cell_runs_as_without_the_magic(ip: InteractiveShell) -> None:
+    before = snapshot()
+    result, cap = run(ip, "%%gpuprofile --no-live\n" + TRAIN + "trained = step + 1\ntrained * 2\n")
+    assert result.success and result.result == 32
+    assert ip.user_ns["trained"] == 16 and ip.user_ns["model"] is not None
+    assert ip.user_ns["_"] == 32
+    htmls = html_outputs(cap)
+    assert len(htmls) == 1 and "pm-report" in htmls[0] and "Stage waterfall" in htmls[0]
+    assert "Out[" in cap.stdout  # the last value went through the display hook
+    assert snapshot() == before
+
+
+def test_semicolon_silences_the_last_value(ip: InteractiveShell) -> None:
+    result, cap = run(ip, "%%gpuprofile --quiet\nsilenced = 5\nsilenced + 1;\n")
+    assert result.success and result.result is None
+    assert "Out[" not in cap.stdout and cap.outputs == []
+
+
+def test_o_returns_report_and_v_stores_it(ip: InteractiveShell, tmp_path: Path) -> None:
+    result, cap = run(
+        ip, f"%%gpuprofile -o -v rep --no-live --outdir {tmp_path}\n" + TRAIN + "'last value'\n"
+    )
+    report = result.result
+    assert isinstance(report, perfmagic.Report) and ip.user_ns["rep"] is report
+    assert report.steps["count"] == 16 and report["source"] == "live"
+    assert "'last value'" in cap.stdout  # still shown, before the report
+    assert html_outputs(cap) == []  # -o: the report is the result, not shown twice
+    assert (tmp_path / "report.json").is_file()
+
+
+def test_exports_and_quiet(ip: InteractiveShell, tmp_path: Path) -> None:
+    j, h = tmp_path / "r.json", tmp_path / "r.html"
+    result, cap = run(ip, f"%%gpuprofile --quiet --json {j} --html {h} -v quiet_rep\n" + TRAIN)
+    assert result.success and cap.outputs == []
+    assert json.loads(j.read_text())["schema"] == "perfmagic.report/1"
+    assert "<html" in h.read_text()[:200]
+
+
+def test_exception_shows_report_then_usual_traceback(ip: InteractiveShell) -> None:
+    before = snapshot()
+    cell = (
+        "%%gpuprofile -v failed --no-live\n" + TRAIN + "def fail():\n    raise ValueError('boom')\nfail()\n"
+    )
+    result, cap = run(ip, cell)
+    assert isinstance(result.error_in_exec, ValueError) and not result.success
+    report = ip.user_ns["failed"]
+    assert report.steps["count"] == 16
+    assert any("ended with ValueError" in w for w in report.warnings)
+    assert len(html_outputs(cap)) == 1  # the report, shown before the traceback printed below
+    tb = cap.stdout
+    assert tb.count("ValueError: boom") == 1
+    assert "Cell In[" in tb and "fail()" in tb and "raise ValueError('boom')" in tb
+    assert "magic.py" not in tb and "session.py" not in tb  # perfmagic's frames are hidden
+    assert snapshot() == before
+
+
+def test_interrupt_shows_report_and_fails_the_cell(ip: InteractiveShell) -> None:
+    """Ctrl-C (a real SIGINT): report of what ran, then KeyboardInterrupt so "run all" stops."""
+    before = snapshot()
+    cell = TRAIN.replace(
+        "    time.sleep(0.01)\n",
+        "    time.sleep(0.01)\n    if step == 5:\n        os.kill(os.getpid(), signal.SIGINT)\n",
+    )
+    ip.user_ns.update(os=os, signal=signal)
+    result, cap = run(ip, "%%gpuprofile -v interrupted\n" + cell)
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    report = ip.user_ns["interrupted"]
+    assert 5 <= report.steps["count"] <= 6
+    assert any("KeyboardInterrupt" in w for w in report.warnings)
+    updates = [o for o in cap.outputs if o.update]
+    assert updates and "pm-report" in updates[-1].data["text/html"]  # the live panel became the report
+    assert "KeyboardInterrupt" in cap.stdout
+    assert snapshot() == before
+
+
+def test_live_panel_updates_and_turns_into_the_report(ip: InteractiveShell) -> None:
+    magics = ip.magics_manager.registry["PerfMagics"]
+    panels: list[Any] = []
+    original = PerfMagics._profile_cell
+
+    def spy(self: PerfMagics, args: Any, cell: str) -> Any:
+        from perfmagic.render import live
+
+        init = live.LivePanel.__init__
+
+        def record(panel: Any, *a: Any, **k: Any) -> None:
+            init(panel, *a, **k)
+            panels.append(panel)
+
+        live.LivePanel.__init__ = record  # type: ignore[method-assign]
+        try:
+            return original(self, args, cell)
+        finally:
+            live.LivePanel.__init__ = init  # type: ignore[method-assign]
+
+    magics._profile_cell = spy.__get__(magics)
+    try:
+        result, cap = run(ip, "%%gpuprofile --interval 0.02\n" + TRAIN.replace("0.01", "0.03"))
+    finally:
+        del magics._profile_cell
+    assert result.success
+    (panel,) = panels
+    assert panel.updates >= 2  # at most 4 a second over a ~0.5 s cell
+    assert panel.busy_s / panel.updates < 0.05
+    kinds = [(o.update, sorted(o.data)) for o in cap.outputs]
+    assert kinds[0] == (False, ["text/html", "text/plain"])  # BokehJS and a caption
+    assert kinds[1] == (False, ["application/vnd.jupyter.widget-view+json", "text/plain"])
+    assert [k[0] for k in kinds[2:]] == [True, True]
+    assert "16 steps" in cap.outputs[2].data["text/plain"]
+    assert "pm-report" in cap.outputs[3].data["text/html"]
+    assert "No GPU" in panel._gpus.children[0].value  # this machine has none, and the panel says so
+    assert "steps" in panel._status.value
+
+
+def test_live_panel_shows_gpus(fake_nvml: Any) -> None:
+    from fake_nvml import two_gpus
+
+    from perfmagic.render.live import LivePanel
+
+    fake_nvml(two_gpus())
+    with perfmagic.profile(interval=0.02) as session:
+        panel = LivePanel(session)
+        panel.update(force=True)
+    rows = panel._gpus.children
+    assert len(rows) == 2
+    util_bar = rows[0].children[1]
+    assert util_bar.value > 0
+    assert "GiB" in rows[0].children[5].value
+    panel.close()
+
+
+def test_refuses_a_second_profile(ip: InteractiveShell) -> None:
+    with perfmagic.profile(sample=False):
+        result, _ = run(ip, "%%gpuprofile\nnested = 1\n")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "another perfmagic profile is running" in str(result.error_in_exec)
+    assert "nested" not in ip.user_ns
+
+
+def test_async_cell_is_refused_clearly(ip: InteractiveShell) -> None:
+    result, _ = run(ip, "%%gpuprofile\nimport asyncio\nawait asyncio.sleep(0)\n")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "top-level `await`" in str(result.error_in_exec)
+    assert "with perfmagic.profile()" in str(result.error_in_exec)
+
+
+def test_syntax_error_stops_before_profiling(ip: InteractiveShell) -> None:
+    """As with %%time, a syntax error is IPython's SyntaxError display, pointing into the cell."""
+    before = snapshot()
+    result, cap = run(ip, "%%gpuprofile\nx = (\n")
+    assert isinstance(result.error_in_exec, SyntaxError)
+    assert "Cell In[" in cap.stdout and "x = (" in cap.stdout and "SyntaxError" in cap.stdout
+    assert cap.outputs == []
+    assert snapshot() == before
+
+
+def test_trace_runs_torch_profiler_for_a_few_steps(ip: InteractiveShell, tmp_path: Path) -> None:
+    before = snapshot()
+    result, _ = run(ip, f"%%gpuprofile --trace --steps 3 --no-live -v traced --outdir {tmp_path}\n" + TRAIN)
+    assert result.success, result.error_in_exec
+    report = ip.user_ns["traced"]
+    (trace,) = report["torch_traces"]
+    assert trace["steps"] == 3 and Path(trace["path"]).is_file()
+    events = json.loads(Path(trace["path"]).read_text())["traceEvents"]
+    assert sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")) == 3
+    # libkineto's fd-2 chatter went to the log, and fd 2 is back
+    assert "profiler_start" in (tmp_path / "torch_profiler.log").read_text()
+    merged = report.to_chrome_trace(tmp_path / "merged.json")
+    names = {e.get("name") for e in json.loads(merged.read_text())["traceEvents"]}
+    assert any(str(n).startswith("ProfilerStep#") for n in names) and "step 1" in names
+    assert snapshot() == before
+
+
+def test_gpumonitor_starts_and_stops(ip: InteractiveShell) -> None:
+    _, cap = run(ip, "%gpumonitor --interval 0.05")
+    assert any(t.name == "perfmagic-sampler" for t in threading.enumerate())
+    assert any("application/vnd.jupyter.widget-view+json" in o.data for o in cap.outputs)
+    _, cap = run(ip, "%gpumonitor stop")
+    assert not any(t.name == "perfmagic-sampler" for t in threading.enumerate())
+    assert cap.outputs[-1].update and "monitor stopped" in cap.outputs[-1].data["text/plain"]
+    result, _ = run(ip, "%gpumonitor sideways")
+    assert isinstance(result.error_in_exec, UsageError) and "usage: %gpumonitor" in str(result.error_in_exec)
+
+
+def test_compare_renders_side_by_side(ip: InteractiveShell, tmp_path: Path) -> None:
+    run(ip, "%%gpuprofile --quiet -v slow\n" + TRAIN)
+    path = tmp_path / "fast.json"
+    run(ip, f"%%gpuprofile --quiet --json {path}\n" + TRAIN.replace("time.sleep(0.01)", "pass"))
+    result, cap = run(ip, f"%gpuprofile --compare slow {path}")
+    assert result.success
+    (out,) = cap.outputs
+    assert "speedup" in out.data["text/html"] and "perfmagic comparison" in out.data["text/plain"]
+    result, _ = run(ip, "%gpuprofile --compare slow nowhere")
+    assert isinstance(result.error_in_exec, UsageError)

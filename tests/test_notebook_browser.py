@@ -1,0 +1,102 @@
+"""%%gpuprofile in a real JupyterLab, driven in headless Chromium: the live panel moves, the report renders."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from browser import lab_page, screenshot
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+SETUP = """\
+%load_ext perfmagic
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 4096
+    def __getitem__(self, i):
+        time.sleep(0.001)
+        return torch.randn(32), torch.randn(1)
+
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+"""
+TRAIN = """\
+%%gpuprofile --interval 0.1
+for step, (x, y) in enumerate(DataLoader(Slow(), batch_size=16)):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step == 250:
+        break
+step
+"""
+# Open the notebook on a python3 kernel (no kernel dialog) and wait until the kernel is ready.
+OPEN = """async () => {
+  const panel = await window.jupyterapp.commands.execute(
+    'docmanager:open', {path: 'train.ipynb', factory: 'Notebook', kernel: {name: 'python3'}});
+  await panel.context.sessionContext.ready;
+  await panel.context.sessionContext.session.kernel.info;
+}"""
+
+
+def steps_shown(page: Any) -> int | None:
+    text = page.locator(".perfmagic-live .pm-live-steps").first.inner_text(timeout=1000)
+    return int(text) if re.fullmatch(r"\d+", text) else None
+
+
+def test_gpuprofile_in_jupyterlab(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(TRAIN)])
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / "train.ipynb")
+    errors: list[str] = []
+    with lab_page(tmp_path, root_dir=root) as (_, _, page):
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.evaluate(OPEN)
+        page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+        # While the cell runs: the panel appears and its numbers move.
+        page.locator(".perfmagic-live").wait_for(timeout=90_000)
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(set(seen)) < 3:
+            n = steps_shown(page)
+            if n:
+                seen.append(n)
+            time.sleep(0.4)
+        assert len(set(seen)) >= 3 and seen == sorted(seen), f"live step counts: {seen}"
+        assert re.search(r"\d+%", page.locator(".perfmagic-live .pm-live-cpu").inner_text())
+        assert "No GPU" in page.locator(".perfmagic-live .pm-live-gpus").inner_text()
+        assert page.locator(".perfmagic-live .bk-Canvas").count() >= 1  # the utilization chart
+        page.locator(".perfmagic-live").scroll_into_view_if_needed()
+        screenshot(page, "notebook-live-panel")
+
+        # After it: the panel has become the report, with the waterfall and the advice cards.
+        report = page.locator(".pm-report").first
+        report.wait_for(timeout=120_000)
+        page.locator(".pm-report .bk-Canvas").nth(2).wait_for(timeout=30_000)
+        assert page.locator(".pm-report .bk-Canvas").count() >= 3  # waterfall, breakdown, utilization, ...
+        assert page.locator(".perfmagic-live").count() == 0
+        cards = page.locator(".pm-report .pm-card")
+        assert cards.count() >= 1
+        assert any(
+            cards.nth(i).get_attribute("data-advice-id") in {"input_bound", "dataloader_workers"}
+            for i in range(cards.count())
+        )
+        assert "Bottleneck" in report.inner_text()
+        assert page.locator(".jp-OutputArea-executeResult").last.inner_text().strip().endswith("250")
+        report.scroll_into_view_if_needed()
+        screenshot(page, "notebook-report")
+        page.locator(".pm-report .pm-card").first.scroll_into_view_if_needed()
+        screenshot(page, "notebook-advice-cards")
+    assert not [e for e in errors if "Bokeh" in e or "perfmagic" in e], errors
