@@ -129,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
         sampler.stop()
 
-    report = Report.from_timelines([sampler.timeline, *_process_timelines(outdir)], source="run")
+    processes = _process_timelines(outdir)
+    for timeline in processes:  # one clock for all: the sampler's
+        timeline.rebase(sampler.timeline.meta["epoch"])
+    report = Report.from_timelines([sampler.timeline, *processes], source="run")
     report.save(outdir / "report.json")
     if args.json:
         report.to_json(args.json)

@@ -111,7 +111,7 @@ class Report:
         """A Trace Event Format file for Perfetto / chrome://tracing (``.gz`` compresses)."""
         from perfmagic.render.chrome import write_chrome_trace
 
-        return write_chrome_trace(self._data, path)
+        return write_chrome_trace(self._data, path, self.analysis.timelines if self.analysis else ())
 
     def to_tensorboard(self, logdir: str | os.PathLike[str]) -> Path:
         """Step time, stage times and utilization as TensorBoard scalars in ``logdir``."""

@@ -150,6 +150,27 @@ class Timeline:
     def marks(self, name: str | None = None) -> list[Mark]:
         return [m for m in list(self._marks) if name is None or m.name == name]
 
+    def rebase(self, epoch: float) -> None:
+        """Move every time onto the clock whose origin is the wall-clock time ``epoch``.
+
+        Timelines of several processes (``perfmagic run``) start at different
+        instants; rebased onto one epoch, their times can be compared directly.
+        """
+        own = self.meta.get("epoch")
+        if own is None:
+            raise ValueError("a timeline without meta['epoch'] cannot be rebased")
+        shift = float(own) - float(epoch)
+        for column in (self._span_start, self._span_end):
+            for i in range(len(column)):
+                column[i] += shift
+        for series in self._series.values():
+            for i in range(len(series.t)):
+                series.t[i] += shift
+        self._marks = [Mark(m.t + shift, m.name, m.data) for m in self._marks]
+        self.meta["epoch"] = float(epoch)
+        if self.meta.get("wall_s") is not None:
+            self.meta["wall_s"] = float(self.meta["wall_s"]) + shift
+
     # -- persistence -----------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> None:

@@ -208,3 +208,28 @@ def test_report_without_steps_still_renders(tmp_path: Path) -> None:
     trace = json.loads(report.to_chrome_trace(tmp_path / "empty.json").read_text())
     assert not [e for e in trace["traceEvents"] if e["ph"] == "X"]
     report.to_tensorboard(tmp_path / "tb")
+
+
+def test_chrome_trace_of_a_live_report_has_every_stage_interval_nested(tmp_path: Path) -> None:
+    class Noisy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            print("inside forward")  # logging nested in forward
+            return x * 2
+
+    model = Noisy()
+    with perfmagic.profile(sample=False) as session:
+        for _ in range(3):
+            model(torch.ones(2))
+            perfmagic.step()
+    trace = json.loads(session.report.to_chrome_trace(tmp_path / "t.json").read_text())
+    recorded = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == PID + 1]
+    forwards = [e for e in recorded if e["name"] == "forward"]
+    logs = [e for e in recorded if e["name"] == "logging"]
+    assert len(forwards) == 3 and len(logs) == 3
+    for f, g in zip(forwards, logs, strict=True):
+        assert f["ts"] <= g["ts"] and g["ts"] + g["dur"] <= f["ts"] + f["dur"]  # nested, as it ran
+        assert (f["args"]["depth"], g["args"]["depth"]) == (0, 1)
+    # A report read back from JSON has no timelines: the per-step view is still there.
+    reloaded = perfmagic.Report.from_json(session.report.to_json())
+    back = json.loads(reloaded.to_chrome_trace(tmp_path / "r.json").read_text())
+    assert not any(e.get("pid") == PID + 1 for e in back["traceEvents"])

@@ -133,3 +133,15 @@ def test_corrupt_files_raise_a_clear_error(tmp_path: Path, text: str, message: s
 def test_missing_file_raises_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(TimelineFormatError, match="cannot read timeline"):
         Timeline.load(tmp_path / "nothing.jsonl")
+
+
+def test_rebase_puts_another_process_on_this_clock() -> None:
+    tl = Timeline({"epoch": 100.0, "wall_s": 3.0})
+    tl.add_span(tl.name_id("forward"), 1.0, 2.0)
+    tl.add_sample("host.cpu_util", 1.5, 0.5)
+    tl.add_mark(1.0, "checkpoint")
+    tl.rebase(99.5)  # this process started 0.5 s after the other one
+    assert (tl.spans.start[0], tl.spans.end[0]) == (1.5, 2.5)
+    assert tl.series("host.cpu_util")[0].tolist() == [2.0]
+    assert tl.marks()[0].t == 1.5
+    assert (tl.meta["epoch"], tl.meta["wall_s"]) == (99.5, 3.5)

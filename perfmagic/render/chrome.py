@@ -3,9 +3,12 @@
 One process track "perfmagic" with a "steps" thread (one complete event per step)
 and a "stages" thread (each stage's time in the step as one span; stages are laid
 end to end in pipeline order, since a report keeps each stage's total per step,
-not its every interval), plus counter tracks for the sampled metrics. When the
-window ran with ``--trace``, the torch.profiler trace is merged in, shifted onto
-the same clock. Times are microseconds since the profiled window started.
+not its every interval), plus counter tracks for the sampled metrics. A report
+built in this process still has its timelines: then every recorded stage
+interval is there too, nested as it ran, one process track per profiled process.
+When the window ran with ``--trace``, the torch.profiler trace is merged in,
+shifted onto the same clock. Times are microseconds since the profiled window
+started.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from perfmagic.collect.stages import STEP_BOUNDARY_PREFIX
+from perfmagic.timeline import Timeline
 
 PID = 0x7FFF0000
 """Our process id in the trace: apart from real pids and from the GPU ids kineto uses as pids."""
@@ -32,7 +39,7 @@ _COUNTERS = {
 }
 
 
-def chrome_trace(report: dict[str, Any]) -> dict[str, Any]:
+def chrome_trace(report: dict[str, Any], timelines: Sequence[Timeline] = ()) -> dict[str, Any]:
     """The report as a Trace Event Format object (``{"traceEvents": [...]}``)."""
     events: list[dict[str, Any]] = [
         _meta("process_name", {"name": "perfmagic"}),
@@ -61,6 +68,8 @@ def chrome_trace(report: dict[str, Any]) -> dict[str, Any]:
                 )
     for trace in report.get("torch_traces") or []:
         events += torch_events(trace)
+    for k, timeline in enumerate(t for t in timelines if len(t.spans)):
+        events += timeline_events(timeline, PID + 1 + k)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -68,10 +77,12 @@ def chrome_trace(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_chrome_trace(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+def write_chrome_trace(
+    report: dict[str, Any], path: str | os.PathLike[str], timelines: Sequence[Timeline] = ()
+) -> Path:
     """Write the trace as JSON (gzip-compressed when the name ends in ``.gz``)."""
     p = Path(path)
-    text = json.dumps(chrome_trace(report), separators=(",", ":"))
+    text = json.dumps(chrome_trace(report, timelines), separators=(",", ":"))
     if p.suffix == ".gz":
         p.write_bytes(gzip.compress(text.encode()))
     else:
@@ -94,6 +105,26 @@ def torch_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
     for e in events:
         if "ts" in e:
             e["ts"] = float(e["ts"]) - shift
+    return events
+
+
+def timeline_events(timeline: Timeline, pid: int) -> list[dict[str, Any]]:
+    """Every stage interval of one process's timeline, as recorded (nested spans on one thread)."""
+    spans = timeline.spans
+    rank = timeline.meta.get("rank")
+    label = f"perfmagic stages (pid {timeline.meta.get('pid')}" + (
+        f", rank {rank})" if rank is not None else ")"
+    )
+    events = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}},
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": 1, "args": {"name": "stages as recorded"}},
+    ]
+    for i in range(len(spans)):
+        name = spans.name_of(i)
+        if name.startswith(STEP_BOUNDARY_PREFIX):
+            continue
+        start, end = float(spans.start[i]), float(spans.end[i])
+        events.append({**_span(name, start, end - start, 1, {"depth": int(spans.depth[i])}), "pid": pid})
     return events
 
 
