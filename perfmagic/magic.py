@@ -11,6 +11,7 @@ traceback is shown once.
 from __future__ import annotations
 
 import ast
+import html
 from collections.abc import Callable
 from pathlib import Path
 from types import CodeType
@@ -312,11 +313,16 @@ class _LiveView:
         from perfmagic.render.live import LivePanel
 
         self.panel = LivePanel(session)
-        caption = "perfmagic: profiling this cell…"
+        # Shown while the cell runs, so that a kernel that dies still leaves the way back to its record.
+        recovery = (
+            f"recording to {session.outdir}; if the kernel dies, perfmagic.load({str(session.outdir)!r})"
+        )
+        caption = f"perfmagic: profiling this cell… ({recovery})"
         self._caption = display(
             {
                 "text/plain": caption,
-                "text/html": f'{bokeh_loader()}<div style="font-size:12px">{caption}</div>',
+                "text/html": f'{bokeh_loader()}<div style="font-size:12px">perfmagic: profiling this cell… '
+                f'<span style="color:#777">({html.escape(recovery)})</span></div>',
             },
             raw=True,
             display_id=True,

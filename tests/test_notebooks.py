@@ -144,3 +144,40 @@ def test_interrupt_stops_run_all_after_showing_the_report() -> None:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_kernel_that_dies_mid_cell_leaves_a_record_the_notebook_points_to(tmp_path: Path) -> None:
+    from nbclient.exceptions import DeadKernelError
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell("%load_ext perfmagic"),
+        nbformat.v4.new_code_cell(
+            "%%gpuprofile --interval 0.05\n"
+            "import os, time, torch\n"
+            "model = torch.nn.Linear(8, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+            "for i in range(1000):\n"
+            "    opt.zero_grad(); model(torch.randn(4, 8)).sum().backward(); opt.step()\n"
+            "    time.sleep(0.005)\n"
+            "    if i == 300:\n"
+            "        os.kill(os.getpid(), 9)  # the kernel dies, as on an out-of-memory kill\n"
+        ),
+    ]
+    with pytest.raises(DeadKernelError):
+        execute(nb, tmp_path)
+    captions = [
+        o["data"]["text/plain"]
+        for o in outputs_of(nb.cells[1])
+        if "recording to" in o["data"].get("text/plain", "")
+    ]
+    assert captions, "the running cell says where its record is"
+    path = re.search(r"perfmagic\.load\('([^']+)'\)", captions[0])
+    assert path is not None
+    import perfmagic
+
+    report = perfmagic.load(path.group(1))
+    assert report.steps["count"] >= 200  # the spool is at most about a second behind
+    assert "optimizer" in report.stages
+    assert any("ended without finishing its profile" in w for w in report.warnings)

@@ -87,6 +87,13 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
     sampled = sampled_timeline(timelines)
 
     warnings = _unique(w for t in timelines for w in t.meta.get("warnings", []))
+    cut = [t for t in timelines if t.meta.get("wall_s") is None]
+    if cut:
+        pids = ", ".join(str(t.meta.get("pid", "?")) for t in cut)
+        warnings.append(
+            f"process {pids} ended without finishing its profile (killed, or its kernel died): "
+            "this report covers what it had spooled, up to about a second before the end"
+        )
     if not primary.steps.count:
         warnings.append(
             "no training steps were seen: no optimizer step, DataLoader batch or perfmagic.step() "
