@@ -89,9 +89,13 @@ def lab_server(
     server_config: str = "",
     user_settings: dict[str, Any] | None = None,
     args: Sequence[str] = (),
+    url_prefix: str = "/",
     timeout: float = 90.0,
 ) -> Iterator[LabServer]:
-    """Run ``jupyter lab`` until the block ends; its log goes to ``tmp/lab.log``."""
+    """Run ``jupyter lab`` until the block ends; its log goes to ``tmp/lab.log``.
+
+    ``url_prefix`` is the server's ``base_url`` (``/jh/user/``: as behind JupyterHub's proxy).
+    """
     tmp.mkdir(parents=True, exist_ok=True)
     root = root_dir or tmp / "root"
     root.mkdir(parents=True, exist_ok=True)
@@ -116,11 +120,12 @@ def lab_server(
         sys.executable, "-m", "jupyterlab", "--no-browser",
         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
         f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
-        "--LabApp.expose_app_in_browser=True", *args,
+        "--LabApp.expose_app_in_browser=True", f"--ServerApp.base_url={url_prefix}", *args,
     ]  # fmt: skip
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
-    base_url = f"http://127.0.0.1:{port}/"
+    prefix = url_prefix.strip("/")
+    base_url = f"http://127.0.0.1:{port}/{prefix}/" if prefix else f"http://127.0.0.1:{port}/"
     log = tmp / "lab.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)

@@ -26,6 +26,7 @@ import pytest
 
 GiB = 1024**3
 _ALL_LINKS = 0xFFFFFFFF
+_PCIE_COUNTERS = (_real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, _real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class FakeGpu:
     throttle: int = 0x4  # sw_power_cap
     pcie_tx_bps: float = 2.0e9
     pcie_rx_bps: float = 8.0e9
+    pcie_counter_bits: int = 64  # 32: the driver returns the PCIe byte counters as wrapping uiVal
     nvlink_links: int = 4
     nvlink_tx_bps_per_link: float = 1.0e9
     numa_node: int = 0
@@ -253,6 +255,10 @@ class FakeNvml:
             counter = self._counter(h, fid, scope, elapsed)
             if f"field:{fid}" in h.not_supported or counter is None:
                 v.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+            elif h.pcie_counter_bits == 32 and fid in _PCIE_COUNTERS:
+                v.nvmlReturn = _real.NVML_SUCCESS
+                v.valueType = _real.NVML_VALUE_TYPE_UNSIGNED_INT
+                v.value.uiVal = int(counter) % 2**32
             else:
                 v.nvmlReturn = _real.NVML_SUCCESS
                 v.value.ullVal = int(counter)

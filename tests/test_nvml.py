@@ -101,6 +101,20 @@ def test_counters_become_exact_rates_and_energy(fake_nvml: Any) -> None:
     nvml.close()
 
 
+def test_a_32_bit_pcie_counter_that_wraps_still_gives_the_rate(fake_nvml: Any) -> None:
+    clock = ManualClock()
+    fake = fake_nvml(scenarios.two_gpus(clock=clock))
+    fake.gpus[0].pcie_counter_bits = 32  # 8 GB/s wraps a 32-bit byte counter every 0.54 s
+    nvml = Nvml.open()
+    nvml.read(0)
+    rates = []
+    for _ in range(12):
+        clock.t += 0.1
+        rates.append(nvml.read(0)["pcie_rx_bytes_per_s"])
+    assert rates == pytest.approx([8e9] * 12, rel=1e-4)  # two wraps in there, no gap, no negative
+    nvml.close()
+
+
 def test_unsupported_fields_are_not_available_and_said_once(fake_nvml: Any) -> None:
     fake_nvml(scenarios.fields_not_supported())
     timeline, sampler = run_sampler(NvmlSource())

@@ -146,14 +146,22 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
         "nbformat_minor": 5,
     }
     (root / "train.ipynb").write_text(json.dumps(notebook))
-    with lab_page(tmp_path, root_dir=root, server_config=FAKE_TWO_GPUS) as (_, _, page):
+    # behind a prefix, as JupyterHub serves it: REST and WebSocket URLs must both carry it
+    with lab_page(tmp_path, root_dir=root, server_config=FAKE_TWO_GPUS, url_prefix="/jh/user/") as (
+        base_url,
+        _,
+        page,
+    ):
+        assert base_url.endswith("/jh/user/")
         page.evaluate(
             "() => { void window.jupyterapp.commands.execute('docmanager:open', {path: 'train.ipynb'}); }"
         )
         page.locator(TAB).click()
         cards = page.locator(f"{PANEL} .pm-gpu")
         page.wait_for_function(f"() => document.querySelectorAll('{PANEL} .pm-gpu').length === 2")
-        assert "NVIDIA H100" in cards.nth(0).locator(".pm-card-title").inner_text()
+        title = cards.nth(0).locator(".pm-card-title")
+        assert title.inner_text() == "GPU 0 · NVIDIA H100 80GB HBM3"  # the whole name: it wraps
+        assert "NVIDIA H100 80GB HBM3" in (title.get_attribute("title") or "")
         assert page.locator(f"{PANEL} .pm-notice").is_hidden()
 
         # the notebook's kernel shows up by name once it runs (kernel index refreshes every 2 s)
@@ -175,5 +183,6 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
             assert _points(page, key) > 0, key
         assert " W" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.power"] .pm-metric-value')
         assert "°C" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.temp"] .pm-metric-value')
+        assert page.get_attribute(f"{PANEL} .pm-status", "data-state") == "live"  # the WebSocket
         path = screenshot(page, "sidebar-gpu-monitor")
         assert path.stat().st_size > 10_000

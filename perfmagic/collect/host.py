@@ -79,10 +79,10 @@ def _pread(fd: int, size: int = 4096) -> bytes:
     return os.pread(fd, size, 0)
 
 
-_CpuTimes = tuple[float, float, float]  # (total, idle, iowait) seconds
+CpuTimes = tuple[float, float, float]  # (total, idle, iowait) seconds
 
 
-def _cpu_times(t: Any) -> _CpuTimes:
+def cpu_times_of(t: Any) -> CpuTimes:
     """One cpu_times() entry as (total, idle, iowait); idle includes iowait, as psutil counts it."""
     # guest time is already inside user/nice on Linux
     total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
@@ -90,7 +90,7 @@ def _cpu_times(t: Any) -> _CpuTimes:
     return total, t.idle + iowait, iowait
 
 
-def _busy(cur: _CpuTimes, prev: _CpuTimes) -> tuple[float, float] | None:
+def busy_fractions(cur: CpuTimes, prev: CpuTimes) -> tuple[float, float] | None:
     """(busy, iowait) fractions between two readings; None if no time passed."""
     dt = cur[0] - prev[0]
     if dt <= 0:
@@ -117,8 +117,8 @@ class HostSource:
         self._last_pid: int | None = None
         self._cpu_fd: int | None = None  # /proc/stat
         self._loadavg_fd: int | None = None
-        self._cpu_prev: _CpuTimes = (0.0, 0.0, 0.0)
-        self._cores_prev: list[_CpuTimes] = []
+        self._cpu_prev: CpuTimes = (0.0, 0.0, 0.0)
+        self._cores_prev: list[CpuTimes] = []
         self._tree_cpu: float | None = None
         self._tree_t = 0.0
         self._io_ok = True
@@ -155,13 +155,13 @@ class HostSource:
         except psutil.Error:
             pass
         self._cpu_prev = self._system_cpu()
-        self._cores_prev = [_cpu_times(t) for t in psutil.cpu_times(percpu=True)]
+        self._cores_prev = [cpu_times_of(t) for t in psutil.cpu_times(percpu=True)]
         self._base = self._counters()
 
     def poll(self, now: float, timeline: Timeline) -> None:
         add = timeline.add_sample
         cpu_now = self._system_cpu()
-        fractions = _busy(cpu_now, self._cpu_prev)
+        fractions = busy_fractions(cpu_now, self._cpu_prev)
         self._cpu_prev = cpu_now
         if fractions is not None:
             add("host.cpu_util", now, fractions[0])
@@ -196,9 +196,9 @@ class HostSource:
 
     # -- pieces ------------------------------------------------------------
 
-    def _system_cpu(self) -> _CpuTimes:
+    def _system_cpu(self) -> CpuTimes:
         if self._cpu_fd is None:
-            return _cpu_times(psutil.cpu_times())
+            return cpu_times_of(psutil.cpu_times())
         # "cpu  user nice system idle iowait irq softirq steal guest guest_nice" in clock ticks
         v = [int(x) / _HZ for x in _pread(self._cpu_fd, 512).split(b"\n", 1)[0].split()[1:9]]
         return sum(v), v[3] + v[4], v[4]
@@ -225,10 +225,10 @@ class HostSource:
             os.close(fd)
 
     def _poll_cores(self, now: float, timeline: Timeline) -> None:
-        cores = [_cpu_times(t) for t in psutil.cpu_times(percpu=True)]
+        cores = [cpu_times_of(t) for t in psutil.cpu_times(percpu=True)]
         if len(cores) == len(self._cores_prev):  # else a CPU went on- or offline: start over
             for k, (cur, prev) in enumerate(zip(cores, self._cores_prev, strict=True)):
-                fractions = _busy(cur, prev)
+                fractions = busy_fractions(cur, prev)
                 if fractions is not None:
                     timeline.add_sample(f"host.cpu{k}_util", now, fractions[0])
         self._cores_prev = cores

@@ -121,6 +121,9 @@ _FIELDS: tuple[tuple[str, str, int, float], ...] = (
 _RATE_KEYS = frozenset(k for k, *_ in _FIELDS if k.endswith("_per_s"))
 # c_nvmlValue_t member for each NVML_VALUE_TYPE_* (0..6).
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+# Where a counter of each value type wraps: nvml.h says the PCIe byte counters "can be wrapped",
+# and some drivers return them as 32-bit ``uiVal`` (4 GiB: under 0.1 s at PCIe 5 speed).
+_WRAP = {1: 2.0**32, 6: 2.0**16}  # UNSIGNED_INT, UNSIGNED_SHORT
 
 # GPM metrics (percent in NVML) and the minimum spacing NVML wants between two samples.
 _GPM: tuple[tuple[str, str], ...] = (
@@ -457,20 +460,32 @@ class Nvml:
                 dropped = dropped or (index, key) in self._off
                 continue
             value = float(getattr(v.value, _VALUE_MEMBERS[v.valueType])) * scale
-            out[key] = self._rate(index, key, value, int(v.timestamp)) if key in _RATE_KEYS else value
+            if key in _RATE_KEYS:
+                wrap = _WRAP.get(int(v.valueType))
+                out[key] = self._rate(
+                    index, key, value, int(v.timestamp), None if wrap is None else wrap * scale
+                )
+            else:
+                out[key] = value
         if dropped:  # stop asking for what this GPU does not have
             self._fields[index] = [f for f in fields if (index, f[0]) not in self._off]
 
-    def _rate(self, index: int, key: str, value: float, ts_us: int) -> float | None:
+    def _rate(self, index: int, key: str, value: float, ts_us: int, wrap: float | None) -> float | None:
+        """Rate of a counter from its own timestamps (µs); ``wrap``: where a narrow counter rolls over."""
         slot = (index, key)
         prev = self._counters.get(slot)
         if prev is not None and ts_us <= prev[1]:
             return self._rates.get(slot)  # the driver has not refreshed the counter yet
         self._counters[slot] = (value, ts_us)
-        if prev is None or value < prev[0]:  # first reading, or the counter was reset
-            self._rates.pop(slot, None)
+        if prev is None:
             return None
-        rate = (value - prev[0]) / ((ts_us - prev[1]) / 1e6)
+        delta = value - prev[0]
+        if delta < 0:
+            if wrap is None:  # a 64-bit counter going back was reset (driver reload): no rate
+                self._rates.pop(slot, None)
+                return None
+            delta += wrap  # a 32-bit counter rolled over (once: at 10 Hz, twice needs > 40 GB/s)
+        rate = delta / ((ts_us - prev[1]) / 1e6)
         self._rates[slot] = rate
         return rate
 

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import psutil
 
+from perfmagic.collect.host import busy_fractions, cpu_times_of
+
 SCHEMA = "perfmagic.snapshot/1"
 
 Json = dict[str, Any]
@@ -52,16 +54,18 @@ def nvml_status(
 
 
 class HostReader:
-    """Host CPU and memory. CPU utilization comes from our own ``cpu_times`` deltas, because
-    ``psutil.cpu_percent(None)`` keeps one process-wide baseline that any other caller would reset."""
+    """Host CPU and memory. CPU utilization comes from our own ``cpu_times`` deltas (counted as the
+    report's ``host.cpu_util`` is), because ``psutil.cpu_percent(None)`` keeps one process-wide
+    baseline that any other caller would reset."""
 
     def __init__(self) -> None:
-        self._prev = psutil.cpu_times()
+        self._prev = cpu_times_of(psutil.cpu_times())
         self.cpu_count = psutil.cpu_count() or os.cpu_count() or 1
 
     def read(self) -> Json:
-        now = psutil.cpu_times()
-        util = cpu_util(self._prev, now)
+        now = cpu_times_of(psutil.cpu_times())
+        fractions = busy_fractions(now, self._prev)
+        util = None if fractions is None else fractions[0]
         self._prev = now
         vm = psutil.virtual_memory()
         used = vm.total - vm.available  # what applications hold; excludes reclaimable cache
@@ -74,20 +78,6 @@ class HostReader:
             "mem_available_bytes": vm.available,
             "mem_util": used / vm.total if vm.total else None,
         }
-
-
-def cpu_util(prev: Any, now: Any) -> float | None:
-    """Busy fraction of all cores between two ``psutil.cpu_times()`` readings (None: no time passed)."""
-    idle_fields = ("idle", "iowait")
-    total = sum(now) - sum(prev)
-    idle = sum(getattr(now, f, 0.0) - getattr(prev, f, 0.0) for f in idle_fields)
-    if total <= 0:
-        return None
-    return clamp01((total - idle) / total)
-
-
-def clamp01(x: float) -> float:
-    return min(1.0, max(0.0, x))
 
 
 def read_gpus(nv: NvmlLike, static: list[Json]) -> list[Json]:
