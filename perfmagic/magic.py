@@ -112,6 +112,24 @@ class PerfMagics(Magics):
         usual one) and shows what each training stage and the hardware did. If the
         cell raises or is interrupted, the report of what ran is shown, then the
         traceback. ``%gpuprofile --compare A B`` shows two reports side by side.
+
+        Steps are counted at each optimizer step or DataLoader batch; a loop that
+        has neither (a custom or non-torch loop) calls ``perfmagic.step()`` at the
+        end of each step, or the report has no stage breakdown.
+
+        Examples::
+
+            %%gpuprofile
+            for x, y in loader:
+                ...
+
+            %%gpuprofile -v before --html before.html
+            train(epochs=1)
+
+            %%gpuprofile --trace --steps 3 --outdir runs/traced
+            train(epochs=1)
+
+            %gpuprofile --compare before after
         """
         __tracebackhide__ = True
         args = self._parse(PerfMagics.gpuprofile, line)

@@ -233,3 +233,119 @@ def test_chrome_trace_of_a_live_report_has_every_stage_interval_nested(tmp_path:
     reloaded = perfmagic.Report.from_json(session.report.to_json())
     back = json.loads(reloaded.to_chrome_trace(tmp_path / "r.json").read_text())
     assert not any(e.get("pid") == PID + 1 for e in back["traceEvents"])
+
+
+def test_stage_intervals_are_ordered_for_viewers_parents_first_children_inside(tmp_path: Path) -> None:
+    from perfmagic.render.chrome import timeline_events
+    from perfmagic.timeline import Timeline
+
+    tl = Timeline({"pid": 1})
+    outer, inner = tl.name_id("forward"), tl.name_id("logging")
+    # As the recorder writes them: the child closes (and is appended) first; times that round badly.
+    tl.add_span(inner, 0.1000000004, 0.3000000006, depth=1)
+    tl.add_span(outer, 0.1000000004, 0.3000000006, depth=0)
+    tl.add_span(outer, 0.0000000001, 0.05, depth=0)
+    events = [e for e in timeline_events(tl, PID + 1) if e["ph"] == "X"]
+    assert [(e["name"], e["args"]["depth"]) for e in events] == [
+        ("forward", 0),
+        ("forward", 0),
+        ("logging", 1),
+    ]
+    parent, child = events[1], events[2]
+    assert parent["ts"] <= child["ts"] and child["ts"] + child["dur"] <= parent["ts"] + parent["dur"]
+    assert all(e["ts"] * 1000 == round(e["ts"] * 1000) for e in events)  # whole nanoseconds
+
+
+def test_profiler_trace_stays_aligned_when_the_timeline_is_rebased(tmp_path: Path) -> None:
+    """``perfmagic run`` moves each process onto the sampler's clock; the torch trace must move with it."""
+    from perfmagic.render.chrome import chrome_trace
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with perfmagic.profile(sample=False, trace=2, outdir=tmp_path) as session:
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    timeline = session.timeline
+
+    def clock_and_steps() -> tuple[float, list[float]]:
+        report = perfmagic.Report.from_timelines([timeline]).to_dict()
+        events = chrome_trace(report)["traceEvents"]
+        clock = next(e["ts"] for e in events if e.get("name") == "perfmagic.clock")
+        return clock, [e["ts"] for e in events if e.get("pid") == PID and e["name"].startswith("step ")]
+
+    clock, steps = clock_and_steps()
+    assert steps[0] < clock < steps[-1] + 1e5  # the clock label fires inside the profiled window
+    timeline.rebase(timeline.meta["epoch"] - 2.0)  # this process started 2 s after the run's clock
+    moved, moved_steps = clock_and_steps()
+    assert moved_steps == pytest.approx([t + 2e6 for t in steps])
+    assert moved == pytest.approx(clock + 2e6)
+
+
+def test_report_without_steps_explains_and_shows_what_was_measured() -> None:
+    from perfmagic.render.notebook import finished_bundle
+
+    with perfmagic.profile(interval=0.02) as session:
+        time.sleep(0.1)
+    data = session.report.to_dict()
+    page = session.report._repr_mimebundle_()["text/html"]
+    assert "No training steps were seen." in page and "perfmagic.step()" in page
+    assert "Bottleneck:" not in page and "n/a" not in page.split("pm-bottleneck")[0]  # no empty KPIs
+    assert "process RSS (peak)" in page and "Stage waterfall" not in page
+    line = finished_bundle(data)["text/plain"]
+    assert "median step" not in line and "no training steps were seen" in line
+
+
+def test_memory_chart_reads_in_round_mib_or_gib_from_zero() -> None:
+    from bokeh.models import DataRange1d, NumeralTickFormatter
+
+    from perfmagic.render.waterfall import utilization_figures
+
+    def memory(peak: float) -> Any:
+        ts = {"metrics": {"host.rss_bytes": {"t": [0.0, 1.0, 2.0], "v": [peak * 0.97, None, peak]}}}
+        (fig,) = utilization_figures(ts)
+        return fig
+
+    small, big = memory(0.342 * 1024**3), memory(40 * 1024**3)
+    assert small.yaxis[0].axis_label == "MiB" and big.yaxis[0].axis_label == "GiB"
+    assert max(small.renderers[0].data_source.data["v"]) == pytest.approx(0.342 * 1024)
+    for fig in (small, big):
+        assert isinstance(fig.y_range, DataRange1d) and fig.y_range.start == 0
+        assert isinstance(fig.yaxis[0].formatter, NumeralTickFormatter)
+    one_point = {"metrics": {"host.cpu_util": {"t": [0.0], "v": [0.5]}}}
+    assert utilization_figures(one_point) == []  # nothing to draw: no empty chart
+
+
+def test_thousands_of_steps_stay_small_and_fast() -> None:
+    from bokeh.models import ColumnDataSource, Quad
+
+    from perfmagic.render.html import bokeh_loader, report_fragment
+    from perfmagic.render.waterfall import MAX_BARS, report_layout
+
+    n = 5000
+    rng = np.random.default_rng(0)
+    stages = {name: (rng.random(n) * 0.01).tolist() for name in ("data", "forward", "backward", "optimizer")}
+    total = np.sum(list(stages.values()), axis=0)
+    start = np.concatenate([[0.0], np.cumsum(total)[:-1]])
+    report = {
+        "schema": "perfmagic.report/1",
+        "source": "live",
+        "wall_s": float(total.sum()),
+        "steps": {"count": n, "median_s": 0.02, "p90_s": 0.03, "first_s": 0.02, "per_s": 50.0},
+        "stages": {k: {"total_s": sum(v), "fraction": 0.25, "median_s": 0.005} for k, v in stages.items()},
+        "bottleneck": "data",
+        "step_table": {"start": start.tolist(), "end": (start + total).tolist(), "stages": stages},
+        "advice": [],
+        "warnings": [],
+    }
+    begin = time.perf_counter()
+    page = report_fragment(report)
+    assert time.perf_counter() - begin < 5
+    layout = report_layout(report)
+    quads = [
+        r for r in layout.references() if getattr(r, "glyph", None) is not None and isinstance(r.glyph, Quad)
+    ]
+    rows = sum(len(r.data_source.data["left"]) for r in quads if isinstance(r.data_source, ColumnDataSource))
+    assert rows <= MAX_BARS * len(stages)  # binned, not one bar per stage per step
+    assert len(page) - len(bokeh_loader()) < 300_000  # the charts' data, BokehJS aside

@@ -95,6 +95,7 @@ def test_help_documents_every_option(ip: InteractiveShell) -> None:
     ):
         assert option in doc
     assert "-o " in doc and "-v NAME" in doc and "--compare" in doc
+    assert "Examples::" in doc and "%gpuprofile --compare before after" in doc and "perfmagic.step()" in doc
     _, cap = run(ip, "%gpuprofile?")
     assert "--no-live" in cap.stdout and "store the Report in the variable NAME" in cap.stdout
     assert "start (default) or stop" in (ip.find_line_magic("gpumonitor").__doc__ or "")
@@ -238,6 +239,8 @@ def test_live_panel_updates_and_turns_into_the_report(ip: InteractiveShell) -> N
     assert "16 steps" in cap.outputs[2].data["text/plain"]
     assert "pm-report" in cap.outputs[3].data["text/html"]
     assert "No GPU" in panel._gpus.children[0].value  # this machine has none, and the panel says so
+    legend = [item.label.value for item in panel._legend.items]
+    assert legend == ["host CPU"], "no legend entry for a GPU line that cannot be drawn"
     assert "steps" in panel._status.value
 
 

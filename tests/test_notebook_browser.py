@@ -99,4 +99,17 @@ def test_gpuprofile_in_jupyterlab(tmp_path: Path) -> None:
         screenshot(page, "notebook-report")
         page.locator(".pm-report .pm-card").first.scroll_into_view_if_needed()
         screenshot(page, "notebook-advice-cards")
+
+        # Fix code wraps inside its card (nothing hidden past the edge), and Copy copies it as written.
+        fixes = page.locator(".pm-report .pm-fix pre")
+        for i in range(fixes.count()):
+            assert fixes.nth(i).evaluate("el => el.scrollWidth <= el.clientWidth + 1"), "fix code cut off"
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        fix = page.locator(".pm-report .pm-fix").first
+        fix.locator(".pm-copy").click()
+        page.wait_for_function(
+            "() => document.querySelector('.pm-report .pm-copy').textContent === 'Copied'", timeout=5000
+        )
+        copied = page.evaluate("() => navigator.clipboard.readText()")
+        assert copied == fix.locator("pre").evaluate("el => el.textContent") and "\n" in copied
     assert not [e for e in errors if "Bokeh" in e or "perfmagic" in e], errors

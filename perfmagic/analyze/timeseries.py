@@ -23,7 +23,7 @@ _GAUGES = re.compile(r"^(gpu\d+\.(util|mem_used_bytes|power_w)|host\.(cpu_util|p
 _COUNTERS = ("host.read_bytes", "host.write_bytes")
 
 TORCH_TRACE_MARK = "torch_trace"
-"""Mark a ``--trace`` collector leaves: ``path`` of the trace, ``clock_t``/``clock_name`` to align it."""
+"""Mark a ``--trace`` collector leaves at the instant of the trace's ``clock_name`` event; ``path`` of the trace."""
 
 
 def timeseries(analysis: Analysis, max_points: int = MAX_POINTS) -> dict[str, Any]:
@@ -44,8 +44,11 @@ def timeseries(analysis: Analysis, max_points: int = MAX_POINTS) -> dict[str, An
 
 
 def profiler_traces(analysis: Analysis) -> list[dict[str, Any]]:
-    """The torch.profiler traces written during the window, with what aligns their clock."""
-    return [dict(m.data) for tl in analysis.timelines for m in tl.marks(TORCH_TRACE_MARK)]
+    """The torch.profiler traces written during the window, with what aligns their clock.
+
+    ``clock_t`` is the mark's own time, so it follows the timeline when it is rebased.
+    """
+    return [{**m.data, "clock_t": m.t} for tl in analysis.timelines for m in tl.marks(TORCH_TRACE_MARK)]
 
 
 def downsample(t: np.ndarray, v: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:

@@ -3,8 +3,8 @@
 Steps are counted at each optimizer step (the global post-hook), so the profiler
 waits ``wait`` steps, warms up ``warmup``, records ``steps`` and then turns itself
 off: the heavy mode costs only those few steps. The Chrome trace goes to the
-output directory, and a ``torch_trace`` mark records where it is and one event's
-time on the timeline's clock (a ``record_function`` label), which is how the
+output directory, and a ``torch_trace`` mark, placed at the instant of one event
+of that trace (a ``record_function`` label), records where it is: that is how the
 Chrome-trace export puts both on one clock.
 
 libkineto writes ``USDT ... profiler_start/stop`` lines to the C-level stderr at
@@ -87,12 +87,13 @@ class TorchProfiler:
             with self._quiet():
                 prof.stop()
         if self._written is not None and self._clock_t is not None:
+            # The mark sits at the clock label's instant, and that is the alignment: Timeline.rebase
+            # (``perfmagic run`` puts every process on one clock) moves mark times, not payloads.
             self.timeline.add_mark(
-                self._clock(),
+                self._clock_t,
                 TORCH_TRACE_MARK,
                 path=str(self._written),
                 clock_name=CLOCK_LABEL,
-                clock_t=self._clock_t,
                 steps=max(0, min(self.steps, self._stepped - self._wait - self._warmup)),
             )
         else:

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from perfmagic.collect.stages import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 
@@ -119,12 +121,18 @@ def timeline_events(timeline: Timeline, pid: int) -> list[dict[str, Any]]:
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}},
         {"ph": "M", "name": "thread_name", "pid": pid, "tid": 1, "args": {"name": "stages as recorded"}},
     ]
-    for i in range(len(spans)):
-        name = spans.name_of(i)
+    # Spans are recorded as they close, children before parents. Viewers nest complete events on one
+    # thread by order, so: by start, the enclosing (longer) span first. Times go to whole nanoseconds
+    # first, the resolution viewers keep, so that a child never ends a rounding error after its parent.
+    start_ns = np.round(spans.start * 1e9).astype(np.int64)
+    end_ns = np.round(spans.end * 1e9).astype(np.int64)
+    for i in np.lexsort((spans.depth, start_ns - end_ns, start_ns)):
+        name = spans.name_of(int(i))
         if name.startswith(STEP_BOUNDARY_PREFIX):
             continue
-        start, end = float(spans.start[i]), float(spans.end[i])
-        events.append({**_span(name, start, end - start, 1, {"depth": int(spans.depth[i])}), "pid": pid})
+        span = _span(name, 0.0, 0.0, 1, {"depth": int(spans.depth[i])})
+        span.update(pid=pid, ts=int(start_ns[i]) / 1e3, dur=int(end_ns[i] - start_ns[i]) / 1e3)
+        events.append(span)
     return events
 
 

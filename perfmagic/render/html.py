@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfmagic.render.text import fmt_fraction, fmt_seconds
+from perfmagic.render.text import fmt_bytes, fmt_fraction, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
 
@@ -49,9 +49,9 @@ CSS = """
 .pm-report .pm-fix{margin-top:6px;background:var(--jp-layout-color2,#f6f8fa);border-radius:4px}
 .pm-report .pm-fix-head{display:flex;justify-content:space-between;align-items:center;padding:3px 8px 0;
  font-size:10px;text-transform:uppercase;letter-spacing:.06em;color:var(--jp-ui-font-color2,#57606a)}
-.pm-report .pm-fix pre{background:transparent;padding:4px 8px 8px;margin:0;overflow-x:auto;font-size:12px;
- white-space:pre;word-break:normal;overflow-wrap:normal}
-.pm-report .pm-fix pre code{white-space:pre;word-break:normal;overflow-wrap:normal;background:transparent}
+.pm-report .pm-fix pre{background:transparent;padding:4px 8px 8px;margin:0;font-size:12px;
+ white-space:pre-wrap;overflow-wrap:anywhere;word-break:normal}
+.pm-report .pm-fix pre code{white-space:inherit;overflow-wrap:inherit;background:transparent}
 .pm-report .pm-copy{font-size:11px;padding:1px 8px;cursor:pointer;text-transform:none;letter-spacing:0;
  border:1px solid var(--jp-border-color2,#d0d7de);border-radius:4px;background:var(--jp-layout-color1,#fff);
  color:inherit}
@@ -61,9 +61,12 @@ CSS = """
 .pm-cmp td:first-child,.pm-cmp th:first-child{text-align:left}
 """
 
+# Fix code wraps rather than scrolls: cards are narrow, and a horizontal scrollbar is invisible
+# where scrollbars overlay (macOS, headless screenshots), so long lines looked cut off.
+# The Copy button takes textContent, the source as written: soft wraps never reach the clipboard.
 # Clipboard API where allowed (secure contexts), else the selection fallback.
 _COPY_JS = (
-    "(function(b){var t=b.closest('.pm-fix').querySelector('pre').innerText;"
+    "(function(b){var t=b.closest('.pm-fix').querySelector('pre').textContent;"
     "function done(){b.textContent='Copied';setTimeout(function(){b.textContent='Copy'},1200)}"
     "function legacy(){var a=document.createElement('textarea');a.value=t;document.body.appendChild(a);"
     "a.select();try{document.execCommand('copy');done()}finally{document.body.removeChild(a)}}"
@@ -100,7 +103,10 @@ def report_fragment(report: dict[str, Any], links: Sequence[tuple[str, str]] = (
 
     parts = [f"<style>{CSS}</style>", '<div class="pm-report">', _header(report)]
     parts.append(charts_html(report_layout(report)))
-    parts.append(cards_html(report.get("advice") or []))
+    no_steps = "No advice: most rules weigh stages within steps, and no step was seen."
+    parts.append(
+        cards_html(report.get("advice") or [], note="" if report["steps"].get("count") else no_steps)
+    )
     if report.get("warnings"):
         items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
         parts.append(
@@ -157,28 +163,49 @@ def gpu_busy(report: dict[str, Any]) -> float | None:
     return sum(utils) / len(utils) if utils else None
 
 
+_NO_STEPS = (
+    "perfmagic splits time into training steps at each optimizer step or DataLoader batch, and none "
+    "happened here, so there is no stage breakdown. If this cell trains in a loop perfmagic cannot see "
+    "(another framework, a hand-written loop), call <code>perfmagic.step()</code> at the end of each step. "
+    "Below: what the hardware did while the cell ran."
+)
+
+
 def _header(report: dict[str, Any]) -> str:
     steps = report["steps"]
     busy = gpu_busy(report)
     gpu_note = fmt_fraction(busy) if busy is not None else ("n/a" if report.get("devices") else "no GPU")
-    kpis = [
-        ("step time (median)", fmt_seconds(steps.get("median_s"))),
-        ("p90 step", fmt_seconds(steps.get("p90_s"))),
-        ("steps/s", f"{steps['per_s']:.3g}" if steps.get("per_s") else "n/a"),
-        ("steps", str(steps.get("count", 0))),
-        ("GPU busy", gpu_note),
-    ]
+    if steps.get("count"):
+        kpis = [
+            ("step time (median)", fmt_seconds(steps.get("median_s"))),
+            ("p90 step", fmt_seconds(steps.get("p90_s"))),
+            ("steps/s", f"{steps['per_s']:.3g}" if steps.get("per_s") else "n/a"),
+            ("steps", str(steps.get("count", 0))),
+            ("GPU busy", gpu_note),
+        ]
+    else:  # step figures would all read n/a: show what was measured instead
+        host = report.get("host") or {}
+        kpis = [
+            ("steps", "0"),
+            ("profiled", fmt_seconds(report.get("wall_s"))),
+            ("host CPU (mean)", fmt_fraction(host.get("cpu_util_mean"))),
+            ("process RSS (peak)", fmt_bytes(host.get("rss_peak_bytes"))),
+            ("GPU busy", gpu_note),
+        ]
     sub = f"{report.get('source', 'live')}"
     if report.get("framework"):
         sub += f", {report['framework']}"
     sub += f", {fmt_seconds(report.get('wall_s'))} profiled"
     boxes = "".join(f'<div class="pm-kpi"><span>{k}</span><b>{html.escape(v)}</b></div>' for k, v in kpis)
     color = _bottleneck_color(report)
+    if steps.get("count"):
+        verdict = f"<b>Bottleneck:</b> {html.escape(headline(report))}"
+    else:
+        verdict = f"<b>No training steps were seen.</b> {_NO_STEPS}"
     return (
         f'<h3>perfmagic report <span class="pm-sub">({html.escape(sub)})</span></h3>'
         f'<div class="pm-kpis">{boxes}</div>'
-        f'<div class="pm-bottleneck" style="border-left-color:{color}"><b>Bottleneck:</b> '
-        f"{html.escape(headline(report))}</div>"
+        f'<div class="pm-bottleneck" style="border-left-color:{color}">{verdict}</div>'
     )
 
 

@@ -79,6 +79,7 @@ class LivePanel:
             ]
         )
         self._gpu_line: Any = None
+        self._legend: Any = None
         self._source, self._chart = self._make_chart(window_s)
         children = [self._status, self._gpus, host] + ([self._chart] if self._chart is not None else [])
         self.widget = w.VBox(children, layout={"border": "1px solid #d0d7de", "padding": "6px 10px"})
@@ -151,8 +152,10 @@ class LivePanel:
                 reason = html.escape(str(nvml.get("reason") or "NVML is not available"))
                 self._gpus.children = [w.HTML(f"<b>No GPU</b>: {reason}. Showing the host only.")]
                 self._gpu_rows[-1] = (None, None, None, None, None)
-                if self._gpu_line is not None:
-                    self._gpu_line.visible = False
+                if self._gpu_line is not None:  # no GPU line, and no legend entry promising one
+                    line, self._gpu_line = self._gpu_line, None
+                    line.visible = False
+                    self._legend.items = [i for i in self._legend.items if line not in i.renderers]
             return []
         devices = tl.meta.get("devices") or []
         if not self._gpu_rows and devices:
@@ -238,6 +241,7 @@ class LivePanel:
         fig.legend.location = "top_left"
         fig.legend.label_text_font_size = "8pt"
         fig.legend.background_fill_alpha = 0.5
+        self._legend = fig.legend[0]
         fig.xaxis.axis_label = "seconds"
         return source, BokehModel(fig)
 

@@ -27,10 +27,10 @@ def finished_bundle(report: dict[str, Any] | None, error: str | None = None) -> 
         text = f"perfmagic: profiling failed ({error})" if error else "perfmagic: no report"
     else:
         steps = report["steps"]
-        text = (
-            f"perfmagic: profiled {fmt_seconds(report.get('wall_s'))}, {steps.get('count', 0)} steps, "
-            f"median step {fmt_seconds(steps.get('median_s'))} — {headline(report)}"
-        )
+        text = f"perfmagic: profiled {fmt_seconds(report.get('wall_s'))}"
+        if steps.get("count"):
+            text += f", {steps['count']} steps, median step {fmt_seconds(steps.get('median_s'))}"
+        text += f" — {headline(report)}"
         if error:
             text += f" (the cell ended with {error})"
     return {

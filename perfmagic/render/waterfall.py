@@ -36,6 +36,7 @@ MAX_BARS = 600
 """More steps than this are drawn in bins of consecutive steps (per-step means)."""
 
 _TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
+_MIB = 1024**2
 _GIB = 1024**3
 
 
@@ -202,19 +203,29 @@ def breakdown_figure(stages: dict[str, dict[str, Any]]) -> Figure | None:
 
 
 def utilization_figures(ts: dict[str, Any], x_range: Range | None = None) -> list[Figure]:
-    """Utilization (%) and memory (GiB) over time, on the waterfall's time axis."""
-    metrics: dict[str, dict[str, list[Any]]] = ts.get("metrics") or {}
+    """Utilization (%) and memory (MiB or GiB) over time, on the waterfall's time axis.
+
+    A metric with fewer than two samples is left out (a single point draws nothing),
+    and so is a chart left with no line.
+    """
+    metrics: dict[str, dict[str, list[Any]]] = {
+        m: s for m, s in (ts.get("metrics") or {}).items() if sum(v is not None for v in s["v"]) >= 2
+    }
     util = [
         (f"GPU {_gpu(m)}", m, 100.0) for m in sorted(metrics) if m.endswith(".util") and m.startswith("gpu")
     ]
     util += [(label, m, 100.0) for label, m in (("host CPU", "host.cpu_util"),) if m in metrics]
-    mem = [(f"GPU {_gpu(m)} memory", m, 1 / _GIB) for m in sorted(metrics) if m.endswith(".mem_used_bytes")]
-    mem += [("process RSS", "host.rss_bytes", 1 / _GIB)] if "host.rss_bytes" in metrics else []
+    mem_metrics = [(f"GPU {_gpu(m)} memory", m) for m in sorted(metrics) if m.endswith(".mem_used_bytes")]
+    mem_metrics += [("process RSS", "host.rss_bytes")] if "host.rss_bytes" in metrics else []
     figs = []
     if util:
         figs.append(_series_figure("Utilization", "%", util, metrics, x_range, (0, 105)))
-    if mem:
-        figs.append(_series_figure("Memory", "GiB", mem, metrics, x_range, None))
+    if mem_metrics:
+        peak = max(_num(v) for _, m in mem_metrics for v in metrics[m]["v"])
+        unit, factor = ("GiB", 1 / _GIB) if peak >= _GIB else ("MiB", 1 / _MIB)
+        mem = [(label, m, factor) for label, m in mem_metrics]
+        # From zero: an auto-ranged axis turned a 1% drift in RSS into a cliff, with "0.342" ticks.
+        figs.append(_series_figure("Memory", unit, mem, metrics, x_range, (0, None)))
     return figs
 
 
@@ -224,15 +235,18 @@ def _series_figure(
     lines: list[tuple[str, str, float]],
     metrics: dict[str, dict[str, list[Any]]],
     x_range: Range | None,
-    y_range: tuple[float, float] | None,
+    y_range: tuple[float, float | None] | None,
 ) -> Figure:
-    from bokeh.models import ColumnDataSource, HoverTool, Range1d
+    from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, NumeralTickFormatter, Range1d
     from bokeh.models.renderers import DataRenderer
     from bokeh.plotting import figure
 
     kwargs: dict[str, Any] = {"x_range": x_range} if x_range is not None else {}
     if y_range is not None:
-        kwargs["y_range"] = Range1d(start=y_range[0], end=y_range[1])
+        start, end = y_range
+        kwargs["y_range"] = (
+            Range1d(start=start, end=end) if end is not None else DataRange1d(start=start, range_padding=0.15)
+        )
     fig = figure(
         title=title,
         height=170,
@@ -253,7 +267,9 @@ def _series_figure(
     fig.add_tools(
         HoverTool(renderers=renderers, tooltips=[("t", "@t{0.00} s"), (unit, "@v{0.0}")], mode="vline")
     )
+    fig.yaxis.formatter = NumeralTickFormatter(format="0[.][0]")  # 512, 1.5: never "0.342"
     fig.legend.location = "top_left"
+    fig.legend.orientation = "horizontal"  # one thin strip: covers less of the lines than a box
     fig.legend.label_text_font_size = "8pt"
     fig.legend.background_fill_alpha = 0.6
     fig.toolbar.logo = None
