@@ -64,13 +64,19 @@ class Comparison:
         head = "perfmagic comparison: before → after"
         lines = [head, "=" * len(head)]
         speed = self.speedup
-        verdict = "" if speed is None else f"  ({speed:.2f}x {'faster' if speed >= 1 else 'slower'})"
+        verdict = ""
+        if speed is not None:  # "1.25x slower", not "0.80x slower"
+            verdict = f"  ({speed:.2f}x faster)" if speed >= 1 else f"  ({1 / speed:.2f}x slower)"
         lines.append(
             f"step (mean after warm-up): {fmt_seconds(self.step_before_s)} → {fmt_seconds(self.step_after_s)}{verdict}"
         )
         if self.step_before_s is not None and self.step_after_s is not None:
             saved = self.step_before_s - self.step_after_s
-            lines.append(f"measured saving: {'−' if saved < 0 else ''}{fmt_seconds(abs(saved))}/step")
+            lines.append(
+                f"measured saving: {fmt_seconds(saved)}/step"
+                if saved >= 0
+                else f"measured cost: {fmt_seconds(-saved)}/step more"
+            )
         if self.stages:
             width = max(len(c.name) for c in self.stages)
             lines += ["", f"  {'stage':<{width}}  {'before':>9}  {'after':>9}  {'change':>10}"]
@@ -92,7 +98,12 @@ class Comparison:
             severity = (
                 c["severity"] if c["severity"] == now["severity"] else f"{c['severity']} → {now['severity']}"
             )
-            lines.append(f"advice remaining: [{severity}] {c['id']}")
+            savings = (
+                f" (saving {fmt_seconds(c['saving_s'])} → {fmt_seconds(now['saving_s'])}/step)"
+                if c.get("saving_s") and now.get("saving_s")
+                else ""
+            )
+            lines.append(f"advice remaining: [{severity}] {c['id']}{savings}")
         if not (self.resolved or self.new or self.remaining):
             lines.append("advice: none before or after")
         return "\n".join(lines)

@@ -129,9 +129,12 @@ def test_demo_job_is_input_bound(tmp_path: Path) -> None:
     model, optimizer, loader = build_job(samples=30 * 32)
     report = _profile(tmp_path, lambda: train(model, optimizer, loader))
     card = _assert_leads(report, "input_bound", related=("dataloader_workers", "low_gpu_util"))
-    assert "HIGHLY input-bound" in card["title"] and card["saving_s"] > 0 and card["speedup"] > 1.5
+    assert "HIGHLY input-bound" in card["title"] and "Up to" in card["evidence"]
     workers = next(c for c in report.advice if c["id"] == "dataloader_workers")
     assert "num_workers=1,  # was 0" in workers["fix"]  # 2 CPUs: one for the loop, one worker
+    # the verdict claims what that worker achieves, not the whole wait it cannot remove
+    assert card["saving_s"] == pytest.approx(workers["saving_s"]) and card["speedup"] > 1.2
+    assert card["saving_s"] <= card["metrics"]["data_s"] and "DataLoader(" not in card["fix"]
 
 
 def test_preprocessing_in_the_loop(tmp_path: Path) -> None:
@@ -245,3 +248,83 @@ def test_compute_bound_run_gets_no_false_alarm(tmp_path: Path) -> None:
     card = _assert_leads(report, "compute_bound")
     if card["id"] == "compute_bound":
         assert card["severity"] == "info" and "torch.compile" in card["fix"]
+
+
+class _Cheap(Dataset[Any]):
+    """Samples already in memory: a DataLoader worker builds a batch in well under a millisecond."""
+
+    def __init__(self, n: int) -> None:
+        self.x = torch.randn(n, 64)
+        self.y = torch.randint(0, 10, (n,))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.x[i], self.y[i]
+
+
+def _assert_healthy(report: Report) -> None:
+    """Only the compute-bound verdict and low cards (a crowded shared machine aside, as in _assert_leads)."""
+    _assert_leads(report, "compute_bound", related=("slow_startup",))
+    loud = [
+        c["id"] for c in report.advice if c["severity"] in ("high", "medium") and c["id"] != "cpu_contention"
+    ]
+    assert not loud, str(report)
+    startup = [c for c in report.advice if c["id"] == "slow_startup"]
+    assert all(c["severity"] == "low" for c in startup), str(report)
+
+
+def test_healthy_run_with_dataloader_workers_gets_no_false_alarm(tmp_path: Path) -> None:
+    # a ~40 ms step: each batch's hand-off from a worker (pickle, shared memory) is a small part of it
+    model = _mlp(width=2048)
+    loader = DataLoader(_Cheap(30 * 128), batch_size=128, shuffle=True, num_workers=2)
+    _assert_healthy(_profile(tmp_path, lambda: _train(model, loader)))
+
+
+def test_healthy_run_with_rare_checkpoints_and_prints_gets_no_false_alarm(tmp_path: Path) -> None:
+    model = _mlp()
+    path = tmp_path / "ckpt.pt"
+    out = io.StringIO()
+
+    def log_and_save(step: int) -> None:
+        if step % 50 == 0:
+            print(f"step {step}", file=out)
+        if step % 200 == 199:
+            torch.save(model.state_dict(), path)
+
+    report = _profile(tmp_path, lambda: _train(model, _loader(401), after_step=log_and_save))
+    _assert_healthy(report)
+    assert report.analysis.steps.count >= 400
+
+
+def test_short_script_under_perfmagic_run_is_not_a_slow_startup(tmp_path: Path) -> None:
+    """Starting Python and importing torch fill most of a 3 s job: not a start-up problem worth more than low."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "torch.set_num_threads(1)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "data = [(torch.randn(128, 64), torch.randint(0, 10, (128,))) for _ in range(150)]\n"
+        "loader = torch.utils.data.DataLoader(data, batch_size=None)\n"
+        "for step, (x, y) in enumerate(loader):\n"
+        "    opt.zero_grad()\n"
+        "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+    )
+    out = tmp_path / "report.json"
+    subprocess.run(
+        [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--outdir", str(tmp_path / "run"),
+         "--json", str(out), "--", sys.executable, str(script)],
+        check=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    report = Report.from_json(out.read_text())
+    assert report.to_dict()["source"] == "run"
+    startup = [c for c in report.advice if c["id"] == "slow_startup"]
+    assert all(c["severity"] == "low" and "importing torch" in c["evidence"] for c in startup), str(report)
+    loud = [
+        c["id"] for c in report.advice if c["severity"] in ("high", "medium") and c["id"] != "cpu_contention"
+    ]
+    assert not loud, str(report)

@@ -131,8 +131,34 @@ def test_input_bound_fires_from_5_percent_and_says_highly_from_20() -> None:
     assert "moderately" in moderate.title
     card = check(input.input_bound(build(stages=stages(data=0.02))), "input_bound")
     assert "HIGHLY" in card.title and card.severity == "high"
+    assert card.saving_s == pytest.approx(0.02, rel=0.01)  # 2 workers keep up: all of the wait goes
+    assert "Up to 20.0 ms per step" in card.evidence and "save all of it" in card.evidence
+
+
+def test_input_bound_claims_what_the_affordable_workers_save_and_states_the_bound() -> None:
+    two_cpus = {**HOST, "cpu_count": 2, "affinity": [0, 1]}
+    a = build(stages=stages(data=0.03), host=two_cpus)  # 30 ms to load, 13.3 ms of rest: 3 workers keep up
+    card = check(input.input_bound(a), "input_bound")
+    workers = check(input.dataloader_workers(a), "dataloader_workers")
+    # one worker on 2 CPUs: a 30 ms step instead of 43.3 ms, 16.7 ms of wait left
+    assert card.saving_s == pytest.approx(workers.saving_s) == pytest.approx(0.0133, rel=0.01)
+    assert card.speedup == pytest.approx(workers.speedup)
+    assert "Up to 30.0 ms per step" in card.evidence and "still wait 16.7 ms" in card.evidence
+    assert card.metrics["recommended_workers"] == workers.metrics["recommended_workers"] == 1
+    # severity is the size of the problem (88% of the step waits), whatever the first fix achieves
+    slow = build(stages=stages(data=0.1), host=two_cpus)
+    assert check(input.input_bound(slow), "input_bound").severity == "high"
+    assert check(input.dataloader_workers(slow), "dataloader_workers").severity == "medium"
+    # the two cards say different things: the worker count on one, cheaper samples on the other
+    assert "DataLoader(" in workers.fix and "DataLoader(" not in card.fix
+    assert "ms per batch of 64" in card.fix and "still waits 16.7 ms" in card.fix
+
+
+def test_input_bound_without_a_dataloader_claims_the_whole_wait_and_says_why() -> None:
+    card = check(input.input_bound(build(stages=stages(data=0.02), loader=None)), "input_bound")
     assert card.saving_s == pytest.approx(0.02, rel=0.01)
-    assert "num_workers=7,  # was 0" in card.fix
+    assert "saw no torch DataLoader" in card.evidence and "upper bound" in card.metrics["saving_model"]
+    assert "workers are already busy" not in card.fix and "num_workers=N" in card.fix
 
 
 def test_dataloader_workers_recommends_what_the_cpus_allow() -> None:
@@ -163,7 +189,9 @@ def test_input_bound_with_maxed_workers_says_make_samples_cheaper() -> None:
     card = check(
         input.input_bound(build(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7})), "input_bound"
     )
-    assert "ms per sample" in card.fix
+    assert "ms per sample" in card.fix and "More workers cannot help" in card.fix
+    assert "already use the CPUs" in card.evidence and "upper bound" in card.metrics["saving_model"]
+    assert "pickled" in card.fix  # with workers, batches cross processes
 
 
 def _h2d(**counters: Any) -> Any:
@@ -183,7 +211,11 @@ def test_pin_memory() -> None:
 def test_preprocess_in_loop() -> None:
     card = check(input.preprocess_in_loop(build(stages=stages(pre=0.01))), "preprocess_in_loop")
     assert card.metrics["preprocess_s"] == pytest.approx(0.01, rel=0.01)
-    assert "class Preprocessed" in card.fix and "num_workers=7" in card.fix
+    # 0.2 ms to load + 10 ms to preprocess, 13.3 ms left in the step: one worker keeps up
+    assert "class Preprocessed" in card.fix and "num_workers=1,  # was 0" in card.fix
+    assert card.saving_s == pytest.approx(0.0102, rel=0.01)
+    heavy = check(input.preprocess_in_loop(build(stages=stages(pre=0.03))), "preprocess_in_loop")
+    assert heavy.metrics["workers"] == 3  # 30.2 ms of work against 13.3 ms of rest
     assert input.preprocess_in_loop(build(stages=stages(pre=0.0005))) is None
     # time after the optimizer (the "other" tail) is not preprocessing
     assert input.preprocess_in_loop(build(stages=stages(other=0.01))) is None
@@ -407,9 +439,31 @@ def test_data_parallel() -> None:
 def test_slow_startup() -> None:
     card = check(steps.slow_startup(build(first_extra={"data": 2.0})), "slow_startup")
     assert card.metrics["where"] == "data"
+    # 2 s once is 80% of this window but a sliver of an hour's job: low, with a saving to match
+    assert card.severity == "low" and card.metrics["job_s"] == 3600
+    assert card.speedup == pytest.approx(3600 / (3600 - 2.0), rel=1e-3)
+    assert "0.06% of a 1-hour job" in card.evidence
     before = check(steps.slow_startup(build(before_s=2.0)), "slow_startup")
     assert before.metrics["where"] == "before"
     assert steps.slow_startup(build(first_extra={"data": 0.02})) is None
+
+
+@pytest.mark.parametrize(
+    ("excess_s", "severity"), [(910, "high"), (890, "medium"), (370, "medium"), (350, "low")]
+)
+def test_slow_startup_severity_is_its_share_of_an_hour_long_job(excess_s: float, severity: str) -> None:
+    card = check(steps.slow_startup(build(first_extra={"data": excess_s}, samples={})), "slow_startup")
+    assert card.severity == severity  # high from 15 min, medium from 6 min
+
+
+def test_slow_startup_under_perfmagic_run_names_interpreter_and_imports() -> None:
+    a = build(before_s=2.5)
+    a.timelines[0].meta.update(source="run", argv=["train.py", "--epochs", "3"])
+    card = check(steps.slow_startup(a), "slow_startup")
+    assert card.severity == "low" and "importing torch" in card.evidence
+    assert "python -X importtime train.py --epochs 3" in card.fix
+    live = check(steps.slow_startup(build(before_s=2.5)), "slow_startup")
+    assert "importing torch" not in live.evidence and "start profiling after it" in live.fix
 
 
 def test_step_outliers() -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from analysis_builder import HEALTHY, build
@@ -49,7 +52,16 @@ def test_compare_counts_periodic_checkpoints_and_keeps_remaining_cards() -> None
     assert cmp.speedup is not None and cmp.speedup > 1.5  # the median step would not show it
     assert [c["id"] for c in cmp.resolved] == ["checkpoint_frequency"]
     assert [a["id"] for a, _ in cmp.remaining] == ["sync_logging"]
-    assert "advice remaining: [low → medium] sync_logging" in str(cmp)  # same cost, shorter step
+    assert "advice remaining: [low → medium] sync_logging (saving " in str(cmp)  # same cost, shorter step
+
+
+def test_compare_says_how_much_slower_the_change_made_it() -> None:
+    fast, slow = _report(), _report(stages={**HEALTHY, "forward": 0.004 + 0.0135 / 4})
+    cmp = fast.compare(slow)
+    assert cmp.speedup == pytest.approx(0.8)
+    text = str(cmp)
+    assert "(1.25x slower)" in text and "measured cost: 3.4 ms/step more" in text
+    assert "1.25x faster" in str(slow.compare(fast))
 
 
 def test_compare_reports_without_steps() -> None:
@@ -57,3 +69,48 @@ def test_compare_reports_without_steps() -> None:
     cmp = empty.compare(empty)
     assert cmp.speedup is None and cmp.stages == []
     assert "n/a" in str(cmp)
+
+
+def test_compare_two_real_runs_before_and_after_the_dataloader_fix(tmp_path: Path) -> None:
+    """The user's loop: before, the loop loads a slow dataset itself; after, the workers the card names."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, Dataset
+
+    import perfmagic
+
+    class SlowStorage(Dataset[Any]):
+        """Ready batches behind 6 ms of storage latency each (no CPU: a worker hides it on any machine)."""
+
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int) -> Any:
+            time.sleep(0.006)
+            return torch.full((256, 64), float(i)), torch.zeros(256, dtype=torch.long)
+
+    def profile(workers: int) -> Report:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(SlowStorage(), batch_size=None, num_workers=workers)
+        with perfmagic.profile(outdir=tmp_path / str(workers)) as session:
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        return Report.from_json(session.report.to_json())
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        before = profile(0)
+        card = next(c for c in before.advice if c["id"] == "dataloader_workers")
+        after = profile(card["metrics"]["recommended_workers"])
+    finally:
+        torch.set_num_threads(threads)
+    cmp = before.compare(after)
+    assert cmp.speedup is not None and cmp.speedup > 1.2, str(cmp)
+    data = next(c for c in cmp.stages if c.name == "data")
+    assert data.after_s < data.before_s / 2, str(cmp)
+    assert "dataloader_workers" in {c["id"] for c in cmp.resolved}, str(cmp)
+    assert f"({cmp.speedup:.2f}x faster)" in str(cmp)

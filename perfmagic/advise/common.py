@@ -33,6 +33,7 @@ __all__ = [
     "model",
     "nice_interval",
     "primary_timeline",
+    "profiles_whole_process",
     "severity_for",
     "steady",
     "steady_of",
@@ -224,6 +225,14 @@ def primary_timeline(a: Analysis) -> Timeline | None:
         if pid is not None and tl.meta.get("pid") == pid:
             return tl
     return a.timelines[0] if len(a.timelines) == 1 else None
+
+
+def profiles_whole_process(a: Analysis) -> bool:
+    """Whether the window starts with the interpreter (``perfmagic run``): start-up then includes
+    starting Python and importing the libraries, not only the training's own set-up."""
+    primary = primary_timeline(a)
+    timelines = [primary] if primary is not None else a.timelines
+    return any(tl.meta.get("source") == "run" for tl in timelines)
 
 
 def window_mean(a: Analysis, metric: str, s: Steady | None) -> float | None:

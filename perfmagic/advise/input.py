@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from perfmagic.advise.common import (
     loader,
     make_card,
     primary_timeline,
+    severity_for,
     steady,
     usable_cpus,
     window_mean,
@@ -68,6 +70,11 @@ class _Loading:
         rest = self.rest_s - extra_load_s
         return max(rest, (self.load_s + extra_load_s) / workers)
 
+    def workers_needed(self, extra_load_s: float = 0.0) -> int | None:
+        """Workers that keep up with the step (``None`` when nothing else is left in the step)."""
+        rest = self.rest_s - extra_load_s
+        return math.ceil((self.load_s + extra_load_s) / rest) if rest > 0 else None
+
 
 def _loading(a: Analysis, s: Steady) -> _Loading:
     ld = loader(a)
@@ -75,90 +82,167 @@ def _loading(a: Analysis, s: Steady) -> _Loading:
     return _Loading(wait, s.step_s - wait, int(ld.get("num_workers") or 0) if ld else 0)
 
 
+@dataclass(frozen=True)
+class _MoreWorkers:
+    """The worker count this machine affords for the data wait, and what it saves."""
+
+    loading: _Loading
+    workers: int  # recommended
+    needed: int  # that would keep up
+    cap: int  # that this machine affords
+    step_s: float  # the step with ``workers``
+
+    @property
+    def wait_left_s(self) -> float:
+        return self.step_s - self.loading.rest_s
+
+
+def _more_workers(a: Analysis, s: Steady) -> _MoreWorkers | None:
+    """More DataLoader workers, when the CPUs allow more and they would shorten the step."""
+    ld, cap = loader(a), worker_cap(a)
+    if ld is None or cap is None:
+        return None
+    m = _loading(a, s)
+    if m.workers >= cap:
+        return None
+    needed = m.workers_needed() or cap
+    workers = max(m.workers + 1, min(cap, needed))
+    after = m.step_with(workers)
+    if after >= s.step_s:
+        return None
+    return _MoreWorkers(m, workers, needed, cap, after)
+
+
+def _workers(n: int) -> str:
+    return f"{n} DataLoader worker{'s' if n != 1 else ''}"
+
+
 def input_bound(a: Analysis) -> Card | None:
-    """The step waits for the next batch."""
+    """The step waits for the next batch: the verdict, with what the first fix achieves and the upper bound."""
     s = steady(a)
     if s is None or s.share("data") < INPUT_SHARE:
         return None
     wait, share, step = s.stage_s("data"), s.share("data"), s.step_s
     ld = loader(a)
     verdict = "HIGHLY input-bound" if share >= HIGHLY_INPUT_SHARE else "moderately input-bound"
-    workers = f" (DataLoader num_workers={ld.get('num_workers')})" if ld else ""
+    workers = f", DataLoader num_workers={ld.get('num_workers') or 0}" if ld else ""
     evidence = (
         f"{fmt_fraction(share)} of step time is spent waiting for the next batch: {fmt_seconds(wait)} of a "
-        f"{fmt_seconds(step)} step, mean of {s.count} steps after warm-up{workers}."
+        f"{fmt_seconds(step)} step (mean of {s.count} steps after warm-up{workers}). Up to {fmt_seconds(wait)} "
+        "per step if each batch were ready when asked for; "
     )
-    cap = worker_cap(a)
-    m = _loading(a, s)
-    if ld and cap is not None and m.workers < cap:
-        fix = "# Load batches in parallel with the step:\n" + dataloader_code(
-            ld, num_workers=cap, persistent_workers=True
-        )
-        needed = math.ceil(m.load_s / m.rest_s) if m.rest_s > 0 else cap
-        if needed > cap:
-            fix += (
-                f"\n# {needed} workers would keep up, this machine affords {cap}: also make samples cheaper\n"
-                "# (cache decoded samples, decode and augment on the GPU)."
+    plan = _more_workers(a, s)
+    if plan is not None:
+        saving, left, more = step - plan.step_s, plan.wait_left_s, _workers(plan.workers)
+        if left > 0:
+            evidence += (
+                f"with {more} (see dataloader_workers) the step would save about {fmt_seconds(saving)} and still "
+                f"wait {fmt_seconds(left)} ({plan.needed} workers would keep up; this machine affords {plan.cap})."
             )
+            fix = f"# With {more}, the step still waits {fmt_seconds(left)}: make each sample cheaper too.\n"
+        else:
+            evidence += f"with {more} (see dataloader_workers) it would save all of it."
+            fix = (
+                f"# With {more} (code on dataloader_workers), batches load while the step runs.\n"
+                "# If the wait stays, make each sample cheaper:\n"
+            )
+        fix += _cheaper_samples_fix(ld)
+        model = (
+            f"{_workers(plan.workers)}: step = max(rest of step, load time per batch / workers); "
+            "all of the data wait is the upper bound"
+        )
+    elif ld is not None and worker_cap(a) is not None:
+        saving = wait
+        n = int(ld.get("num_workers") or 0)
+        evidence += (
+            f"the {_workers(n)} already use{'s' if n == 1 else ''} the CPUs this machine affords"
+            if n
+            else "this machine has no CPU to spare for DataLoader workers"
+        ) + ", so each batch must get cheaper to load."
+        fix = "# More workers cannot help here: make each sample cheaper.\n" + _cheaper_samples_fix(ld)
+        model = "all of the data wait, once samples are cheap enough for the workers to keep up (upper bound)"
     else:
-        fix = _cheaper_samples_fix(ld)
+        saving = wait
+        evidence += (
+            "perfmagic saw no torch DataLoader" if ld is None else "this machine's CPU count was not measured"
+        ) + ", so it cannot say how many workers would help."
+        fix = "\n".join(
+            [
+                "# Prepare the next batches while the step runs: a torch DataLoader with workers",
+                "loader = DataLoader(dataset, batch_size=..., num_workers=N, persistent_workers=True)",
+                "# (N: the CPUs you can spare, less one for the training loop), or prefetch in a thread.",
+            ]
+        )
+        model = "all of the data wait, if each batch were ready when the step asks for it (upper bound)"
     return make_card(
         "input_bound",
         f"Training is {verdict}: {fmt_fraction(share)} of each step waits for data",
         evidence,
         fix,
-        {"data_s": wait, "data_share": share, "steps": s.count},
-        saving_s=wait,
+        {
+            "data_s": wait,
+            "data_share": share,
+            "steps": s.count,
+            "recommended_workers": plan.workers if plan else None,
+        },
+        saving_s=saving,
         step_s=step,
-        model="all of the data wait, if each batch were ready when the step asks for it",
+        model=model,
+        severity=severity_for(wait, step),  # the size of the problem; the saving is what the fix achieves
     )
 
 
-def _cheaper_samples_fix(ld: dict[str, object] | None) -> str:
+def _cheaper_samples_fix(ld: dict[str, Any] | None) -> str:
+    """Code that times one batch's samples, then the usual ways to make them cheaper."""
     batch = ld.get("batch_size") if ld else None
-    return "\n".join(
-        [
-            "# The workers are already busy: make each sample cheaper. First measure it:",
-            "import time",
-            "t = time.perf_counter()",
-            "for i in range(100):",
-            "    dataset[i]",
-            "print(f'{(time.perf_counter() - t) / 100 * 1e3:.2f} ms per sample'"
-            + (f", 'x {batch} per batch')" if batch else ")"),
-            "# then cache decoded samples (numpy memmap, /dev/shm), decode and augment on the GPU",
-            "# (torchvision.io.decode_jpeg(..., device='cuda'), NVIDIA DALI), or pre-resize offline.",
-        ]
+    per = (
+        f"{{ms:.2f}} ms per sample, {{ms * {batch}:.1f}} ms per batch of {batch}" if batch else "{ms:.2f} ms"
     )
+    lines = [
+        "import time",
+        "t = time.perf_counter()",
+        *(
+            ["for _, _ in zip(range(100), dataset):", "    pass"]
+            if ld and ld.get("iterable")
+            else ["for i in range(100):", "    dataset[i]"]
+        ),
+        "ms = (time.perf_counter() - t) / 100 * 1e3",
+        f"print(f'{per}')",
+        "# then cache decoded samples (numpy memmap, /dev/shm), decode and augment on the GPU",
+        "# (torchvision.io.decode_jpeg(..., device='cuda'), NVIDIA DALI), or pre-resize offline.",
+    ]
+    if ld and ld.get("num_workers"):
+        lines.append(
+            "# With workers, every batch is also pickled to the training process through shared memory:"
+            " fewer, larger batches cut that per-batch cost."
+        )
+    return "\n".join(lines)
 
 
 def dataloader_workers(a: Analysis) -> Card | None:
     """Too few DataLoader workers for the data wait, given this machine's CPUs."""
-    s, ld, cap = steady(a), loader(a), worker_cap(a)
-    if s is None or ld is None or cap is None or s.share("data") < INPUT_SHARE:
+    s = steady(a)
+    if s is None or s.share("data") < INPUT_SHARE:
         return None
-    m = _loading(a, s)
-    if m.workers >= cap:
+    plan, ld = _more_workers(a, s), loader(a)
+    if plan is None or ld is None:
         return None
-    needed = math.ceil(m.load_s / m.rest_s) if m.rest_s > 0 else cap
-    workers = max(m.workers + 1, min(cap, needed))
+    m, workers, needed = plan.loading, plan.workers, plan.needed
     step = s.step_s
-    saving = step - m.step_with(workers)
-    if saving <= 0:
-        return None
     cpus = usable_cpus(a)
-    now = "the training loop loads every batch itself" if not m.workers else f"{m.workers} workers"
+    now = "the training loop loads every batch itself" if not m.workers else f"{_workers(m.workers)}"
+    batch = f" of {ld['batch_size']}" if ld.get("batch_size") else ""
     evidence = (
-        f"num_workers={m.workers}: {now}, about {fmt_seconds(m.load_s)} per batch of "
-        f"{ld.get('batch_size')}, while the rest of the step takes {fmt_seconds(m.rest_s)}; "
-        f"{needed} worker{'s' if needed > 1 else ''} would keep up, and {cpus} usable CPUs allow {cap} "
-        "(one CPU stays with the training loop)."
+        f"num_workers={m.workers}: {now}, about {fmt_seconds(m.load_s)} per batch{batch}, while the rest of the "
+        f"step takes {fmt_seconds(m.rest_s)}; {needed} worker{'s' if needed > 1 else ''} would keep up, and "
+        f"{cpus} usable CPUs allow {plan.cap} (one CPU stays with the training loop). With {workers}: a "
+        f"{fmt_seconds(plan.step_s)} step, {fmt_seconds(plan.wait_left_s)} of it waiting for data."
     )
-    changes: dict[str, object] = {"num_workers": workers, "persistent_workers": True}
     return make_card(
         "dataloader_workers",
-        f"Use {workers} DataLoader worker{'s' if workers > 1 else ''} instead of {m.workers}",
+        f"Use {_workers(workers)} instead of {m.workers}",
         evidence,
-        dataloader_code(ld, **changes),
+        dataloader_code(ld, num_workers=workers, persistent_workers=True),
         {
             "num_workers": m.workers,
             "recommended_workers": workers,
@@ -167,7 +251,7 @@ def dataloader_workers(a: Analysis) -> Card | None:
             "rest_s": m.rest_s,
             "usable_cpus": cpus,
         },
-        saving_s=saving,
+        saving_s=step - plan.step_s,
         step_s=step,
         model=f"step = max(rest of step, load time per batch / workers) with {workers} workers",
     )
@@ -258,7 +342,8 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
         return None
     m = _loading(a, s)
     cap = worker_cap(a)
-    workers = max(m.workers, cap if cap is not None else 1)
+    needed = m.workers_needed(extra_load_s=pre)
+    workers = max(m.workers, 1 if cap is None else min(cap, needed or cap))
     if workers == 0:
         return None
     saving = step - m.step_with(workers, extra_load_s=pre)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import numpy as np
 
 from perfmagic.advise.card import Card
@@ -13,6 +15,8 @@ from perfmagic.advise.common import (
     loader,
     make_card,
     model,
+    primary_timeline,
+    profiles_whole_process,
     steady,
 )
 from perfmagic.advise.host import contention
@@ -24,6 +28,9 @@ STARTUP_ABSOLUTE_S = 20 * 60.0
 """…or this long whatever the window (SageMaker Debugger MaxInitializationTime: 20 minutes)…"""
 STARTUP_STEPS = 5.0
 """…and at least this many median steps."""
+STARTUP_JOB_S = 3600.0
+"""A one-time cost is weighed against a job of at least this long (the window, when longer): start-up
+that dominates a short profile is a small share of a real training job."""
 OUTLIER_RATIO = 2.0
 """A steady step at least this many times the median is an outlier…"""
 OUTLIER_MADS = 5.0
@@ -57,35 +64,67 @@ def slow_startup(a: Analysis) -> Card | None:
     for j, name in enumerate(b.stages):
         parts[name] = float(b.seconds[0, j]) - s.stage_s(name)
     where = max(parts, key=lambda k: parts[k])
-    md = model(a)
     label = "before the first step" if where == "before" else f"in {where}"
-    fix = _STARTUP_FIX.get(where, f"# The first step's {where} does one-time work: move it before the loop.")
-    ld = loader(a)
-    if where == "data" and ld and ld.get("num_workers"):
-        fix += "\n" + dataloader_code(ld, persistent_workers=True)
-    if where in ("forward", "backward") and md and md.get("compiled"):
-        fix = (
-            "# torch.compile compiles during the first step; cache it across runs:\n"
-            + _STARTUP_FIX["forward"]
-        )
+    interpreter = where == "before" and profiles_whole_process(a)
+    if interpreter:
+        label += ", which includes starting Python and importing torch"
+    job = max(a.wall_s, STARTUP_JOB_S)
+    job_steps = b.count + (job - a.wall_s) / s.step_s  # a job that long, at the steady pace
+    weighed = (
+        f"{fmt_fraction(excess / a.wall_s)} of the profiled {fmt_seconds(a.wall_s)}"
+        if job == a.wall_s
+        else f"{fmt_fraction(excess / a.wall_s)} of the profiled {fmt_seconds(a.wall_s)}, "
+        f"{_percent(excess / job)} of a {job / 3600:g}-hour job"
+    )
     return make_card(
         "slow_startup",
         f"Start-up takes {fmt_seconds(excess)} before training runs at speed",
         f"The first step finished {fmt_seconds(a.steps.first_s)} into the window against a median step of "
-        f"{fmt_seconds(median)}: {fmt_seconds(excess)} of start-up ({fmt_fraction(excess / a.wall_s)} of the "
-        f"profiled {fmt_seconds(a.wall_s)}), {fmt_seconds(parts[where])} of it {label}.",
-        fix,
+        f"{fmt_seconds(median)}: {fmt_seconds(excess)} of start-up ({weighed}), {fmt_seconds(parts[where])} "
+        f"of it {label}.",
+        _startup_fix(a, where, interpreter),
         {
             "first_step_s": a.steps.first_s,
             "startup_excess_s": excess,
             "where": where,
             "startup_share": excess / a.wall_s,
+            "job_s": job,
         },
-        saving_s=excess / b.count,
-        step_s=float(b.end[-1]) / b.count,
-        model=f"the start-up's extra time spread over the {b.count} steps of this window "
-        "(step: time to the last step's end, per step)",
+        saving_s=excess / job_steps,
+        step_s=job / job_steps,
+        model=f"the start-up's extra time spread over the steps of a {fmt_seconds(job)} job at the steady pace "
+        "(a one-time cost: the longer the job, the smaller its share)",
     )
+
+
+def _percent(x: float) -> str:
+    """A share, with two decimals below 1% (a one-time cost's share of a long job is often that small)."""
+    return fmt_fraction(x) if x >= 0.01 else f"{x * 100:.2f}%"
+
+
+def _startup_fix(a: Analysis, where: str, interpreter: bool) -> str:
+    md, ld = model(a), loader(a)
+    if interpreter:
+        tl = primary_timeline(a)
+        argv = tl.meta.get("argv") if tl is not None else None
+        script = shlex.join(argv) if argv else "train.py"
+        return "\n".join(
+            [
+                "# The time before the first step includes starting Python and importing torch (1-3 s that",
+                "# no change to the script removes). To find what takes the rest:",
+                f"python -X importtime {script} 2> imports.log  # import time per module",
+                f"python -m cProfile -s cumtime {script} | head -40  # set-up: dataset indexing, model build",
+            ]
+        )
+    if where in ("forward", "backward") and md and md.get("compiled"):
+        return (
+            "# torch.compile compiles during the first step; cache it across runs:\n"
+            + _STARTUP_FIX["forward"]
+        )
+    fix = _STARTUP_FIX.get(where, f"# The first step's {where} does one-time work: move it before the loop.")
+    if where == "data" and ld and ld.get("num_workers"):
+        fix += "\n" + dataloader_code(ld, persistent_workers=True)
+    return fix
 
 
 def step_outliers(a: Analysis) -> Card | None:
