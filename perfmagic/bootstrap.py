@@ -48,9 +48,13 @@ def write_sitecustomize(directory: Path) -> Path:
 
 
 def is_helper_process() -> bool:
-    """A multiprocessing child (spawned DataLoader worker, resource tracker): not a rank."""
-    argv = " ".join(getattr(sys, "orig_argv", sys.argv))
-    return "multiprocessing" in argv or "from multiprocessing" in argv
+    """A multiprocessing child (spawned DataLoader worker, forkserver, resource tracker): not a rank.
+
+    Those start as ``python -c "from multiprocessing.<module> import ..."`` (spawn adds
+    ``--multiprocessing-fork``); a user's ``train_multiprocessing.py`` is not one of them.
+    """
+    argv = getattr(sys, "orig_argv", sys.argv)
+    return "--multiprocessing-fork" in argv or any(arg.startswith("from multiprocessing") for arg in argv)
 
 
 def start_from_env() -> None:

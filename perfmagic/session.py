@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,6 +76,8 @@ class Session:
         self._torch: TorchStages | None = None
         self._tracer: TorchProfiler | None = None
         self._pending_import: PostImportHook | None = None
+        # torch may be imported (and hooked) on another thread while this one stops the session
+        self._hooks_lock = threading.Lock()
         self._spool_file: IO[str] | None = None
         self._spooler: Spooler | None = None
         self._last_spool = 0.0
@@ -149,18 +153,36 @@ class Session:
         self._pending_import = when_imported("torch", self._install_torch)
 
     def _install_torch(self, _module: object) -> None:
+        """Hook torch; runs inside the profiled code's ``import torch`` when that comes later."""
         from perfmagic.collect import torch_stages
 
-        if not self._running or self.recorder is None:
-            return
-        self._torch = torch_stages.TorchStages(self.recorder)
-        self._torch.install()
-        self.timeline.meta["framework"] = "torch"
-        if self.trace_steps:
-            from perfmagic.collect.torch_profiler import TorchProfiler
+        with self._hooks_lock:
+            if not self._running or self.recorder is None:
+                return
+            hooks = torch_stages.TorchStages(self.recorder)
+            try:
+                hooks.install()  # on failure it has removed what it installed
+            except Exception as e:  # an unexpected torch version must not fail the user's import or block
+                self.warnings.append(
+                    f"torch hooks failed to install ({e!r}): no training stages were recorded"
+                )
+                return
+            self._torch = hooks
+            self.timeline.meta["framework"] = "torch"
+            if self.trace_steps:
+                from perfmagic.collect.torch_profiler import TorchProfiler
 
-            self._tracer = TorchProfiler(self.timeline, self._origin, self.outdir, steps=self.trace_steps)
-            self._tracer.start()
+                tracer = TorchProfiler(self.timeline, self._origin, self.outdir, steps=self.trace_steps)
+                try:
+                    tracer.start()
+                except Exception as e:
+                    self.warnings.append(
+                        f"trace: torch.profiler failed to start ({e!r}); no trace was written"
+                    )
+                    with contextlib.suppress(Exception):
+                        tracer.stop()  # whatever part of it started
+                else:
+                    self._tracer = tracer
 
     def stop(self) -> Report:
         """Turn every collector off, write the final record, build the report."""
@@ -186,16 +208,23 @@ class Session:
         return self._report
 
     def _teardown(self) -> None:
-        """Remove every hook and stop the sampler (each part only if it started)."""
+        """Remove every hook and stop the sampler (each part only if it started, even if another failed)."""
         try:
-            if self._tracer is not None:
-                self.warnings += self._tracer.stop()
-            if self._pending_import is not None:
-                self._pending_import.remove()
-            if self._torch is not None:
-                self.warnings += self._torch.uninstall()
-            if self.recorder is not None:
-                self.recorder.close()
+            with self._hooks_lock:
+                parts: list[tuple[str, Callable[[], list[str] | None]]] = []
+                if self._tracer is not None:
+                    parts.append(("torch.profiler", self._tracer.stop))
+                if self._pending_import is not None:
+                    parts.append(("the import hook", self._pending_import.remove))
+                if self._torch is not None:
+                    parts.append(("the torch hooks", self._torch.uninstall))
+                if self.recorder is not None:
+                    parts.append(("the stage recorder", self.recorder.close))
+                for what, stop in parts:
+                    try:
+                        self.warnings += stop() or []
+                    except Exception as e:
+                        self.warnings.append(f"{what} failed to stop ({e!r})")
         finally:
             if self._sampler is not None:
                 self._sampler.stop()
@@ -255,11 +284,14 @@ class Session:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None:
-            self.warnings.append(
-                f"the profiled block ended with {exc_type.__name__}: the report covers what ran"
-            )
-        self.stop()
+        if exc_type is None:
+            self.stop()
+            return
+        self.warnings.append(f"the profiled block ended with {exc_type.__name__}: the report covers what ran")
+        try:
+            self.stop()
+        except Exception as e:  # the block's own exception is the one to propagate, not ours
+            warnings.warn(f"perfmagic could not finish the profile ({e!r})", RuntimeWarning, stacklevel=2)
 
 
 def profile(**options: Any) -> Session:

@@ -147,3 +147,23 @@ def test_run_with_trace_and_html_writes_both(tmp_path: Path) -> None:
     trace = json.loads(Path(traces[0]["path"]).read_text())
     assert sum(1 for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")) == 3
     assert html.read_text().lstrip().lower().startswith("<!doctype html")
+
+
+@pytest.mark.parametrize(
+    ("orig_argv", "helper"),
+    [
+        (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+          "--multiprocessing-fork"], True),
+        (["python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(5)"], True),
+        (["python", "-c", "from multiprocessing.forkserver import main; main(3, 4, ['__main__'])"], True),
+        (["python", "train_multiprocessing.py"], False),
+        (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"], False),
+    ],
+)  # fmt: skip
+def test_helper_processes_are_told_from_ranks(
+    monkeypatch: pytest.MonkeyPatch, orig_argv: list[str], helper: bool
+) -> None:
+    from perfmagic.bootstrap import is_helper_process
+
+    monkeypatch.setattr(sys, "orig_argv", orig_argv)
+    assert is_helper_process() is helper

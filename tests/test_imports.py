@@ -58,3 +58,25 @@ def test_the_import_hook_is_gone_after_the_block() -> None:
         """
     )
     assert out == "True"
+
+
+def test_torch_imported_on_another_thread_hooks_the_profiled_thread() -> None:
+    out = run_python(
+        """
+        import sys, threading, perfmagic
+        before = list(sys.meta_path)
+        with perfmagic.profile(sample=False) as session:
+            loader = threading.Thread(target=lambda: __import__("torch"))  # a prefetching thread, say
+            loader.start()
+            loader.join()
+            import torch
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(5):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        print(session.report.steps["count"], torch.nn.Module.__call__.__qualname__, sys.meta_path == before)
+        """
+    )
+    assert out == "5 Module._wrapped_call_impl True"

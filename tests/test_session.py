@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import io
 import json
 import logging
 import os
@@ -266,3 +267,103 @@ def test_a_killed_process_leaves_a_spool_that_load_reads(tmp_path: Path, sample:
     assert report["wall_s"] > 0
     assert report["framework"] == "torch"
     assert report.stages["forward"]["total_s"] > 0
+
+
+def test_wrappers_that_outlive_the_block_record_nothing(tmp_path: Path) -> None:
+    """A stdout redirect undone after the block puts our proxy back; a save bound inside keeps our wrapper."""
+    before = sys.stdout
+    redirect = contextlib.redirect_stdout(io.StringIO())
+    with perfmagic.profile(sources=[], outdir=tmp_path) as session:
+        train(2)
+        redirect.__enter__()  # saves our proxy of sys.stdout as the one to put back
+        save = torch.save  # a library binding the patched function
+    assert any("sys.stdout was replaced" in w for w in session.report.warnings)
+    redirect.__exit__(None, None, None)
+    proxy = sys.stdout
+    try:
+        spans = len(session.timeline.spans)
+        print("after the block")
+        save({"x": 1}, io.BytesIO())
+        train(2)
+        assert len(session.timeline.spans) == spans
+    finally:
+        sys.stdout = before
+    assert proxy is not before
+
+
+def test_stopping_inside_a_stage_does_not_raise(tmp_path: Path) -> None:
+    session = perfmagic.profile(sources=[], outdir=tmp_path).start()
+    with perfmagic.stage("epoch"):
+        train(2)
+        session.stop()  # a callback that ends profiling mid-epoch
+    assert session.report.steps["count"] == 2
+
+
+def test_profiling_from_another_thread(tmp_path: Path) -> None:
+    before = patched_things()
+    sessions: list[perfmagic.Session] = []
+
+    def worker() -> None:
+        with perfmagic.profile(sources=[], outdir=tmp_path) as session:
+            train(3)
+        sessions.append(session)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert sessions[0].report.steps["count"] == 3
+    assert_all_restored(before)
+
+
+def test_torch_hooks_that_fail_to_install_leave_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfmagic.collect.torch_stages import TorchStages
+
+    def broken(*args: Any) -> None:
+        raise AttributeError("module 'torch.distributed' has no attribute 'all_reduce'")
+
+    monkeypatch.setattr(TorchStages, "_install_comm", broken)
+    before = patched_things()
+    with perfmagic.profile(sources=[], outdir=tmp_path) as session:
+        assert patched_things() == before
+        train(2)
+    assert any("torch hooks failed to install" in w for w in session.report.warnings)
+    assert_all_restored(before)
+
+
+def test_a_failing_stop_does_not_hide_the_blocks_exception(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("analysis bug")
+
+    monkeypatch.setattr(perfmagic.Report, "from_timelines", broken)
+    before = patched_things()
+    with (
+        pytest.warns(RuntimeWarning, match="analysis bug"),
+        pytest.raises(KeyboardInterrupt),
+        perfmagic.profile(sources=[], outdir=tmp_path),
+    ):
+        train(1)
+        raise KeyboardInterrupt
+    assert_all_restored(before)
+
+
+def test_a_part_that_fails_to_stop_does_not_keep_the_others_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfmagic.collect.torch_profiler import TorchProfiler
+
+    stop = TorchProfiler.stop
+
+    def broken(self: TorchProfiler) -> list[str]:
+        stop(self)
+        raise RuntimeError("profiler already stopped")
+
+    monkeypatch.setattr(TorchProfiler, "stop", broken)
+    before = patched_things()
+    with perfmagic.profile(sources=[], outdir=tmp_path, trace=1) as session:
+        train(2)
+    assert_all_restored(before)
+    assert any("torch.profiler failed to stop" in w for w in session.report.warnings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import socket
 import sys
@@ -18,11 +19,13 @@ from torchloops import (
     UNTRACKED_S,
     SleepyDataset,
     SleepyNet,
+    SleepySGD,
     SlowPickle,
     SlowStream,
     Stopwatch,
     assert_stage_matches,
     assert_steps_match,
+    step_total_s,
     train,
 )
 
@@ -358,6 +361,30 @@ def test_cuda_event_clock_extends_stages_to_device_time(tmp_path: Path) -> None:
     assert_stage_matches(report, "forward", forward.total_s)
 
 
+@pytest.mark.gpu
+@cuda
+def test_the_grad_scalers_inf_check_is_optimizer_time(tmp_path: Path) -> None:
+    """``scaler.step`` reads found_inf with ``item()``: a sync, but the optimizer's, not logging."""
+    model = torch.nn.Linear(64, 64).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cuda")
+    x = torch.randn(32, 64, device="cuda")
+
+    def loop() -> None:
+        for _ in range(STEPS):
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+
+    report, _ = profiled(tmp_path, loop)
+    assert report.steps["count"] == STEPS
+    assert counters(report)["syncs"] == 0
+    assert "logging" not in report.stages
+
+
 def test_an_optimizer_step_that_raises_does_not_break_step_detection() -> None:
     """A caught exception in ``step`` (an OOM on Adam's first step, say) must not stop counting steps."""
     model = torch.nn.Linear(8, 1)
@@ -382,3 +409,212 @@ def test_an_optimizer_step_that_raises_does_not_break_step_detection() -> None:
     assert session.report.steps["count"] == 5  # the step that raised did not happen
     assert session.recorder is not None and session.recorder.current_stage is None
     assert torch.optim.Adam.step is step_before
+
+
+# -- loop shapes people write ------------------------------------------------
+
+
+def test_gradient_accumulation_steps_are_optimizer_steps(tmp_path: Path) -> None:
+    model, loss_fn = SleepyNet(forward_s=0.004), torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SleepyDataset(4 * 6), batch_size=1)
+    forward = Stopwatch()
+
+    def loop() -> None:
+        for i, (x, y) in enumerate(loader):  # 4 micro-batches per optimizer step
+            with forward():
+                loss = loss_fn(model(x), y) / 4
+            loss.backward()
+            if i % 4 == 3:
+                opt.step()
+                opt.zero_grad()
+
+    report, _ = profiled(tmp_path, loop)
+    assert report.steps["count"] == 6
+    assert counters(report)["forwards"] == 2 * 24
+    assert_stage_matches(report, "forward", forward.total_s)
+
+
+def test_a_step_the_grad_scaler_skips_still_ends_a_step(tmp_path: Path) -> None:
+    if getattr(torch.amp, "GradScaler", None) is None:
+        pytest.skip("torch.amp.GradScaler needs torch >= 2.3")
+    model, loss_fn = SleepyNet(), torch.nn.MSELoss()
+    opt = SleepySGD(model.parameters())  # a step inside a step, under the scaler's step
+    scaler = torch.amp.GradScaler("cpu")
+
+    def loop() -> None:
+        for i, (x, y) in enumerate(DataLoader(SleepyDataset(8), batch_size=1)):
+            loss = loss_fn(model(x), y) * (float("inf") if i == 3 else 1.0)  # overflow: step skipped
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+
+    report, _ = profiled(tmp_path, loop)
+    assert report.steps["count"] == 8
+    assert counters(report)["optimizer_steps"] == 7
+    assert torch.amp.GradScaler.step.__name__ == "step"  # restored
+
+
+def test_an_evaluation_pass_is_no_training_step(tmp_path: Path) -> None:
+    """Validation between epochs and in the middle of one (no_grad forwards) stays out of the steps."""
+
+    def slow_when_evaluating() -> None:
+        if not torch.is_grad_enabled():
+            time.sleep(0.02)
+
+    model, loss_fn = SleepyNet(hook=slow_when_evaluating), torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train_loader = DataLoader(SleepyDataset(6), batch_size=1)
+    val_loader = DataLoader(SleepyDataset(3), batch_size=1)
+    step_s: list[float] = []
+
+    def validate() -> None:
+        with torch.no_grad():
+            for x, _ in val_loader:
+                model(x)
+
+    def loop() -> None:
+        for _epoch in range(2):
+            for i, (x, y) in enumerate(train_loader):
+                begin = time.perf_counter()
+                time.sleep(UNTRACKED_S)
+                loss_fn(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                step_s.append(time.perf_counter() - begin)
+                if i == 2:
+                    validate()  # every few steps, like Lightning's val_check_interval
+            validate()
+
+    report, _ = profiled(tmp_path, loop)
+    assert report.steps["count"] == 12
+    assert report.analysis is not None
+    assert report.analysis.breakdown.durations.max() < 0.04  # no step holds a 60 ms evaluation pass
+    assert abs(step_total_s(report) - sum(step_s)) < 0.1 * sum(step_s)
+
+
+def test_a_model_called_through_its_wrapper_attribute(tmp_path: Path) -> None:
+    """``model.module(x)`` (DDP's inner module) is one forward, and the inner model is recorded."""
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = SleepyNet(forward_s=0.015)
+
+    wrapped = Wrapper()
+    report, t = profiled(tmp_path, lambda: train(STEPS, model=wrapped.module))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "forward", t.forward.total_s)
+    assert report.analysis is not None
+    assert [m["cls"] for m in report.analysis.config.models] == ["SleepyNet", "MSELoss"]
+
+
+def test_a_progress_bar_on_stderr_is_logging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tqdm-style: a bar made before profiling keeps the stream it found; one made inside writes through ours."""
+    monkeypatch.setattr(sys, "stderr", SlowStream(0.005))
+    early_file = sys.stderr  # a bar created before the block
+    writes = Stopwatch()
+
+    def bar(i: int) -> None:
+        with writes():
+            sys.stderr.write(f"\r{i}/{STEPS} |####|")  # a bar created inside the block
+            sys.stderr.flush()
+        early_file.write("")  # the early bar's stream is the original: no stage, no error
+
+    report, t = profiled(tmp_path, lambda: train(STEPS, extra=bar))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "logging", writes.total_s)
+
+
+@pytest.mark.slow
+def test_a_compiled_model_keeps_one_graph_under_profiling(tmp_path: Path) -> None:
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    torch._dynamo.reset()
+    dynamo_counters.clear()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def loop() -> None:
+        compiled = torch.compile(model)  # compiled inside the block: dynamo traces the patched __call__
+        for _ in range(4):
+            compiled(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    try:
+        report, _ = profiled(tmp_path, loop)
+    finally:
+        torch._dynamo.reset()
+    assert sum(dynamo_counters["graph_break"].values()) == 0
+    assert dynamo_counters["stats"]["unique_graphs"] == 1
+    assert report.steps["count"] == 4
+    assert report.analysis is not None and report.analysis.config.models[0]["compiled"]
+
+
+# -- odd objects never break the training -------------------------------------
+
+
+class _NoLength(torch.utils.data.Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        raise NotImplementedError("streamed: length unknown")
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.ones(8)
+
+
+class _NoParameters(torch.nn.Module):
+    """A module whose parameters() raises (an exotic wrapper)."""
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]:
+        raise RuntimeError("no parameters here")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+class _OddFile(io.BytesIO):
+    """A file object whose tell() fails (a pipe, a socket wrapper)."""
+
+    def tell(self) -> int:
+        raise RuntimeError("not seekable")
+
+
+def test_odd_objects_never_break_the_training(tmp_path: Path) -> None:
+    loader = DataLoader(_NoLength(), sampler=range(4))
+    del loader.prefetch_factor  # as in torch < 1.7
+    lazy = torch.nn.LazyLinear(1)
+    odd = _NoParameters()
+
+    def loop() -> None:
+        for x in loader:
+            lazy(odd(x)).sum().backward()
+            torch.save({"x": 1}, io.BytesIO(b"old" * 10))
+            torch.save({"x": 1}, _OddFile())
+
+    report, _ = profiled(tmp_path, loop)
+    assert report.steps["count"] == 4
+    assert report.analysis is not None
+    config = report.analysis.config
+    assert config.dataloaders[0]["dataset_len"] is None and config.dataloaders[0]["prefetch_factor"] is None
+    # recorded after its first call: materialized (and a Linear by then)
+    assert {"cls": "Linear", "parameters": 9} in [
+        {k: m[k] for k in ("cls", "parameters")} for m in config.models
+    ]
+    assert [c["bytes"] is None for c in config.checkpoints] == [False, True] * 4
+    assert any("_NoParameters" in w and "no parameters here" in w for w in report.warnings)
+
+
+def test_a_device_clock_that_fails_to_start_leaves_host_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine where starting the CUDA clock fails")
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])  # torch's lazy imports, outside the window
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA "in use", yet unusable
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    report, t = profiled(tmp_path, lambda: train(STEPS, forward_s=0.015))
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "forward", t.forward.total_s)
+    assert any("no CUDA event clock" in w for w in report.warnings)

@@ -143,6 +143,20 @@ def test_user_boundaries_start_at_the_window_without_stages() -> None:
     assert per_step(b) == {"other": [1.0, 2.0, 1.0]}
 
 
+def test_a_step_that_holds_an_evaluation_pass_starts_where_it_ended() -> None:
+    # optimizer steps end at 1, 2, 8 and 9; an evaluation pass (no_grad forwards) runs in [3, 7]
+    spans = [("forward", t, t + 0.5, 0) for t in (0.0, 1.0, 3.0, 4.0, 5.0, 6.0, 7.5, 8.0)]
+    spans += [("checkpoint", 7.0, 7.5, 0)]  # saved after the evaluation: still in the step
+    tl = make_timeline(spans, {"optimizer": [1.0, 2.0, 8.0, 9.0], "loader_end": [7.0], "eval_end": [7.0]})
+    b = step_breakdown(tl)
+    assert b.start.tolist() == [0.0, 1.0, 7.0, 8.0] and b.end.tolist() == [1.0, 2.0, 8.0, 9.0]
+    assert per_step(b)["forward"] == [0.5] * 4
+    assert per_step(b)["checkpoint"] == [0.0, 0.0, 0.5, 0.0]
+    # without an optimizer (inference) the passes are the steps: nothing is cut
+    tl = make_timeline(spans, {"batch": [0.0, 1.0, 2.0], "loader_end": [2.1], "eval_end": [2.1]})
+    assert step_breakdown(tl).start.tolist() == [0.0, 1.0]
+
+
 def test_optimizer_boundaries_win_over_batch_and_user_ones() -> None:
     spans = [("forward", 0.0, 1.0, 0)]
     tl = make_timeline(spans, {"user": [0.5, 1.5], "batch": [0.0, 1.0, 2.0], "optimizer": [1.0, 2.0]})
@@ -210,6 +224,16 @@ def test_close_ends_stages_left_open() -> None:
     assert sorted(names_and_depths(tl)) == [("forward", 0), ("logging", 1)]
 
 
+def test_a_closed_recorder_records_nothing_and_stages_open_at_close_end_quietly() -> None:
+    tl = Timeline()
+    rec = StageRecorder(tl, origin=0.0)
+    with rec.stage("epoch"):  # the session stops inside a stage
+        rec.close()
+    with rec.stage("forward"):  # a wrapper that outlived the session
+        rec.boundary("optimizer")
+    assert names_and_depths(tl) == [("epoch", 0)]
+
+
 class FakeDeviceClock:
     """The device reaches each point of its queue ``lag`` seconds after the host put it there."""
 
@@ -240,3 +264,19 @@ def test_device_clock_extends_stages_until_the_device_is_done() -> None:
     assert (
         s.start[1] == s.end[1] == pytest.approx(host.end[0] + 5.0, abs=1e-3)
     )  # the step ends on the device too
+
+
+def test_device_times_that_cannot_be_read_leave_host_times() -> None:
+    class BrokenClock(FakeDeviceClock):
+        def resolve(self, tokens: list[object]) -> list[float | None]:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    tl = Timeline()
+    rec = StageRecorder(tl, origin=0.0)
+    rec.device_clock = BrokenClock(lag=5.0)
+    with rec.stage("forward"):
+        pass
+    host = tl.spans
+    warnings = rec.close()
+    assert tl.spans.end.tolist() == host.end.tolist()
+    assert len(warnings) == 1 and "illegal memory access" in warnings[0]

@@ -3,6 +3,12 @@
 Every instant of a step belongs to exactly one stage: the innermost stage
 open at that instant, or ``other`` when none is. So per-step stage times
 always add up to the step time, and fractions to 1.
+
+An evaluation pass inside the window (a DataLoader pass that trained nothing:
+``step:eval_end`` marks its end) is no training step: a step that holds one
+starts where it ended, so validation neither inflates one step nor the
+forward share. With batch boundaries (no optimizer: inference) every pass
+is made of steps and nothing is cut.
 """
 
 from __future__ import annotations
@@ -95,6 +101,10 @@ def _steps(
             before = stage_start[stage_start < t[0]]
             first = float(before.min()) if len(before) else 0.0
             starts, ends = np.concatenate(([first], t[:-1])), t
+            evals = _boundary_times(spans, span_is_boundary, STEP_BOUNDARY_PREFIX + "eval_end")
+            if len(evals):  # a step that holds an evaluation pass starts where the last one ended
+                last = np.searchsorted(evals, ends, side="right") - 1
+                starts = np.where(last >= 0, np.maximum(starts, evals[np.maximum(last, 0)]), starts)
         if len(starts):
             return kind, starts.astype(float), ends.astype(float)
     return None, np.zeros(0), np.zeros(0)

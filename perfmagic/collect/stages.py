@@ -15,7 +15,10 @@ Rules that keep the picture right without the user's help:
   reads sizes with ``item``) are its wait, not logging; user stages still
   nest, since the user asked for them;
 - only the thread that started profiling is recorded (DataLoader's pin-memory
-  thread and a live panel's thread are not training stages).
+  thread and a live panel's thread are not training stages);
+- once closed, a recorder records nothing: a wrapper that outlives the session
+  (a ``torch.save`` a library bound while profiling, a ``sys.stdout`` proxy a
+  ``redirect_stdout`` put back after the block) just calls through.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ STEP_BOUNDARY_PREFIX = "step:"
 """Zero-length spans named ``step:<kind>`` mark step ends (see ``analyze.steps``)."""
 
 _OPAQUE = frozenset({"data", "checkpoint", "comm"})
+
+_CLOSED = -1
+"""The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
 
 try:
     import nvtx as _nvtx
@@ -106,6 +112,8 @@ class StageRecorder:
 
     def exit(self) -> None:
         end = time.perf_counter()
+        if not self._stack:  # the session was stopped inside this stage: close() has ended it
+            return
         _nvtx_pop(domain="perfmagic")
         sid, start, token = self._stack.pop()
         self._active[sid] -= 1
@@ -129,6 +137,10 @@ class StageRecorder:
             token = clock.mark()
             self._device_marks.append((len(self.timeline._span_end), token, token))
         self.timeline.add_span(sid, t, t, -1)
+
+    def is_open(self, sid: int) -> bool:
+        """Whether stage ``sid`` is open (on the recorded thread)."""
+        return bool(self._active[sid])
 
     @property
     def current_stage(self) -> str | None:
@@ -170,17 +182,25 @@ class StageRecorder:
             if recorded:
                 self.exit()
 
-    def close(self) -> None:
-        """Close stages left open (an interrupted block) and apply device times."""
+    def close(self) -> list[str]:
+        """Close stages left open (an interrupted block), stop recording, apply device times.
+
+        Returns warnings.
+        """
         while self._stack:
             self.exit()
+        self.thread_id = _CLOSED
         clock, marks = self.device_clock, self._device_marks
+        self._device_marks = []
         if clock is None or not marks:
-            return
+            return []
         tokens: list[object] = []
         for _, a, b in marks:
             tokens += (a, b)
-        times = clock.resolve(tokens)
+        try:
+            times = clock.resolve(tokens)
+        except Exception as e:  # e.g. a CUDA error the profiled code left in the context
+            return [f"device times could not be read ({e!r}): stages are timed on the host only"]
         tl = self.timeline
         for k, (i, _, _) in enumerate(marks):
             # A stage lasts until the device has also finished the work queued in it.
@@ -189,7 +209,7 @@ class StageRecorder:
                 tl._span_start[i] = start
             if end is not None and end > tl._span_end[i]:
                 tl._span_end[i] = end
-        self._device_marks = []
+        return []
 
 
 class _NoRecorder:

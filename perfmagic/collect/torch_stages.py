@@ -7,7 +7,8 @@ data       ``DataLoader.__iter__`` (worker start-up) and ``_BaseDataLoaderIter._
 h2d        ``Tensor.to`` / ``Tensor.cuda`` from a non-CUDA tensor to a CUDA device
 forward    the outermost ``nn.Module.__call__``
 backward   ``Tensor.backward``, ``torch.autograd.backward``
-optimizer  the global optimizer step hooks, ``Optimizer.zero_grad``, ``Module.zero_grad``
+optimizer  the global optimizer step hooks, ``Optimizer.zero_grad``, ``Module.zero_grad``,
+           ``GradScaler.step`` / ``unscale_`` (a step the scaler skips still ends a step)
 checkpoint ``torch.save``, ``safetensors.torch.save_file`` / ``save_model``
 logging    ``print``, ``logging.Logger.handle``, writes to ``sys.stdout``/``sys.stderr``,
            TensorBoard ``SummaryWriter.add_*`` (torch and tensorboardX), and host-device
@@ -19,9 +20,14 @@ comm       ``torch.distributed`` collectives
 module hooks: global hooks push every module off PyTorch's hook-free fast path,
 which costs more than the whole recorder on small models.
 
-Steps end at each (outermost) optimizer step, else at each DataLoader batch. On CUDA, a
-:class:`CudaEventClock` times stage boundaries on the device, so a stage lasts
-until the GPU has finished the work queued in it.
+Steps end at each (outermost) optimizer step, else at each DataLoader batch. A
+DataLoader pass that trained nothing (no optimizer step, no forward with grad:
+an evaluation) marks its end, so that ``analyze.steps`` keeps it out of the
+training steps. On CUDA, a :class:`CudaEventClock` times stage boundaries on
+the device, so a stage lasts until the GPU has finished the work queued in it.
+
+Inside ``torch.compile``'s tracing the wrappers only call through: anything
+else would break the graph at every module call.
 """
 
 from __future__ import annotations
@@ -32,13 +38,11 @@ import logging
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.stages import StageRecorder
-
-if TYPE_CHECKING:
-    import torch
 
 _COLLECTIVES = (
     "all_reduce",
@@ -83,9 +87,6 @@ class CudaEventClock:
         event.record()
         return event
 
-    def done(self, token: object) -> bool:
-        return bool(token.query())  # type: ignore[attr-defined]
-
     def resolve(self, tokens: list[object]) -> list[float | None]:
         self._torch.cuda.synchronize()
         out: list[float | None] = []
@@ -106,6 +107,8 @@ class TorchStages:
         self._handles: list[Any] = []
         self._torch: Any = None
         self._seen: set[int] = set()
+        self.warnings: list[str] = []
+        self._device_clock_failed = False
         self.stats: dict[str, Any] = {
             "forwards": 0,
             "autocast_forwards": 0,
@@ -136,6 +139,7 @@ class TorchStages:
             p.set(torch.autograd, "backward", rec.wrap(torch.autograd.backward, "backward"))
             p.set(torch.Tensor, "backward", rec.wrap(torch.Tensor.backward, "backward"))
             self._install_optimizer(torch, rec, p)
+            self._install_grad_scaler(torch, rec, p)
             self._install_checkpoint(torch, rec, p)
             self._install_logging(rec, p)
             self._install_comm(torch, rec, p)
@@ -152,7 +156,17 @@ class TorchStages:
         warnings = self._patcher.restore()
         if self._torch is not None:
             self.recorder.timeline.add_mark(self._now(), "torch_stats", **self.stats)
-        return warnings
+        return [*self.warnings, *warnings]
+
+    def _record_once(self, record: Callable[[Any], None], obj: Any) -> None:
+        """``record(obj)`` once per object: what the hooks note of the user's objects never raises into their code."""
+        if id(obj) in self._seen:
+            return
+        self._seen.add(id(obj))
+        try:
+            record(obj)
+        except Exception as e:
+            self.warnings.append(f"could not record the set-up of a {type(obj).__name__} ({e!r})")
 
     # -- environment -----------------------------------------------------
 
@@ -174,9 +188,19 @@ class TorchStages:
         self.recorder.timeline.meta["torch"] = meta
 
     def _maybe_start_device_clock(self) -> None:
+        """Time stages on the device too, once CUDA is in use (called from hooks: must not raise)."""
         torch = self._torch
-        if self.recorder.device_clock is None and torch.cuda.is_available() and torch.cuda.is_initialized():
-            self.recorder.device_clock = CudaEventClock(torch, self.recorder.origin)
+        if (
+            self.recorder.device_clock is None
+            and not self._device_clock_failed
+            and torch.cuda.is_available()
+            and torch.cuda.is_initialized()
+        ):
+            try:
+                self.recorder.device_clock = CudaEventClock(torch, self.recorder.origin)
+            except Exception as e:
+                self._device_clock_failed = True
+                self.warnings.append(f"no CUDA event clock ({e!r}): stages are timed on the host only")
 
     def _now(self) -> float:
         return time.perf_counter() - self.recorder.origin
@@ -191,6 +215,8 @@ class TorchStages:
         orig_iter = dl.DataLoader.__iter__
         stats = self.stats
         boundary = rec.boundary
+        # id(iterator) -> what had trained when its pass began (optimizer steps, forwards with grad)
+        passes: dict[int, tuple[int, int]] = {}
 
         def next_batch(it: Any) -> Any:
             boundary("batch")
@@ -199,6 +225,8 @@ class TorchStages:
                 batch = orig_next(it)
             except StopIteration:
                 boundary("loader_end")  # this fetch found the epoch over: it starts no step
+                if passes.pop(id(it), None) == (stats["optimizer_steps"], stats["grad_enabled_forwards"]):
+                    boundary("eval_end")  # the pass trained nothing: an evaluation, not training steps
                 raise
             finally:
                 if entered:
@@ -207,15 +235,15 @@ class TorchStages:
             return batch
 
         def start_iter(loader: Any) -> Any:
-            if id(loader) not in self._seen:
-                self._seen.add(id(loader))
-                self._record_loader(loader)
-            if not rec.enter(data_id):
-                return orig_iter(loader)
+            self._record_once(self._record_loader, loader)
+            entered = rec.enter(data_id)
             try:
-                return orig_iter(loader)
+                it = orig_iter(loader)
             finally:
-                rec.exit()
+                if entered:
+                    rec.exit()
+            passes[id(it)] = (stats["optimizer_steps"], stats["grad_enabled_forwards"])
+            return it
 
         p.set(dl._BaseDataLoaderIter, "__next__", next_batch)
         p.set(dl.DataLoader, "__iter__", start_iter)
@@ -223,15 +251,15 @@ class TorchStages:
     def _record_loader(self, loader: Any) -> None:
         try:
             length: int | None = len(loader.dataset)
-        except TypeError:
+        except Exception:  # no __len__ (TypeError), or one that raises whatever its author chose
             length = None
         self.recorder.timeline.add_mark(
             self._now(),
             "dataloader",
             num_workers=loader.num_workers,
             pin_memory=bool(loader.pin_memory),
-            prefetch_factor=loader.prefetch_factor,
-            persistent_workers=bool(loader.persistent_workers),
+            prefetch_factor=getattr(loader, "prefetch_factor", None),  # torch >= 1.7
+            persistent_workers=bool(getattr(loader, "persistent_workers", False)),  # torch >= 1.7
             batch_size=loader.batch_size,
             drop_last=bool(loader.drop_last),
             dataset=type(loader.dataset).__name__,
@@ -249,9 +277,11 @@ class TorchStages:
         is_autocast = torch.is_autocast_enabled
         autocast_dtype = torch.get_autocast_dtype
         grad_enabled = torch.is_grad_enabled
+        is_compiling = _is_compiling(torch)
+        seen = self._seen
 
         def call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if not rec.enter(forward_id):
+            if is_compiling() or not rec.enter(forward_id):
                 return orig_call(module, *args, **kwargs)
             try:
                 stats["forwards"] += 1
@@ -264,10 +294,10 @@ class TorchStages:
                         key = f"{device}:{dtype}"
                         stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
                         break
-                if id(module) not in self._seen:
-                    self._seen.add(id(module))
-                    self._record_model(module)
-                return orig_call(module, *args, **kwargs)
+                result = orig_call(module, *args, **kwargs)
+                if id(module) not in seen:  # after the call: a lazy module's parameters exist
+                    self._record_once(self._record_model, module)
+                return result
             finally:
                 rec.exit()
 
@@ -275,7 +305,7 @@ class TorchStages:
 
     def _record_model(self, module: Any) -> None:
         torch = self._torch
-        params = list(module.parameters())
+        params = [q for q in module.parameters() if not torch.nn.parameter.is_lazy(q)]
         first = params[0] if params else None
         name = type(module).__name__
         self.recorder.timeline.add_mark(
@@ -296,6 +326,8 @@ class TorchStages:
     def _install_tensor_methods(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
         h2d_id = rec.stage_id("h2d")
         logging_id = rec.stage_id("logging")
+        optimizer_id = rec.stage_id("optimizer")
+        is_compiling = _is_compiling(torch)
         stats = self.stats
         Tensor = torch.Tensor
         device_cls = torch.device
@@ -314,7 +346,12 @@ class TorchStages:
 
         def copy_to_device(orig: Any, always_cuda: bool) -> Any:
             def copy(t: Any, *args: Any, **kwargs: Any) -> Any:
-                if t.is_cuda or not (always_cuda or targets_cuda(args, kwargs)) or not rec.enter(h2d_id):
+                if (
+                    t.is_cuda
+                    or not (always_cuda or targets_cuda(args, kwargs))
+                    or is_compiling()
+                    or not rec.enter(h2d_id)
+                ):
                     return orig(t, *args, **kwargs)
                 try:
                     stats["h2d_copies"] += 1
@@ -333,7 +370,8 @@ class TorchStages:
 
         def sync(orig: Any, name: str) -> Any:
             def synced(t: Any, *args: Any, **kwargs: Any) -> Any:
-                if not t.is_cuda or not rec.enter(logging_id):
+                # A sync inside the optimizer step (GradScaler's inf check) is the optimizer's time.
+                if not t.is_cuda or is_compiling() or rec.is_open(optimizer_id) or not rec.enter(logging_id):
                     return orig(t, *args, **kwargs)
                 try:
                     stats["syncs"] += 1
@@ -381,9 +419,7 @@ class TorchStages:
             guarded.add(cls)
 
         def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if id(optimizer) not in self._seen:
-                self._seen.add(id(optimizer))
-                self._record_optimizer(optimizer)
+            self._record_once(self._record_optimizer, optimizer)
             if type(optimizer) not in guarded and "step" in type(optimizer).__dict__:
                 guard(type(optimizer))
             open_steps.append(rec.enter(optimizer_id))
@@ -407,6 +443,31 @@ class TorchStages:
         self._handles.append(opt_mod.register_optimizer_step_post_hook(post))
         p.set(torch.optim.Optimizer, "zero_grad", rec.wrap(torch.optim.Optimizer.zero_grad, "optimizer"))
         p.set(torch.nn.Module, "zero_grad", rec.wrap(torch.nn.Module.zero_grad, "optimizer"))
+
+    def _install_grad_scaler(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+        scaler_cls = getattr(torch.amp, "GradScaler", None)  # torch >= 2.3; torch.cuda.amp's subclasses it
+        if scaler_cls is None:
+            return
+        optimizer_id = rec.stage_id("optimizer")
+        orig_step = scaler_cls.step
+        stats = self.stats
+
+        def scaler_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if not rec.enter(optimizer_id):
+                return orig_step(scaler, optimizer, *args, **kwargs)
+            steps = stats["optimizer_steps"]
+            try:
+                result = orig_step(scaler, optimizer, *args, **kwargs)
+            finally:
+                rec.exit()
+            if stats["optimizer_steps"] == steps:
+                # inf/NaN gradients: the scaler skipped optimizer.step(), yet a training step ended
+                rec.boundary("optimizer")
+            return result
+
+        scaler_step.__wrapped__ = orig_step  # type: ignore[attr-defined]
+        p.set(scaler_cls, "step", scaler_step)
+        p.set(scaler_cls, "unscale_", rec.wrap(scaler_cls.unscale_, "optimizer"))
 
     def _record_optimizer(self, optimizer: Any) -> None:
         defaults = optimizer.defaults
@@ -505,21 +566,19 @@ def _subclasses(cls: type) -> list[type]:
     return list(dict.fromkeys(found))
 
 
+def _is_compiling(torch: Any) -> Callable[[], bool]:
+    """``torch.compiler.is_compiling`` (True while dynamo traces); torch < 2.3 has none."""
+    compiler = getattr(torch, "compiler", None)
+    return getattr(compiler, "is_compiling", None) or (lambda: False)
+
+
 def _saved_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """Size of what a save wrote: the file's size, or a file object's position after it (None if unknown)."""
     target = kwargs.get("f", kwargs.get("filename", args[1] if len(args) > 1 else None))
-    if isinstance(target, (str, os.PathLike)):
-        try:
+    try:
+        if isinstance(target, (str, os.PathLike)):
             return os.path.getsize(target)
-        except OSError:
-            return None
-    tell = getattr(target, "tell", None)
-    if callable(tell):
-        try:
-            return int(tell())
-        except (OSError, ValueError):
-            return None
-    return None
-
-
-if TYPE_CHECKING:
-    _unused: torch.Tensor
+        tell = getattr(target, "tell", None)
+        return int(tell()) if callable(tell) else None
+    except Exception:  # a closed or unseekable stream, a file-like whose tell() is odd: size unknown
+        return None
