@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -123,15 +124,21 @@ def run(args: argparse.Namespace) -> int:
     # Ctrl-C reaches the whole process group: the command handles it; we wait for it to end.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        sampler.start()
+        try:
+            sampler.start()
+        except Exception as e:  # the command runs on, profiled by its own processes
+            print(f"perfmagic run: no hardware sampling ({e})", file=sys.stderr)
         code = child.wait()
     finally:
         signal.signal(signal.SIGINT, previous)
-        sampler.stop()
+        with contextlib.suppress(RuntimeError):  # "never started" when the start above failed
+            sampler.stop()
 
     processes = _process_timelines(outdir)
+    epoch = sampler.timeline.meta.get("epoch")
     for timeline in processes:  # one clock for all: the sampler's
-        timeline.rebase(sampler.timeline.meta["epoch"])
+        if epoch is not None and timeline.meta.get("epoch") is not None:
+            timeline.rebase(epoch)
     report = Report.from_timelines([sampler.timeline, *processes], source="run")
     report.save(outdir / "report.json")
     if args.json:

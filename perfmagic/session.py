@@ -172,7 +172,13 @@ class Session:
             if self.trace_steps:
                 from perfmagic.collect.torch_profiler import TorchProfiler
 
-                tracer = TorchProfiler(self.timeline, self._origin, self.outdir, steps=self.trace_steps)
+                tracer = TorchProfiler(
+                    self.timeline,
+                    self._origin,
+                    self.outdir,
+                    steps=self.trace_steps,
+                    thread_id=self.recorder.thread_id,
+                )
                 try:
                     tracer.start()
                 except Exception as e:

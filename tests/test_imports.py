@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 
 def run_python(code: str) -> str:
@@ -80,3 +81,23 @@ def test_torch_imported_on_another_thread_hooks_the_profiled_thread() -> None:
         """
     )
     assert out == "5 Module._wrapped_call_impl True"
+
+
+def test_trace_counts_the_training_threads_steps_when_torch_was_imported_elsewhere(tmp_path: Path) -> None:
+    out = run_python(
+        f"""
+        import threading, perfmagic
+        with perfmagic.profile(sample=False, trace=2, outdir={str(tmp_path)!r}) as session:
+            loader = threading.Thread(target=lambda: __import__("torch"))
+            loader.start(); loader.join()  # torch is imported, and hooked, on another thread
+            import torch
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(6):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        print([t["steps"] for t in session.report.to_dict()["torch_traces"]])
+        """
+    )
+    assert out == "[2]"

@@ -158,13 +158,17 @@ def stage_stats(breakdown: StepBreakdown) -> dict[str, StageStats]:
 
 def training_config(timeline: Timeline) -> TrainingConfig:
     stats = timeline.marks("torch_stats")
+    counters = dict(stats[-1].data) if stats else {}
+    torch = dict(timeline.meta.get("torch", {}))
+    if counters.get("num_threads"):  # seen at the end: after any set_num_threads of the loop
+        torch["num_threads"] = counters["num_threads"]
     return TrainingConfig(
         dataloaders=[m.data for m in timeline.marks("dataloader")],
         models=[m.data for m in timeline.marks("model")],
         optimizers=[m.data for m in timeline.marks("optimizer")],
         checkpoints=[{"t": m.t, **m.data} for m in timeline.marks("checkpoint")],
-        torch=dict(timeline.meta.get("torch", {})),
-        counters=dict(stats[-1].data) if stats else {},
+        torch=torch,
+        counters=counters,
     )
 
 

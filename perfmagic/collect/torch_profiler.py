@@ -33,7 +33,8 @@ CLOCK_LABEL = "perfmagic.clock"
 class TorchProfiler:
     """Runs torch.profiler for ``steps`` optimizer steps after ``wait`` + ``warmup`` steps.
 
-    ``origin`` is the ``time.perf_counter()`` of the timeline's zero.
+    ``origin`` is the ``time.perf_counter()`` of the timeline's zero; ``thread_id``
+    the training thread (the creating thread by default).
     """
 
     def __init__(
@@ -44,6 +45,7 @@ class TorchProfiler:
         steps: int = 5,
         wait: int = 1,
         warmup: int = 1,
+        thread_id: int | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError(f"--steps must be at least 1, got {steps}")
@@ -55,7 +57,8 @@ class TorchProfiler:
         self._outdir = Path(outdir)
         self._prof: Any = None
         self._hook: Any = None
-        self._thread = threading.get_ident()
+        # the training thread's steps count, wherever torch happened to be imported
+        self._thread = threading.get_ident() if thread_id is None else thread_id
         self._stepped = 0
         self._clock_t: float | None = None
         self._written: Path | None = None

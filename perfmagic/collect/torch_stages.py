@@ -155,6 +155,8 @@ class TorchStages:
         self._handles = []
         warnings = self._patcher.restore()
         if self._torch is not None:
+            # the loop may have called set_num_threads after import: what it trained with is this
+            self.stats["num_threads"] = self._torch.get_num_threads()
             self.recorder.timeline.add_mark(self._now(), "torch_stats", **self.stats)
         return [*self.warnings, *warnings]
 
