@@ -48,13 +48,15 @@ def write_sitecustomize(directory: Path) -> Path:
 
 
 def is_helper_process() -> bool:
-    """A multiprocessing child (spawned DataLoader worker, forkserver, resource tracker): not a rank.
+    """A multiprocessing service process (forkserver, resource tracker): never a rank.
 
-    Those start as ``python -c "from multiprocessing.<module> import ..."`` (spawn adds
-    ``--multiprocessing-fork``); a user's ``train_multiprocessing.py`` is not one of them.
+    Those start as ``python -c "from multiprocessing.<module> import main ..."``.
+    Spawned children (``spawn_main``) are profiled: ``torch.multiprocessing.spawn``
+    starts ranks that way; a spawned DataLoader worker records no step, and the
+    report leaves such processes out of the ranks.
     """
     argv = getattr(sys, "orig_argv", sys.argv)
-    return "--multiprocessing-fork" in argv or any(arg.startswith("from multiprocessing") for arg in argv)
+    return any(arg.startswith("from multiprocessing.") and "spawn_main" not in arg for arg in argv)
 
 
 def start_from_env() -> None:

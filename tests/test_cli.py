@@ -153,7 +153,7 @@ def test_run_with_trace_and_html_writes_both(tmp_path: Path) -> None:
     ("orig_argv", "helper"),
     [
         (["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
-          "--multiprocessing-fork"], True),
+          "--multiprocessing-fork"], False),  # torch.multiprocessing.spawn ranks start so
         (["python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(5)"], True),
         (["python", "-c", "from multiprocessing.forkserver import main; main(3, 4, ['__main__'])"], True),
         (["python", "train_multiprocessing.py"], False),
@@ -167,3 +167,15 @@ def test_helper_processes_are_told_from_ranks(
 
     monkeypatch.setattr(sys, "orig_argv", orig_argv)
     assert is_helper_process() is helper
+
+
+@pytest.mark.slow
+def test_run_profiles_ranks_started_by_torch_multiprocessing_spawn(tmp_path: Path) -> None:
+    out = tmp_path / "spawn.json"
+    result = run_cli(
+        "run", "--json", str(out), "--", sys.executable, str(SCRIPTS / "train_spawn.py"), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert len(report["ranks"]) == 2  # the spawned ranks; the launching parent trains nothing
+    assert all(r["steps"]["count"] == 10 for r in report["ranks"])
