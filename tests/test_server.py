@@ -295,3 +295,14 @@ def test_kernel_index_follows_parents_and_connection_files() -> None:
         stranger.kill()
         child.wait()
         stranger.wait()
+
+
+def test_a_session_opened_under_a_unique_id_path_is_named_after_its_notebook() -> None:
+    from perfmagic.server.kernels import kernel_info
+
+    session = {"id": "s1", "type": "notebook", "name": "train.ipynb",
+               "path": "work/14f875b2-3d38-4bba-8af1-2774b087a217"}  # fmt: skip
+    info = kernel_info("k1", object(), session)
+    assert (info["notebook"], info["path"]) == ("train.ipynb", "work/train.ipynb")
+    plain = kernel_info("k1", object(), {**session, "path": "work/eval.ipynb"})
+    assert plain["notebook"] == "eval.ipynb"

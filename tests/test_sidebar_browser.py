@@ -167,7 +167,10 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
         # the notebook's kernel shows up by name once it runs (kernel index refreshes every 2 s)
         row = page.locator(f"{PANEL} .pm-proc.pm-kernel .pm-proc-name")
         row.first.wait_for(timeout=45_000)
-        assert row.first.inner_text() == "train.ipynb"
+        page.wait_for_function(
+            f"() => document.querySelector('{PANEL} .pm-proc.pm-kernel .pm-proc-name')?.innerText === 'train.ipynb'",
+            timeout=20_000,
+        )
         assert "18.0 GiB" in page.inner_text(f"{PANEL} .pm-proc-table")
 
         # charts update over time: more points, and the utilization text moves with the fake load

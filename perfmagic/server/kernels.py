@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 import psutil
@@ -108,9 +109,15 @@ def kernel_pid(kernel: Any) -> int | None:
     return None
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def kernel_info(kid: str, kernel: Any, session: Json | None) -> Json:
     """What the sidebar shows about a kernel: ids, kernelspec, state and notebook path."""
     path = session.get("path") if session else None
+    if path and _UUID.fullmatch(os.path.basename(path)) and session and session.get("name"):
+        # JupyterLab may open a notebook's session under a unique id path; its name is the notebook's
+        path = os.path.join(os.path.dirname(path), str(session["name"]))
     return {
         "id": kid,
         "name": getattr(kernel, "kernel_name", None),
