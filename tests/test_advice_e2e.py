@@ -328,3 +328,19 @@ def test_short_script_under_perfmagic_run_is_not_a_slow_startup(tmp_path: Path) 
         c["id"] for c in report.advice if c["severity"] in ("high", "medium") and c["id"] != "cpu_contention"
     ]
     assert not loud, str(report)
+
+
+def test_gpu_telemetry_reaches_the_report_and_its_rules(tmp_path: Path, fake_nvml: Any) -> None:
+    """A real loop with NVML faked (the one fake allowed): a starved, nearly full GPU is called out."""
+    from fake_nvml import FakeGpu, FakeNvml, GiB
+
+    fake_nvml(FakeNvml([FakeGpu(util_gpu=12, mem_used=79 * GiB, processes=[(os.getpid(), 78 * GiB)])]))
+    report = _profile(tmp_path, lambda: _train(_mlp(), _loader(40)))
+    (gpu,) = report["devices"]
+    assert gpu["name"] == "NVIDIA H100 80GB HBM3"
+    assert gpu["util_mean"] == pytest.approx(0.12) and gpu["mem_total_bytes"] == 80 * GiB
+    assert gpu["energy_j"] is not None and gpu["energy_j"] > 0
+    ids = {c["id"]: c for c in report.advice}
+    assert "79.0 GiB of 80.0 GiB" in ids["gpu_memory_pressure"]["evidence"]
+    assert "low_gpu_util" in ids and "12%" in ids["low_gpu_util"]["evidence"]
+    assert not any("no NVIDIA GPU was seen" in w for w in report.warnings)
