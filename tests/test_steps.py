@@ -240,12 +240,18 @@ class FakeDeviceClock:
     def __init__(self, lag: float) -> None:
         self.lag = lag
         self.host_times: list[float] = []
+        self.reached = float("inf")  # tokens below this one have run on the device
+        self.resolved = 0
 
     def mark(self) -> object:
         self.host_times.append(time.perf_counter())
         return len(self.host_times) - 1
 
+    def done(self, token: object) -> bool:
+        return int(token) < self.reached  # type: ignore[call-overload]
+
     def resolve(self, tokens: list[object]) -> list[float | None]:
+        self.resolved += len(tokens)
         return [self.host_times[int(k)] + self.lag for k in tokens]  # type: ignore[call-overload]
 
 
@@ -280,3 +286,26 @@ def test_device_times_that_cannot_be_read_leave_host_times() -> None:
     warnings = rec.close()
     assert tl.spans.end.tolist() == host.end.tolist()
     assert len(warnings) == 1 and "illegal memory access" in warnings[0]
+
+
+def test_device_marks_of_a_long_run_are_resolved_as_the_device_passes_them() -> None:
+    """Hours of training must not keep every CUDA event alive until the end."""
+    tl = Timeline()
+    rec = StageRecorder(tl, origin=0.0)
+    clock = rec.device_clock = FakeDeviceClock(lag=0.5)
+    clock.reached = 0  # the device is behind: nothing can be resolved without waiting
+    for _ in range(1500):
+        with rec.stage("forward"):
+            pass
+        rec.boundary("optimizer")
+    assert clock.resolved == 0  # never waited for the device on the hot path
+    clock.reached = float("inf")  # the device caught up
+    for _ in range(10):
+        with rec.stage("forward"):
+            pass
+        rec.boundary("optimizer")
+    assert clock.resolved > 0 and len(rec._device_marks) < 2 * 10  # only the marks since the drain
+    early = tl.spans
+    assert early.end[0] == pytest.approx(clock.host_times[1] + 0.5, abs=1e-6)  # already device-timed
+    assert rec.close() == []
+    assert tl.spans.end[-1] == pytest.approx(clock.host_times[-1] + 0.5, abs=1e-6)

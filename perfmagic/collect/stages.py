@@ -59,14 +59,21 @@ except Exception:  # nvtx is a dependency, but a broken install must not stop pr
 class DeviceClock(Protocol):
     """Timestamps of device work: when the device reached a point in its queue.
 
-    ``mark`` is called on the hot path and returns an opaque token; ``resolve``
-    runs once after the window and turns tokens into seconds on the timeline's
-    clock (``None`` where unknown).
+    ``mark`` is called on the hot path and returns an opaque token; ``done``
+    says, without waiting, whether the device got there; ``resolve`` turns
+    tokens into seconds on the timeline's clock (``None`` where unknown), waiting
+    for the device where it has to.
     """
 
     def mark(self) -> object: ...
 
+    def done(self, token: object) -> bool: ...
+
     def resolve(self, tokens: list[object]) -> list[float | None]: ...
+
+
+_DRAIN_AT = 2048
+"""Device marks kept before the recorder resolves those the device has passed (bounds their memory)."""
 
 
 class StageRecorder:
@@ -85,6 +92,7 @@ class StageRecorder:
         self._opaque_depth = 0
         # (span index, token at start, token at end) for spans with device marks
         self._device_marks: list[tuple[int, object, object]] = []
+        self._device_warnings: list[str] = []
         self._boundaries: dict[str, int] = {}
 
     def stage_id(self, name: str) -> int:
@@ -137,6 +145,10 @@ class StageRecorder:
             token = clock.mark()
             self._device_marks.append((len(self.timeline._span_end), token, token))
         self.timeline.add_span(sid, t, t, -1)
+        if clock is not None and len(self._device_marks) >= _DRAIN_AT and clock.done(token):
+            # Everything marked so far has run: resolving it now waits for nothing.
+            marks, self._device_marks = self._device_marks, []
+            self._device_warnings += self._apply_device_times(clock, marks)
 
     def is_open(self, sid: int) -> bool:
         """Whether stage ``sid`` is open (on the recorded thread)."""
@@ -192,8 +204,13 @@ class StageRecorder:
         self.thread_id = _CLOSED
         clock, marks = self.device_clock, self._device_marks
         self._device_marks = []
-        if clock is None or not marks:
-            return []
+        warnings, self._device_warnings = self._device_warnings, []
+        if clock is not None and marks:
+            warnings += self._apply_device_times(clock, marks)
+        return warnings
+
+    def _apply_device_times(self, clock: DeviceClock, marks: list[tuple[int, object, object]]) -> list[str]:
+        """A stage lasts until the device has also finished the work queued in it."""
         tokens: list[object] = []
         for _, a, b in marks:
             tokens += (a, b)
@@ -203,7 +220,6 @@ class StageRecorder:
             return [f"device times could not be read ({e!r}): stages are timed on the host only"]
         tl = self.timeline
         for k, (i, _, _) in enumerate(marks):
-            # A stage lasts until the device has also finished the work queued in it.
             start, end = times[2 * k], times[2 * k + 1]
             if start is not None and start > tl._span_start[i]:
                 tl._span_start[i] = start

@@ -87,11 +87,14 @@ class CudaEventClock:
         event.record()
         return event
 
+    def done(self, token: object) -> bool:
+        return bool(token.query())  # type: ignore[attr-defined]
+
     def resolve(self, tokens: list[object]) -> list[float | None]:
-        self._torch.cuda.synchronize()
         out: list[float | None] = []
         for event in tokens:
             try:
+                event.synchronize()  # type: ignore[attr-defined]  # only this event: free once it has run
                 out.append(self._ref_t + self._ref.elapsed_time(event) / 1000.0)
             except RuntimeError:  # an event recorded on another device or stream context
                 out.append(None)
