@@ -527,6 +527,26 @@ def test_a_progress_bar_on_stderr_is_logging(tmp_path: Path, monkeypatch: pytest
     assert_stage_matches(report, "logging", writes.total_s)
 
 
+def test_a_tqdm_bar_made_before_profiling_is_logging(tmp_path: Path) -> None:
+    """The real tqdm: made before the block, it keeps the stream it found, and is still timed."""
+    import tqdm
+
+    bar = tqdm.tqdm(total=STEPS, file=SlowStream(0.004), mininterval=0, miniters=1)
+    drawing = Stopwatch()
+
+    def advance(i: int) -> None:
+        with drawing():
+            bar.update(1)
+
+    try:
+        report, t = profiled(tmp_path, lambda: train(STEPS, extra=advance))
+    finally:
+        bar.close()
+    assert_steps_match(report, t)
+    assert_stage_matches(report, "logging", drawing.total_s)
+    assert "display" not in vars(tqdm.std.tqdm) or not hasattr(tqdm.std.tqdm.display, "__wrapped__")
+
+
 @pytest.mark.slow
 def test_a_compiled_model_keeps_one_graph_under_profiling(tmp_path: Path) -> None:
     from torch._dynamo.utils import counters as dynamo_counters

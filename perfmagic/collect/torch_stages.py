@@ -11,7 +11,7 @@ optimizer  the global optimizer step hooks, ``Optimizer.zero_grad``, ``Module.ze
            ``GradScaler.step`` / ``unscale_`` (a step the scaler skips still ends a step)
 checkpoint ``torch.save``, ``safetensors.torch.save_file`` / ``save_model``
 logging    ``print``, ``logging.Logger.handle``, writes to ``sys.stdout``/``sys.stderr``,
-           TensorBoard ``SummaryWriter.add_*`` (torch and tensorboardX), and host-device
+           TensorBoard ``SummaryWriter.add_*`` (torch and tensorboardX), tqdm bars, and host-device
            syncs: ``item``/``tolist``/``cpu``/``numpy`` of CUDA tensors, ``cuda.synchronize``
 comm       ``torch.distributed`` collectives
 ========== ==========================================================================
@@ -63,6 +63,9 @@ _COLLECTIVES = (
     "recv",
     "monitored_barrier",
 )
+
+_PROGRESS_BARS = (("tqdm.std", "tqdm"), ("tqdm.notebook", "tqdm_notebook"), ("tqdm.rich", "tqdm_rich"))
+"""tqdm classes whose ``display`` draws the bar, patched when the profiled code already imported them."""
 
 _SYNC_METHODS = ("item", "tolist", "cpu", "numpy")
 
@@ -538,6 +541,11 @@ class TorchStages:
             for attr in dir(cls):
                 if attr.startswith("add_") or attr == "flush":
                     p.set(cls, attr, rec.wrap(getattr(cls, attr), "logging"))
+        # A progress bar made before profiling holds the original stderr: time its drawing itself.
+        for module, cls_name in _PROGRESS_BARS:
+            bar = getattr(sys.modules.get(module), cls_name, None)
+            if bar is not None and "display" in vars(bar):
+                p.set(bar, "display", rec.wrap(bar.display, "logging"))
 
     # -- comm ------------------------------------------------------------
 
