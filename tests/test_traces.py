@@ -122,6 +122,13 @@ def test_a100_backward_matches_its_annotations() -> None:
     assert report["stages"]["logging"]["total_s"] > 0  # cudaStreamSynchronize calls
 
 
+def test_a_gpu_trace_says_which_rules_it_cannot_feed() -> None:
+    """A trace has GPU kernels but no NVML or host samples: the warnings say so, not "no GPU"."""
+    warnings = report_from_traces([real("a100_rank3_control.json.gz")]).warnings
+    assert any("a trace carries no NVML samples" in w for w in warnings)
+    assert not any("no NVIDIA GPU was seen" in w for w in warnings)
+
+
 def test_cpu_only_trace_has_no_gpu_section() -> None:
     report = report_from_traces([real("cpu_only_gloo_rank34.json.gz")]).to_dict()
     assert report["gpu"] is None

@@ -39,6 +39,7 @@ RULES: list[Rule] = [
 """One rule per advice id; a rule's ``__name__`` is its id."""
 
 _GPU_RULES = "low_gpu_util, gpu_memory_pressure, gpu_imbalance, launch_bound, amp, tf32, pin_memory"
+_GPU_TELEMETRY_RULES = "gpu_memory_pressure, gpu_imbalance, amp, tf32, pin_memory"
 _HOST_RULES = "cpu_contention, host_memory_pressure, io_bound, small_files, numa_affinity"
 _CONFIG_RULES = "dataloader_workers, pin_memory, amp, tf32, jit_compile, data_parallel"
 
@@ -64,13 +65,23 @@ def missing(analysis: Analysis) -> list[str]:
     out: list[str] = []
     if not analysis.steps.count:
         return out  # the analysis already says that no steps were seen
-    if not analysis.devices:
+    if not analysis.devices and analysis.gpu is not None:
+        out.append(
+            f"GPU telemetry rules ({_GPU_TELEMETRY_RULES}) stayed silent: a trace carries no NVML samples "
+            "(perfmagic run or perfmagic.profile() records them)"
+        )
+    elif not analysis.devices:
         out.append(f"GPU rules ({_GPU_RULES}) stayed silent: no NVIDIA GPU was seen through NVML")
     elif analysis.gpu is None:
         out.append("launch_bound stayed silent: it needs a GPU kernel trace (perfmagic run --trace)")
     if analysis.host.get("cpu_util_mean") is None:
         out.append(
-            f"host rules ({_HOST_RULES}) stayed silent: no host samples were recorded (psutil sampler off)"
+            f"host rules ({_HOST_RULES}) stayed silent: no host samples were recorded"
+            + (
+                " (a trace has none)"
+                if analysis.gpu is not None and not analysis.devices
+                else " (sampler off)"
+            )
         )
     if not analysis.config.models and not analysis.config.dataloaders:
         out.append(
