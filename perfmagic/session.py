@@ -241,13 +241,18 @@ class Session:
                 }
 
     def _finish_spool(self) -> None:
-        # Device timing rewrites span ends after they were spooled: replace the spool whole.
-        if self._spool_file is not None:
+        """Bring the spool up to date: append what is new, or rewrite it if spooled spans moved."""
+        if self._spool_file is None or self._spooler is None:
+            return
+        if self.recorder is None or self.recorder.device_clock is None:
+            self._spooler.flush()
             self._spool_file.close()
-            self._spool_file = None
-        tmp = self.outdir / (SPOOL_NAME + ".tmp")
-        self.timeline.save(tmp)
-        os.replace(tmp, self.outdir / SPOOL_NAME)
+        else:  # device timing moved span ends that were already spooled: replace the spool whole
+            self._spool_file.close()
+            tmp = self.outdir / (SPOOL_NAME + ".tmp")
+            self.timeline.save(tmp)
+            os.replace(tmp, self.outdir / SPOOL_NAME)
+        self._spool_file = None
 
     def _clock(self) -> float:
         return time.perf_counter() - self._origin

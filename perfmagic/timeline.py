@@ -115,13 +115,20 @@ class Timeline:
 
     # -- reading ---------------------------------------------------------
 
-    def _span_count(self) -> int:
+    @property
+    def span_count(self) -> int:
+        """Spans recorded so far, without copying them (``spans`` copies)."""
         # add_span appends the depth column last: a span another thread is adding has no depth yet
         return len(self._span_depth)
 
     @property
+    def span_names(self) -> list[str]:
+        """The names spans use (interned; a name may have no span yet)."""
+        return list(self._names)
+
+    @property
     def spans(self) -> Spans:
-        n = self._span_count()
+        n = self.span_count
         return Spans(
             names=list(self._names),
             name_id=np.frombuffer(self._span_name, dtype=np.int32, count=n).copy(),
@@ -265,7 +272,7 @@ class Spooler:
             out.append({"type": "meta", "meta": meta})
             self._meta_written.update(meta)
 
-        n = tl._span_count()
+        n = tl.span_count
         if n > self._spans_sent:
             a = self._spans_sent
             names = list(tl._names)

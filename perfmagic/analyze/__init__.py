@@ -78,7 +78,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         raise ValueError("nothing to analyze: no timeline")
     # A launcher or sampling-only process (``perfmagic run``'s own) records no stages: not a rank.
     staged = (
-        [t for t in timelines if _has_steps(t)] or [t for t in timelines if len(t.spans)] or timelines[:1]
+        [t for t in timelines if _has_steps(t)] or [t for t in timelines if t.span_count] or timelines[:1]
     )
     ranks = [_rank(i, t) for i, t in enumerate(staged)]
     with_steps = [r for r in ranks if r.steps.count]
@@ -185,7 +185,7 @@ def _rank(index: int, timeline: Timeline) -> RankAnalysis:
 
 
 def _has_steps(timeline: Timeline) -> bool:
-    return any(n.startswith(STEP_BOUNDARY_PREFIX) for n in timeline.spans.names)
+    return any(n.startswith(STEP_BOUNDARY_PREFIX) for n in timeline.span_names)
 
 
 def sampled_timeline(timelines: list[Timeline]) -> Timeline:

@@ -94,6 +94,7 @@ class StageRecorder:
         self._device_marks: list[tuple[int, object, object]] = []
         self._device_warnings: list[str] = []
         self._boundaries: dict[str, int] = {}
+        self._boundary_ids: dict[str, int] = {}
 
     def stage_id(self, name: str) -> int:
         sid = self.timeline.name_id(name)
@@ -139,7 +140,9 @@ class StageRecorder:
             return
         t = time.perf_counter() - self.origin
         self._boundaries[kind] = self._boundaries.get(kind, 0) + 1
-        sid = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
+        sid = self._boundary_ids.get(kind)
+        if sid is None:  # once per kind: this runs every step
+            sid = self._boundary_ids[kind] = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
         clock = self.device_clock
         if clock is not None:
             token = clock.mark()
