@@ -167,12 +167,8 @@ class Timeline:
         if own is None:
             raise ValueError("a timeline without meta['epoch'] cannot be rebased")
         shift = float(own) - float(epoch)
-        for column in (self._span_start, self._span_end):
-            for i in range(len(column)):
-                column[i] += shift
-        for series in self._series.values():
-            for i in range(len(series.t)):
-                series.t[i] += shift
+        for column in (self._span_start, self._span_end, *(s.t for s in self._series.values())):
+            np.frombuffer(column, dtype=np.float64)[:] += shift  # in place, on the array's own buffer
         self._marks = [Mark(m.t + shift, m.name, m.data) for m in self._marks]
         self.meta["epoch"] = float(epoch)
         if self.meta.get("wall_s") is not None:
