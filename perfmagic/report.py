@@ -54,7 +54,6 @@ class Report:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         b = analysis.breakdown
         cards = advise(analysis)  # may add to analysis.warnings: before they are copied below
-        rank_gpu = {t.meta["rank"]: t.meta["gpu"] for t in analysis.timelines if "gpu" in t.meta}  # traces
         data: dict[str, Any] = {
             "schema": SCHEMA,
             "source": source,
@@ -72,7 +71,7 @@ class Report:
                     "pid": r.pid,
                     "steps": vars(r.steps),
                     "stages": {name: vars(s) for name, s in r.stages.items()},
-                    **({"gpu": rank_gpu[r.rank]} if r.rank in rank_gpu else {}),
+                    **({"gpu": r.gpu} if r.gpu is not None else {}),
                 }
                 for r in analysis.ranks
             ],
@@ -187,10 +186,13 @@ class Report:
         return render_text(self._data)
 
     def __repr__(self) -> str:
+        from perfmagic.render.text import fmt_seconds
+
         steps = self._data["steps"]
-        median = steps.get("median_s")
-        median_txt = f"{median * 1000:.1f} ms" if median is not None else "n/a"
-        return f"<perfmagic.Report {steps.get('count', 0)} steps, median {median_txt}, bottleneck={self.bottleneck}>"
+        median = fmt_seconds(steps.get("median_s"))
+        return (
+            f"<perfmagic.Report {steps.get('count', 0)} steps, median {median}, bottleneck={self.bottleneck}>"
+        )
 
 
 def _clean(value: Any) -> Any:

@@ -51,6 +51,7 @@ class RankAnalysis:
     breakdown: StepBreakdown
     steps: StepStats
     stages: dict[str, StageStats]
+    gpu: dict[str, Any] | None  # GPU busy/idle of this rank, where its trace had GPU events
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         bottleneck=bottleneck(primary.stages),
         devices=devices_summary(sampled),
         host=host_summary(sampled),
-        gpu=gpu,
+        gpu=gpu if gpu is not None else primary.gpu,
         ranks=sorted(ranks, key=lambda r: r.rank),
         config=training_config(tl),
         warnings=warnings,
@@ -181,6 +182,7 @@ def _rank(index: int, timeline: Timeline) -> RankAnalysis:
         breakdown=breakdown,
         steps=step_stats(breakdown),
         stages=stage_stats(breakdown),
+        gpu=timeline.meta.get("gpu"),
     )
 
 
