@@ -342,8 +342,7 @@ def training(check: Check, torch: Any, device: str, seconds: float) -> Any:
 def sampler_cost(check: Check, session: Any) -> None:
     from sampler_cost import measure
 
-    from perfmagic.collect.host import HostSource
-    from perfmagic.collect.nvml import NvmlSource
+    from perfmagic.session import default_sources
 
     if session is not None:
         sampler = session.timeline.meta.get("sampler") or {}
@@ -352,7 +351,7 @@ def sampler_cost(check: Check, session: Any) -> None:
             print(
                 f"in the training run: {sampler['ticks']} ticks, {100 * sampler['busy_s'] / wall:.2f}% of the wall"
             )
-    cost = measure([NvmlSource(), HostSource()], seconds=COST_S, hz=10.0)
+    cost = measure(default_sources(), seconds=COST_S, hz=10.0)
     for w in cost["warnings"]:
         print(f"  warning: {w}")
     pct = cost["cpu_pct_of_core"]

@@ -22,6 +22,7 @@ from typing import Any
 from perfmagic.collect import nvml
 from perfmagic.collect.host import HostSource
 from perfmagic.collect.sampler import Sampler, Source
+from perfmagic.session import default_sources
 from perfmagic.timeline import Timeline
 
 
@@ -64,14 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     except nvml.NvmlUnavailable as e:
         print(f"host+nvml: skipped, NVML unavailable ({e})")
     else:
-        configs.append(("host+nvml", lambda: [nvml.NvmlSource(), HostSource()]))
+        configs.append(("host+nvml", default_sources))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     import fake_nvml
 
     def with_fake() -> list[Source]:
         fake = fake_nvml.two_gpus()
         nvml._load_pynvml = lambda: fake  # type: ignore[assignment]
-        return [nvml.NvmlSource(), HostSource()]
+        return default_sources()
 
     configs.append(("host+fake-nvml-2gpu", with_fake))
 

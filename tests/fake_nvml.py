@@ -113,9 +113,6 @@ class FakeNvml:
         if gpu is not None and symbol in gpu.not_supported:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
 
-    def _elapsed(self) -> float:
-        return self.clock() - self._t0
-
     # -- library -----------------------------------------------------------
 
     def nvmlInit(self) -> None:

@@ -257,13 +257,8 @@ class HostSource:
         for pid in list(self._tree):
             try:
                 proc_cpu, proc_rss = self._proc_cpu_rss(pid)
-            except (
-                OSError,
-                ValueError,
-                IndexError,
-                psutil.Error,
-            ):  # gone: its CPU is in its parent's children_*
-                self._drop(pid)
+            except (OSError, ValueError, IndexError, psutil.Error):
+                self._drop(pid)  # gone: its CPU is in its parent's children_*
                 continue
             cpu += proc_cpu
             rss += proc_rss

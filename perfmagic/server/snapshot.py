@@ -25,10 +25,12 @@ class NvmlLike(Protocol):
     """The part of :class:`perfmagic.collect.nvml.Nvml` the monitor uses."""
 
     driver_version: str | None
-    cuda_driver_version: Any
+    cuda_driver_version: str | None
     warnings: list[str]
 
     def device_count(self) -> int: ...
+
+    def lost_reason(self, i: int) -> str | None: ...
 
     def static_info(self, i: int) -> Json: ...
 
@@ -46,8 +48,8 @@ def nvml_status(
     return {
         "available": nv is not None,
         "reason": reason,
-        "driver_version": getattr(nv, "driver_version", None),
-        "cuda_driver_version": getattr(nv, "cuda_driver_version", None),
+        "driver_version": None if nv is None else nv.driver_version,
+        "cuda_driver_version": None if nv is None else nv.cuda_driver_version,
         "device_count": device_count,
         "warnings": list(warnings or []),
     }
@@ -93,8 +95,7 @@ def read_gpus(nv: NvmlLike, static: list[Json]) -> list[Json]:
         gpu["index"] = i
         gpu["lost"] = bool(gpu.get("lost"))
         if gpu["lost"] and not gpu.get("lost_reason"):
-            reason = getattr(nv, "lost_reason", None)
-            gpu["lost_reason"] = reason(i) if callable(reason) else None
+            gpu["lost_reason"] = nv.lost_reason(i)
         gpus.append(gpu)
     return gpus
 
