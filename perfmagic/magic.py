@@ -207,8 +207,8 @@ class PerfMagics(Magics):
 
             if not torch_available():
                 raise UsageError("--trace runs torch.profiler, and torch is not installed")
-        trace = (args.steps or 5) if args.trace else 0
-        session = Session(interval=args.interval, outdir=args.outdir, trace=trace)
+        # --steps needs --trace; without --steps, Session's default number of steps
+        session = Session(interval=args.interval, outdir=args.outdir, trace=args.steps or args.trace)
         view = None if args.no_live or args.quiet else _LiveView(session)
         if view is not None:
             session.add_tick_listener(view.panel.update)

@@ -154,6 +154,16 @@ class Timeline:
             np.frombuffer(s.v, dtype=np.float64, count=n).copy(),
         )
 
+    def last(self, metric: str, n: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The last ``n`` samples of a metric, without copying its history (live views poll this)."""
+        s = self._series.get(metric)
+        if s is None:
+            empty = np.zeros(0)
+            return empty, empty
+        end = min(len(s.t), len(s.v))
+        begin = max(0, end - n)
+        return np.array(s.t[begin:end], dtype=np.float64), np.array(s.v[begin:end], dtype=np.float64)
+
     def marks(self, name: str | None = None) -> list[Mark]:
         return [m for m in list(self._marks) if name is None or m.name == name]
 

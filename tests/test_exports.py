@@ -349,3 +349,35 @@ def test_thousands_of_steps_stay_small_and_fast() -> None:
     rows = sum(len(r.data_source.data["left"]) for r in quads if isinstance(r.data_source, ColumnDataSource))
     assert rows <= MAX_BARS * len(stages)  # binned, not one bar per stage per step
     assert len(page) - len(bokeh_loader()) < 300_000  # the charts' data, BokehJS aside
+
+
+def test_gpu_metrics_are_labelled_by_index_in_charts_and_trace() -> None:
+    from perfmagic.analyze.devices import gpu_metric
+    from perfmagic.render.chrome import chrome_trace
+    from perfmagic.render.waterfall import utilization_figures
+
+    assert gpu_metric("gpu12.mem_used_bytes") == (12, "mem_used_bytes")
+    assert gpu_metric("host.cpu_util") is None
+    series = {"t": [0.0, 1.0], "v": [0.5, 0.25]}
+    names = ("gpu0.util", "gpu12.util", "gpu12.mem_used_bytes", "gpu0.power_w", "host.cpu_util")
+    ts = {"metrics": dict.fromkeys(names, series)}
+    util, mem = utilization_figures(ts)
+    assert [item.label["value"] for item in util.legend[0].items] == ["GPU 0", "GPU 12", "host CPU"]
+    assert [item.label["value"] for item in mem.legend[0].items] == ["GPU 12 memory"]
+    trace = chrome_trace({"timeseries": ts})
+    counters = {e["name"] for e in trace["traceEvents"] if e["ph"] == "C"}
+    assert counters == {
+        "GPU 0 utilization (%)",
+        "GPU 12 utilization (%)",
+        "GPU 12 memory used (MiB)",
+        "GPU 0 power (W)",
+        "host CPU (%)",
+    }
+
+
+def test_every_built_in_stage_has_a_color_and_a_headline() -> None:
+    from perfmagic.collect.stages import STAGES
+    from perfmagic.render.html import _STAGE_WORDS
+    from perfmagic.render.waterfall import STAGE_COLORS
+
+    assert set(STAGE_COLORS) == set(_STAGE_WORDS) == set(STAGES)

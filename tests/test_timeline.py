@@ -145,3 +145,13 @@ def test_rebase_puts_another_process_on_this_clock() -> None:
     assert tl.series("host.cpu_util")[0].tolist() == [2.0]
     assert tl.marks()[0].t == 1.5
     assert (tl.meta["epoch"], tl.meta["wall_s"]) == (99.5, 3.5)
+
+
+def test_last_reads_the_newest_samples() -> None:
+    tl = Timeline()
+    for i in range(5):
+        tl.add_sample("host.cpu_util", float(i), i / 10)
+    t, v = tl.last("host.cpu_util", 2)
+    assert t.tolist() == [3.0, 4.0] and v.tolist() == [0.3, 0.4]
+    assert tl.last("host.cpu_util", 9)[0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert len(tl.last("no.such.metric")[0]) == 0

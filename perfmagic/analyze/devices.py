@@ -19,6 +19,12 @@ from perfmagic.timeline import Timeline
 _GPU_METRIC = re.compile(r"gpu(\d+)\.")
 
 
+def gpu_metric(name: str) -> tuple[int, str] | None:
+    """``"gpu3.util"`` → ``(3, "util")``: the GPU and the quantity of a GPU metric; None for any other."""
+    m = _GPU_METRIC.match(name)
+    return (int(m.group(1)), name[m.end() :]) if m else None
+
+
 def _values(timeline: Timeline, metric: str) -> np.ndarray:
     v = timeline.series(metric)[1]
     finite: np.ndarray = v[np.isfinite(v)]
@@ -58,7 +64,7 @@ def _int(value: float | None) -> int | None:
 def gpu_indices(timeline: Timeline) -> list[int]:
     """Indices of the GPUs a timeline knows, from its facts or its samples."""
     known = {int(d["index"]) for d in timeline.meta.get("devices") or []}
-    return sorted(known | {int(m.group(1)) for name in timeline.metrics if (m := _GPU_METRIC.match(name))})
+    return sorted(known | {g[0] for name in timeline.metrics if (g := gpu_metric(name))})
 
 
 def devices_summary(timeline: Timeline) -> list[dict[str, Any]]:

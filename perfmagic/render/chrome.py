@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from perfmagic.analyze.devices import gpu_metric
 from perfmagic.collect.stages import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 
@@ -29,10 +30,12 @@ PID = 0x7FFF0000
 """Our process id in the trace: apart from real pids and from the GPU ids kineto uses as pids."""
 _STEPS_TID = 1
 _STAGES_TID = 2
-_COUNTERS = {
-    ".util": ("utilization (%)", 100.0),
-    ".mem_used_bytes": ("memory used (MiB)", 1 / 2**20),
-    ".power_w": ("power (W)", 1.0),
+_GPU_COUNTERS = {
+    "util": ("utilization (%)", 100.0),
+    "mem_used_bytes": ("memory used (MiB)", 1 / 2**20),
+    "power_w": ("power (W)", 1.0),
+}
+_HOST_COUNTERS = {
     "host.cpu_util": ("host CPU (%)", 100.0),
     "host.proc_cpu_cores": ("process CPU (cores)", 1.0),
     "host.rss_bytes": ("process RSS (MiB)", 1 / 2**20),
@@ -70,7 +73,7 @@ def chrome_trace(report: dict[str, Any], timelines: Sequence[Timeline] = ()) -> 
                 )
     for trace in report.get("torch_traces") or []:
         events += torch_events(trace)
-    for k, timeline in enumerate(t for t in timelines if len(t.spans)):
+    for k, timeline in enumerate(t for t in timelines if t.span_count):
         events += timeline_events(timeline, PID + 1 + k)
     return {
         "traceEvents": events,
@@ -137,12 +140,14 @@ def timeline_events(timeline: Timeline, pid: int) -> list[dict[str, Any]]:
 
 
 def _counter_label(metric: str) -> tuple[str, float] | None:
-    for suffix, (title, factor) in _COUNTERS.items():
-        if metric == suffix:
-            return title, factor
-        if metric.startswith("gpu") and metric.endswith(suffix):
-            return f"GPU {metric.split('.', 1)[0][3:]} {title}", factor
-    return None
+    gpu = gpu_metric(metric)
+    if gpu is None:
+        return _HOST_COUNTERS.get(metric)
+    index, quantity = gpu
+    if quantity not in _GPU_COUNTERS:
+        return None
+    title, factor = _GPU_COUNTERS[quantity]
+    return f"GPU {index} {title}", factor
 
 
 def _span(name: str, start: float, dur: float, tid: int, args: dict[str, Any]) -> dict[str, Any]:

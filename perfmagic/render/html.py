@@ -212,8 +212,7 @@ def _header(report: dict[str, Any]) -> str:
 def _bottleneck_color(report: dict[str, Any]) -> str:
     from perfmagic.render.waterfall import stage_color
 
-    name = report.get("bottleneck")
-    return stage_color(name) if name else "#bab0ac"
+    return stage_color(report.get("bottleneck") or "other")
 
 
 def cards_html(cards: Sequence[dict[str, Any]], note: str = "") -> str:

@@ -19,7 +19,7 @@ import numpy as np
 
 from perfmagic.analyze.steps import BOUNDARY_KINDS
 from perfmagic.render.text import fmt_bytes, fmt_fraction
-from perfmagic.render.waterfall import STAGE_COLORS, stage_color
+from perfmagic.render.waterfall import stage_color
 from perfmagic.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -207,11 +207,10 @@ class LivePanel:
         elapsed = time.perf_counter() - self._start
         parts = [f"<b>{html.escape(self.title)}</b> · running {elapsed:.1f} s"]
         if steps is not None:
-            color = stage_color(stage) if stage else STAGE_COLORS["other"]
-            label = html.escape(stage or "other")
+            stage = stage or "other"
             parts.append(
-                f'stage <span class="pm-live-stage" style="background:{color};color:#fff;border-radius:3px;'
-                f'padding:0 5px">{label}</span>'
+                f'stage <span class="pm-live-stage" style="background:{stage_color(stage)};color:#fff;'
+                f'border-radius:3px;padding:0 5px">{html.escape(stage)}</span>'
             )
             parts.append(f'<span class="pm-live-steps">{steps}</span> steps')
             parts.append(f"{rate:.2f} steps/s" if rate else "— steps/s")
@@ -280,14 +279,14 @@ def _step_count(counts: dict[str, int]) -> int:
 
 
 def _latest(tl: Timeline, metric: str) -> float | None:
-    _, v = tl.series(metric)
+    _, v = tl.last(metric)
     if not len(v) or np.isnan(v[-1]):
         return None
     return float(v[-1])
 
 
 def _rate(tl: Timeline, metric: str) -> float | None:
-    t, v = tl.series(metric)
+    t, v = tl.last(metric, 2)
     if len(t) < 2 or t[-1] <= t[-2]:
         return None
     return float((v[-1] - v[-2]) / (t[-1] - t[-2]))

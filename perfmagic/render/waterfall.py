@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from perfmagic.analyze.devices import gpu_metric
 from perfmagic.render.text import fmt_seconds
 
 if TYPE_CHECKING:
@@ -211,11 +212,10 @@ def utilization_figures(ts: dict[str, Any], x_range: Range | None = None) -> lis
     metrics: dict[str, dict[str, list[Any]]] = {
         m: s for m, s in (ts.get("metrics") or {}).items() if sum(v is not None for v in s["v"]) >= 2
     }
-    util = [
-        (f"GPU {_gpu(m)}", m, 100.0) for m in sorted(metrics) if m.endswith(".util") and m.startswith("gpu")
-    ]
-    util += [(label, m, 100.0) for label, m in (("host CPU", "host.cpu_util"),) if m in metrics]
-    mem_metrics = [(f"GPU {_gpu(m)} memory", m) for m in sorted(metrics) if m.endswith(".mem_used_bytes")]
+    gpus = [(m, g) for m in sorted(metrics) if (g := gpu_metric(m)) is not None]
+    util = [(f"GPU {i}", m, 100.0) for m, (i, quantity) in gpus if quantity == "util"]
+    util += [("host CPU", "host.cpu_util", 100.0)] if "host.cpu_util" in metrics else []
+    mem_metrics = [(f"GPU {i} memory", m) for m, (i, quantity) in gpus if quantity == "mem_used_bytes"]
     mem_metrics += [("process RSS", "host.rss_bytes")] if "host.rss_bytes" in metrics else []
     figs = []
     if util:
@@ -329,10 +329,6 @@ def comparison_figure(
     fig.legend.location = "bottom_right"
     fig.toolbar.logo = None
     return fig
-
-
-def _gpu(metric: str) -> str:
-    return metric.split(".", 1)[0][3:]
 
 
 def _num(x: Any, default: float = 0.0) -> float:
