@@ -56,11 +56,6 @@ def make_loop(steps: int) -> Callable[[], float]:
 
 
 @contextlib.contextmanager
-def unprofiled() -> Iterator[None]:
-    yield
-
-
-@contextlib.contextmanager
 def with_perfmagic() -> Iterator[None]:
     with perfmagic.profile():
         yield
@@ -73,7 +68,7 @@ def with_torch_profiler() -> Iterator[None]:
 
 
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
-    "unprofiled": unprofiled,
+    "unprofiled": contextlib.nullcontext,
     "perfmagic": with_perfmagic,
     "torch.profiler": with_torch_profiler,
 }

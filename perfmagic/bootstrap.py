@@ -14,6 +14,10 @@ import atexit
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from perfmagic.session import Session
 
 RUN_DIR_ENV = "PERFMAGIC_RUN_DIR"
 INTERVAL_ENV = "PERFMAGIC_INTERVAL"
@@ -76,10 +80,7 @@ def start_from_env() -> None:
     atexit.register(_finish, session)
 
 
-def _finish(session: object) -> None:
-    from perfmagic.session import Session
-
-    assert isinstance(session, Session)
+def _finish(session: Session) -> None:
     try:
         session.stop()
     except Exception as e:

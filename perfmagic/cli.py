@@ -46,8 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Profile every Python process COMMAND starts (torchrun ranks included), "
         "with no change to its code, and print one report.",
     )
-    run_p.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    run_p.add_argument("--html", metavar="FILE", help="write the report as a standalone HTML file")
+    _add_output_args(run_p)
     run_p.add_argument(
         "--trace",
         nargs="?",
@@ -77,14 +76,31 @@ def _parser() -> argparse.ArgumentParser:
         description="Analyze traces written by torch.profiler (one file per rank, .json or .json.gz) "
         "and print one report. Exit status 2 when a file is not a readable trace.",
     )
-    report_p.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    report_p.add_argument("--html", metavar="FILE", help="write the report as a self-contained HTML file")
+    _add_output_args(report_p)
     report_p.add_argument("traces", nargs="+", metavar="TRACE", help="a torch.profiler trace, one per rank")
 
     demo_p = sub.add_parser("demo", help="profile a built-in, deliberately input-bound training job")
     demo_p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
     demo_p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     return parser
+
+
+def _add_output_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--html", metavar="FILE", help="write the report as a self-contained HTML file")
+
+
+def _write_outputs(report: Report, args: argparse.Namespace, command: str) -> bool:
+    """Write the report where ``--json`` and ``--html`` say; False, with a message, on a write error."""
+    try:
+        if args.json:
+            report.to_json(args.json)
+        if args.html:
+            report.to_html(args.html)
+    except OSError as e:
+        print(f"perfmagic {command}: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
+        return False
+    return True
 
 
 def _positive_float(text: str) -> float:
@@ -141,14 +157,11 @@ def run(args: argparse.Namespace) -> int:
             timeline.rebase(epoch)
     report = Report.from_timelines([sampler.timeline, *processes], source="run")
     report.save(outdir / "report.json")
-    if args.json:
-        report.to_json(args.json)
-    if args.html:
-        report.to_html(args.html)
+    written = _write_outputs(report, args, "run")
     if not args.quiet:
         print(report)
         print(f"\nrecords and report.json in {outdir}", file=sys.stderr)
-    return code
+    return code if code or written else 1
 
 
 def report_traces(args: argparse.Namespace) -> int:
@@ -160,15 +173,7 @@ def report_traces(args: argparse.Namespace) -> int:
         print(f"perfmagic report: {e}", file=sys.stderr)
         return 2
     print(report)
-    try:
-        if args.json:
-            report.to_json(args.json)
-        if args.html:
-            report.to_html(args.html)
-    except OSError as e:
-        print(f"perfmagic report: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
-        return 1
-    return 0
+    return 0 if _write_outputs(report, args, "report") else 1
 
 
 def _process_timelines(outdir: Path) -> list[Timeline]:

@@ -14,8 +14,8 @@ SCRIPTS = Path(__file__).parent / "scripts"
 PERFMAGIC = [sys.executable, "-m", "perfmagic.cli"]
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PERFMAGIC, *args], cwd=cwd, capture_output=True, text=True, timeout=240)
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PERFMAGIC, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
 
 
 def test_run_profiles_an_unchanged_script(tmp_path: Path) -> None:
@@ -89,14 +89,7 @@ def test_run_keeps_the_users_own_sitecustomize(tmp_path: Path) -> None:
         "import os, sys\nsys.exit(0 if os.environ.get('USER_SITECUSTOMIZE_RAN') == '1' else 9)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(own))
-    result = subprocess.run(
-        [*PERFMAGIC, "run", "--quiet", "--", sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("run", "--quiet", "--", sys.executable, str(script), cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert "sitecustomize" not in result.stderr
 
@@ -117,10 +110,9 @@ def test_run_merges_torchrun_ranks(tmp_path: Path) -> None:
     out = tmp_path / "ddp.json"
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, TRAIN_STEPS="20")
-    result = subprocess.run(
-        [*PERFMAGIC, "run", "--json", str(out), "--", str(torchrun), "--nproc-per-node", "2",
-         str(SCRIPTS / "train_ddp.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    result = run_cli(
+        "run", "--json", str(out), "--", str(torchrun), "--nproc-per-node", "2", str(SCRIPTS / "train_ddp.py"),
+        cwd=tmp_path, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())

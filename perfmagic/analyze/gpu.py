@@ -31,6 +31,9 @@ COMPUTATION, COMMUNICATION, MEMORY = range(3)
 KERNEL_WAIT_US = 30.0
 """HTA's ``consecutive_kernel_delay`` default: shorter gaps are launch overhead."""
 
+IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
+"""Idle-gap categories, in the order ``_classify`` numbers them."""
+
 TOP_KERNELS = 10
 
 
@@ -129,7 +132,7 @@ def gpu_summary(
         "idle_breakdown_by_stream": _by_stream(ev, start, end, launch),
         "event_count": len(ev),
         "kernel_count": int(is_kernel.sum()),
-        "streams": sorted({int(s) for s in np.unique(ev.stream)}),
+        "streams": np.unique(ev.stream).tolist(),
         "top_kernels": _top_kernels(ev, start, end, is_kernel, span),
         "memcpy_bytes": _memcpy_bytes(ev),
     }
@@ -155,7 +158,7 @@ def _union_length(start: np.ndarray, end: np.ndarray) -> float:
 
 
 def _classify(gap_start: np.ndarray, gap: np.ndarray, next_launch: np.ndarray) -> np.ndarray:
-    """0 host wait, 1 kernel wait, 2 other (HTA's rule; a NaN launch is not host wait)."""
+    """Index into ``IDLE_CATEGORIES`` of each gap (HTA's rule; a NaN launch is not host wait)."""
     host = next_launch > gap_start
     return np.where(host, 0, np.where(gap < KERNEL_WAIT_US, 1, 2))
 
@@ -173,10 +176,9 @@ def _gaps(
 
 def _breakdown(gap: np.ndarray, category: np.ndarray) -> dict[str, float | None]:
     total = float(gap.sum())
-    keys = ("host_wait", "kernel_wait", "other")
     if total <= 0:
-        return dict.fromkeys(keys)
-    return {k: float(gap[category == i].sum()) / total for i, k in enumerate(keys)}
+        return dict.fromkeys(IDLE_CATEGORIES)
+    return {k: float(gap[category == i].sum()) / total for i, k in enumerate(IDLE_CATEGORIES)}
 
 
 def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> list[dict[str, Any]]:
@@ -190,7 +192,7 @@ def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.nda
         category = _classify(end[on][:-1], gap, launch[on][1:])
         idle = float(gap.sum())
         row: dict[str, Any] = {"device": int(device), "stream": int(stream), "idle_s": idle / 1e6}
-        for i, k in enumerate(("host_wait", "kernel_wait", "other")):
+        for i, k in enumerate(IDLE_CATEGORIES):
             t = float(gap[category == i].sum())
             row[k] = t / idle if idle > 0 else None
             row[k + "_s"] = t / 1e6

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -52,10 +51,8 @@ def report_from_traces(paths: Sequence[str | os.PathLike[str]]) -> Report:
                     "the whole trace rather than the complete steps (as HTA does)"
                 )
         timelines.append(timeline)
-    analysis = analyze(timelines)
-    primary = next(r.rank for r in analysis.ranks if r.breakdown is analysis.breakdown)
-    primary_gpu = next((t.meta.get("gpu") for t in timelines if t.meta["rank"] == primary), None)
-    return Report.from_analysis(dataclasses.replace(analysis, gpu=primary_gpu), source="trace")
+    # analyze() takes the primary rank's GPU figures (and each rank's) from timeline.meta["gpu"]
+    return Report.from_analysis(analyze(timelines), source="trace")
 
 
 def trace_gpu(trace: KinetoTrace) -> dict[str, Any] | None:

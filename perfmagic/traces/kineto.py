@@ -42,8 +42,6 @@ class CpuEvents:
 
     names: list[str]
     name_id: np.ndarray  # (n,) int32
-    cats: list[str]
-    cat_id: np.ndarray  # (n,) int32
     start: np.ndarray  # (n,) float64 µs
     dur: np.ndarray  # (n,) float64 µs
     threads: list[Any]  # the trace's (pid, tid) pairs
@@ -143,10 +141,8 @@ def _load_json(p: Path) -> Any:
 
 def _columns(events: list[Any], p: Path) -> tuple[CpuEvents, GpuEvents]:
     names: dict[str, int] = {}
-    cats: dict[str, int] = {}
     threads: dict[tuple[Any, Any], int] = {}
     c_name: list[int] = []
-    c_cat: list[int] = []
     c_ts: list[Any] = []
     c_dur: list[Any] = []
     c_thread: list[int] = []
@@ -162,12 +158,11 @@ def _columns(events: list[Any], p: Path) -> tuple[CpuEvents, GpuEvents]:
     for e in events:
         if type(e) is not dict or e.get("ph") != "X" or "dur" not in e:
             continue
-        cat = e.get("cat", "")
-        name = e.get("name", "")
-        nid = names.setdefault(name, len(names))
+        nid = names.setdefault(e.get("name", ""), len(names))
         args = e.get("args")
         if type(args) is not dict:
             args = {}
+        cat = e.get("cat", "")
         if cat in GPU_CATEGORIES:
             g_name.append(nid)
             g_mem.append(cat in _MEMORY_CATEGORIES)
@@ -179,7 +174,6 @@ def _columns(events: list[Any], p: Path) -> tuple[CpuEvents, GpuEvents]:
             g_bytes.append(args.get("bytes", 0))
         else:
             c_name.append(nid)
-            c_cat.append(cats.setdefault(cat, len(cats)))
             c_ts.append(e.get("ts"))
             c_dur.append(e["dur"])
             c_thread.append(threads.setdefault((e.get("pid"), e.get("tid")), len(threads)))
@@ -190,8 +184,6 @@ def _columns(events: list[Any], p: Path) -> tuple[CpuEvents, GpuEvents]:
         cpu = CpuEvents(
             names=name_list,
             name_id=np.array(c_name, dtype=np.int32),
-            cats=list(cats),
-            cat_id=np.array(c_cat, dtype=np.int32),
             start=np.array(c_ts, dtype=np.float64),
             dur=np.array(c_dur, dtype=np.float64),
             threads=list(threads),

@@ -31,7 +31,7 @@ import numpy as np
 from perfmagic.analyze.gpu import merge_intervals
 from perfmagic.collect.stages import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
-from perfmagic.traces.kineto import KinetoTrace
+from perfmagic.traces.kineto import CpuEvents, KinetoTrace
 
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
 BOUNDARY = STEP_BOUNDARY_PREFIX + "profiler_step"
@@ -72,7 +72,12 @@ def stage_of(name: str) -> str | None:
 
 def profiler_steps(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(numbers, starts, ends) of the ``ProfilerStep#N`` events, in time order (µs)."""
-    cpu = trace.cpu
+    numbers, rows = _step_rows(trace.cpu)
+    return numbers, trace.cpu.start[rows], trace.cpu.end[rows]
+
+
+def _step_rows(cpu: CpuEvents) -> tuple[np.ndarray, np.ndarray]:
+    """(numbers, CPU event rows) of the ``ProfilerStep#N`` events, in time order."""
     number = np.full(len(cpu.names), -1, dtype=np.int64)
     for i, name in enumerate(cpu.names):
         m = PROFILER_STEP.match(name)
@@ -80,22 +85,25 @@ def profiler_steps(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray, np.ndarr
             number[i] = int(m.group(1))
     rows = np.flatnonzero(number[cpu.name_id] >= 0)
     rows = rows[np.argsort(cpu.start[rows], kind="stable")]
-    return number[cpu.name_id[rows]], cpu.start[rows], cpu.end[rows]
+    return number[cpu.name_id[rows]], rows
 
 
 def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     """The timeline of one rank's trace (times in seconds from the trace's first event)."""
     cpu, gpu = trace.cpu, trace.gpu
+    cpu_end = cpu.end
     starts = np.concatenate((cpu.start, gpu.start))
-    ends = np.concatenate((cpu.end, gpu.start + gpu.dur))
+    ends = np.concatenate((cpu_end, gpu.start + gpu.dur))
     origin = float(starts.min()) if len(starts) else 0.0
-    step_no, step_start, step_end = profiler_steps(trace)
-    main = _main_thread(trace)
+    step_no, step_rows = _step_rows(cpu)
+    step_start, step_end = cpu.start[step_rows], cpu_end[step_rows]
+    main = _main_thread(cpu, step_rows)
     stage = np.array([stage_of(n) or "" for n in cpu.names], dtype=object)
     on_main = cpu.thread == main
 
     rows = np.flatnonzero(on_main & (stage[cpu.name_id] != ""))
-    spans = [(float(cpu.start[i]), float(cpu.end[i]), str(stage[cpu.name_id[i]])) for i in rows]
+    names = stage[cpu.name_id[rows]].tolist()
+    spans = list(zip(cpu.start[rows].tolist(), cpu_end[rows].tolist(), names, strict=True))
     spans += [(float(s), float(e), "other") for s, e in zip(step_start, step_end, strict=True)]
     backward = _backward(trace, main, on_main)
     spans += [(float(s), float(e), "backward") for s, e in zip(*backward, strict=True)]
@@ -133,15 +141,12 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     return timeline
 
 
-def _main_thread(trace: KinetoTrace) -> int:
-    """The thread that records ``ProfilerStep#``; else the busiest one."""
-    cpu = trace.cpu
+def _main_thread(cpu: CpuEvents, step_rows: np.ndarray) -> int:
+    """The thread that records ``ProfilerStep#`` (``step_rows``); else the busiest one."""
     if not len(cpu):
         return -1
-    steps = [i for i, n in enumerate(cpu.names) if PROFILER_STEP.match(n)]
-    rows = np.flatnonzero(np.isin(cpu.name_id, steps))
-    if len(rows):
-        return int(cpu.thread[rows[0]])
+    if len(step_rows):
+        return int(cpu.thread[step_rows[0]])
     return int(np.bincount(cpu.thread).argmax())
 
 
