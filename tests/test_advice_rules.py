@@ -208,6 +208,13 @@ def test_pin_memory() -> None:
     assert input.pin_memory(small) is None
 
 
+def test_preprocess_in_loop_measures_each_step_less_built_in_stages() -> None:
+    pre = [0.004 + 0.002 * (k % 5) for k in range(30)]
+    card = check(input.preprocess_in_loop(build(stages=stages(pre=pre, h2d=0.002))), "preprocess_in_loop")
+    # the mean of the steady steps' gaps; the h2d copy between the batch and forward is not preprocessing
+    assert card.metrics["preprocess_s"] == pytest.approx(sum(pre[1:]) / 29, rel=1e-6)
+
+
 def test_preprocess_in_loop() -> None:
     card = check(input.preprocess_in_loop(build(stages=stages(pre=0.01))), "preprocess_in_loop")
     assert card.metrics["preprocess_s"] == pytest.approx(0.01, rel=0.01)
@@ -483,6 +490,13 @@ def test_step_outliers_at_epoch_start_recommend_persistent_workers() -> None:
         steps.step_outliers(build(steps=40, stages=stages(data=data), loader=loader)), "step_outliers"
     )
     assert "persistent_workers=True,  # was False" in card.fix
+
+
+def test_compute_bound_with_a_gpu_of_unknown_memory_size() -> None:
+    # GPU samples without NVML's static facts: no total memory to weigh the peak against
+    a = build(samples={**HOST_SAMPLES, "gpu0.util": 0.9})
+    assert a.devices and a.devices[0]["mem_total_bytes"] is None
+    check(steps.compute_bound(a), "compute_bound")
 
 
 def test_compute_bound() -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "fmt_fraction",
     "fmt_seconds",
     "gpu_index",
+    "gpu_utils",
     "loader",
     "make_card",
     "model",
@@ -233,6 +234,11 @@ def profiles_whole_process(a: Analysis) -> bool:
     primary = primary_timeline(a)
     timelines = [primary] if primary is not None else a.timelines
     return any(tl.meta.get("source") == "run" for tl in timelines)
+
+
+def gpu_utils(a: Analysis, s: Steady | None) -> list[tuple[dict[str, Any], float]]:
+    """Each GPU with utilization samples, with its mean utilization over the steady steps."""
+    return [(d, u) for d in a.devices if (u := window_mean(a, f"gpu{d.get('index')}.util", s)) is not None]
 
 
 def window_mean(a: Analysis, metric: str, s: Steady | None) -> float | None:

@@ -8,10 +8,10 @@ from perfmagic.advise.card import Card
 from perfmagic.advise.common import (
     fmt_fraction,
     fmt_seconds,
+    gpu_utils,
     make_card,
     steady,
     steady_of,
-    window_mean,
 )
 from perfmagic.analyze import Analysis
 
@@ -137,11 +137,7 @@ def rank_straggler(a: Analysis) -> Card | None:
 def gpu_imbalance(a: Analysis) -> Card | None:
     """Some GPUs work much more than others, or sit idle."""
     s = steady(a)
-    utils = [
-        (d.get("index"), u)
-        for d in a.devices
-        if (u := window_mean(a, f"gpu{d.get('index')}.util", s)) is not None
-    ]
+    utils = [(d.get("index"), u) for d, u in gpu_utils(a, s)]
     if len(utils) < 2 or s is None:
         return None
     values = np.array([u for _, u in utils])
@@ -180,11 +176,7 @@ def data_parallel(a: Analysis) -> Card | None:
     if not any(m.get("data_parallel") for m in a.config.models):
         return None
     s = steady(a)
-    utils = [
-        (d.get("index"), u)
-        for d in a.devices
-        if (u := window_mean(a, f"gpu{d.get('index')}.util", s)) is not None
-    ]
+    utils = [(d.get("index"), u) for d, u in gpu_utils(a, s)]
     listing = (
         f" GPU utilization: {', '.join(f'GPU {i} {fmt_fraction(u)}' for i, u in utils)}." if utils else ""
     )

@@ -14,11 +14,11 @@ from perfmagic.advise.common import (
     fmt_fraction,
     fmt_seconds,
     gpu_index,
+    gpu_utils,
     loader,
     make_card,
     model,
     steady,
-    window_mean,
 )
 from perfmagic.analyze import Analysis
 
@@ -45,26 +45,15 @@ TF32_SPEEDUP = 1.5
 """Conservative forward+backward speed-up of TF32 matmuls over fp32 on Ampere and newer."""
 
 
-def _device_util(a: Analysis, d: dict[str, Any], s: Steady | None) -> float | None:
-    return window_mean(a, f"gpu{d.get('index')}.util", s)
-
-
 def _used_gpus(a: Analysis, s: Steady | None) -> list[tuple[dict[str, Any], float]]:
     """GPUs with utilization samples that did any work, with their steady-state utilization."""
-    out = []
-    for d in a.devices:
-        u = _device_util(a, d, s)
-        if u is not None and (u > 0.01 or (d.get("tree_mem_used_bytes") or 0) > 0):
-            out.append((d, u))
-    return out
+    return [(d, u) for d, u in gpu_utils(a, s) if u > 0.01 or (d.get("tree_mem_used_bytes") or 0) > 0]
 
 
 def gpu_memory_pressure(a: Analysis) -> Card | None:
     """GPU memory at the edge of an out-of-memory error."""
     full = [
-        (d, d["mem_used_peak_bytes"] / d["mem_total_bytes"])
-        for d in a.devices
-        if d.get("mem_used_peak_bytes") is not None and d.get("mem_total_bytes")
+        (d, d["mem_used_peak_fraction"]) for d in a.devices if d.get("mem_used_peak_fraction") is not None
     ]
     if not full:
         return None

@@ -27,6 +27,7 @@ from perfmagic.advise.common import (
     worker_cap,
 )
 from perfmagic.analyze import Analysis
+from perfmagic.analyze.gpu import merge_intervals
 from perfmagic.collect.stages import STAGES
 
 INPUT_SHARE = 0.05
@@ -302,33 +303,27 @@ def _pre_forward_s(a: Analysis, s: Steady) -> float:
     ids = sp.name_id
     data_end = np.sort(sp.end[ids == names.index("data")])
     fwd_start = np.sort(sp.start[ids == names.index("forward")])
+    if not len(data_end) or not len(fwd_start):
+        return 0.0
+    # per steady step: the last batch to arrive in it, and the first forward after that, in the step
+    lo, hi = a.breakdown.start[s.first :], a.breakdown.end[s.first :]
+    j = np.searchsorted(data_end, hi, side="right") - 1
+    arrive = data_end[np.maximum(j, 0)]
+    f = np.searchsorted(fwd_start, arrive)
+    fwd = fwd_start[np.minimum(f, len(fwd_start) - 1)]
+    ok = (j >= 0) & (arrive >= lo) & (f < len(fwd_start)) & (fwd <= hi)
+    arrive, fwd = arrive[ok], fwd[ok]
+    # less the time in built-in stages: C(t), the built-in time up to t, is piecewise linear
     builtin = np.isin(ids, [names.index(n) for n in STAGES if n in names]) & (sp.depth >= 0)
-    b_start, b_end = sp.start[builtin], sp.end[builtin]
-    b = a.breakdown
-    total = 0.0
-    for k in range(s.first, b.count):
-        lo, hi = b.start[k], b.end[k]
-        j = np.searchsorted(data_end, hi, side="right") - 1
-        if j < 0 or data_end[j] < lo:
-            continue
-        arrive = data_end[j]
-        f = np.searchsorted(fwd_start, arrive)
-        if f >= len(fwd_start) or fwd_start[f] > hi:
-            continue
-        total += (fwd_start[f] - arrive) - _covered(b_start, b_end, arrive, fwd_start[f])
-    return total / s.count
-
-
-def _covered(start: np.ndarray, end: np.ndarray, lo: float, hi: float) -> float:
-    """Length of the union of intervals clipped to [lo, hi]."""
-    s, e = np.clip(start, lo, hi), np.clip(end, lo, hi)
-    keep = e > s
-    covered, reach = 0.0, lo
-    for a_, b_ in sorted(zip(s[keep].tolist(), e[keep].tolist(), strict=True)):
-        if b_ > reach:
-            covered += b_ - max(a_, reach)
-            reach = b_
-    return covered
+    b_start, b_end = merge_intervals(sp.start[builtin], sp.end[builtin])
+    covered = np.zeros(len(arrive))
+    if len(b_start):
+        lengths = b_end - b_start
+        before = np.concatenate(([0.0], np.cumsum(lengths)[:-1]))
+        xp = np.column_stack((b_start, b_end)).reshape(-1)
+        fp = np.column_stack((before, before + lengths)).reshape(-1)
+        covered = np.interp(fwd, xp, fp) - np.interp(arrive, xp, fp)
+    return float(((fwd - arrive) - covered).sum()) / s.count
 
 
 def preprocess_in_loop(a: Analysis) -> Card | None:

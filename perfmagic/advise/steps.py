@@ -241,14 +241,10 @@ def compute_bound(a: Analysis) -> Card | None:
     if md and not md.get("compiled"):
         levers.append("model = torch.compile(model)  # fused kernels, less Python overhead")
     ld = loader(a)
-    peak = (
-        max(
-            (d.get("mem_used_peak_bytes") or 0) / d["mem_total_bytes"]
-            for d in a.devices
-            if d.get("mem_total_bytes")
-        )
-        if a.devices
-        else None
+    # an unmeasured peak counts as free memory; a GPU of unknown size is left out
+    peak = max(
+        ((d.get("mem_used_peak_fraction") or 0.0) for d in a.devices if d.get("mem_total_bytes")),
+        default=None,
     )
     if ld and ld.get("batch_size") and (not on_gpu or (peak is not None and peak < 0.5)):
         levers.append(
