@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from perfmagic.render.text import fmt_seconds
+from perfmagic.units import fmt_seconds
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ class Report:
         return render_text(self._data)
 
     def __repr__(self) -> str:
-        from perfmagic.render.text import fmt_seconds
+        from perfmagic.units import fmt_seconds
 
         steps = self._data["steps"]
         median = fmt_seconds(steps.get("median_s"))

@@ -352,9 +352,9 @@ def test_thousands_of_steps_stay_small_and_fast() -> None:
 
 
 def test_gpu_metrics_are_labelled_by_index_in_charts_and_trace() -> None:
-    from perfmagic.analyze.devices import gpu_metric
     from perfmagic.render.chrome import chrome_trace
     from perfmagic.render.waterfall import utilization_figures
+    from perfmagic.schema import gpu_metric
 
     assert gpu_metric("gpu12.mem_used_bytes") == (12, "mem_used_bytes")
     assert gpu_metric("host.cpu_util") is None
@@ -376,8 +376,8 @@ def test_gpu_metrics_are_labelled_by_index_in_charts_and_trace() -> None:
 
 
 def test_every_built_in_stage_has_a_color_and_a_headline() -> None:
-    from perfmagic.collect.stages import STAGES
     from perfmagic.render.html import _STAGE_WORDS
     from perfmagic.render.waterfall import STAGE_COLORS
+    from perfmagic.schema import STAGES
 
     assert set(STAGE_COLORS) == set(_STAGE_WORDS) == set(STAGES)

@@ -10,7 +10,8 @@ import pytest
 
 from perfmagic.analyze import analyze
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
-from perfmagic.collect.stages import STEP_BOUNDARY_PREFIX, StageRecorder
+from perfmagic.collect.stages import StageRecorder
+from perfmagic.schema import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 
 

@@ -15,8 +15,9 @@ import numpy as np
 from perfmagic.advise.card import Card, Severity
 from perfmagic.analyze import Analysis, sampled_timeline
 from perfmagic.analyze.steps import StepBreakdown
-from perfmagic.render.text import fmt_bytes, fmt_fraction, fmt_seconds
+from perfmagic.schema import COMPUTE_STAGES
 from perfmagic.timeline import Timeline
+from perfmagic.units import KiB, MiB, fmt_bytes, fmt_fraction, fmt_seconds
 
 __all__ = [
     "COMPUTE_STAGES",
@@ -43,9 +44,6 @@ __all__ = [
     "worker_cap",
 ]
 
-COMPUTE_STAGES = ("forward", "backward", "optimizer")
-KiB = 1024
-MiB = 1024 * KiB
 
 HIGH_SAVING = 0.25
 """A card is ``high`` when fixing it saves at least this share of the step…"""

@@ -28,7 +28,7 @@ from perfmagic.advise.common import (
 )
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.gpu import merge_intervals
-from perfmagic.collect.stages import STAGES
+from perfmagic.schema import STAGES
 
 INPUT_SHARE = 0.05
 """Data wait that makes a run input-bound (torch-tb-profiler; TF Profiler's "moderately")."""

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
-from perfmagic.collect.stages import STEP_BOUNDARY_PREFIX
+from perfmagic.schema import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 
 

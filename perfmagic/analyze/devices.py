@@ -13,16 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from perfmagic.collect.nvml import THROTTLE_REASONS
+from perfmagic.schema import THROTTLE_REASONS, gpu_metric
 from perfmagic.timeline import Timeline
-
-_GPU_METRIC = re.compile(r"gpu(\d+)\.")
-
-
-def gpu_metric(name: str) -> tuple[int, str] | None:
-    """``"gpu3.util"`` → ``(3, "util")``: the GPU and the quantity of a GPU metric; None for any other."""
-    m = _GPU_METRIC.match(name)
-    return (int(m.group(1)), name[m.end() :]) if m else None
 
 
 def _values(timeline: Timeline, metric: str) -> np.ndarray:

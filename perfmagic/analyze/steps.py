@@ -17,11 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmagic.collect.stages import STAGES, STEP_BOUNDARY_PREFIX
+from perfmagic.schema import BOUNDARY_KINDS, STAGES, STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Spans, Timeline
-
-BOUNDARY_KINDS = ("profiler_step", "optimizer", "batch", "user")
-"""Where step ends come from, in order of preference (``profiler_step``: a trace's ``ProfilerStep#`` ends)."""
 
 
 @dataclass(frozen=True)

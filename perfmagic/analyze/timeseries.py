@@ -16,14 +16,12 @@ from typing import Any
 import numpy as np
 
 from perfmagic.analyze import Analysis
+from perfmagic.schema import TORCH_TRACE_MARK
 
 MAX_POINTS = 1000
 
 _GAUGES = re.compile(r"^(gpu\d+\.(util|mem_used_bytes|power_w)|host\.(cpu_util|proc_cpu_cores|rss_bytes))$")
 _COUNTERS = ("host.read_bytes", "host.write_bytes")
-
-TORCH_TRACE_MARK = "torch_trace"
-"""Mark a ``--trace`` collector leaves at the instant of the trace's ``clock_name`` event; ``path`` of the trace."""
 
 
 def timeseries(analysis: Analysis, max_points: int = MAX_POINTS) -> dict[str, Any]:

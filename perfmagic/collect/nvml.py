@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perfmagic.collect.sampler import SourceUnavailable
+from perfmagic.schema import THROTTLE_REASONS
 from perfmagic.timeline import Timeline
 
 # NVML return codes (nvml.h; stable ABI, so plain ints keep this module import-free).
@@ -69,21 +70,6 @@ _NO_DATA_CODES = frozenset({_NOT_FOUND, _NO_DATA})
 _LOST_CODES = frozenset({_GPU_IS_LOST, _RESET_REQUIRED, _GPU_NOT_FOUND, _UNKNOWN})
 
 _ALL_LINKS = 0xFFFFFFFF  # NVLink field scope that sums every link (nvml.h)
-
-#: NVML clocks-event ("throttle") reason bits, by the name perfmagic reports.
-THROTTLE_REASONS: dict[int, str] = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock",
-    0x200: "board_limit",
-    0x400: "reliability",
-}
 
 #: Keys of :meth:`Nvml.read`; each is ``None`` when not available.
 READ_KEYS = (

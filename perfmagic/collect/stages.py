@@ -29,15 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
-
-STAGES = ("data", "h2d", "forward", "backward", "optimizer", "checkpoint", "logging", "comm", "other")
-"""Built-in stage names, in the order reports list them."""
-
-STEP_BOUNDARY_PREFIX = "step:"
-"""Zero-length spans named ``step:<kind>`` mark step ends (see ``analyze.steps``)."""
-
-_OPAQUE = frozenset({"data", "checkpoint", "comm"})
 
 _CLOSED = -1
 """The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
@@ -85,7 +78,7 @@ class StageRecorder:
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
         self.device_clock: DeviceClock | None = None
         self.ids = {name: timeline.name_id(name) for name in STAGES}
-        self._opaque_ids = frozenset(self.ids[n] for n in _OPAQUE)
+        self._opaque_ids = frozenset(self.ids[n] for n in OPAQUE_STAGES)
         self._builtin_ids = frozenset(self.ids.values())
         self._active: list[int] = [0] * len(timeline._names)
         self._stack: list[tuple[int, float, object]] = []

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from perfmagic.analyze.timeseries import TORCH_TRACE_MARK
+from perfmagic.schema import TORCH_TRACE_MARK
 from perfmagic.timeline import Timeline
 
 TRACE_NAME = "torch_trace.json"

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from perfmagic.analyze.devices import gpu_metric
-from perfmagic.collect.stages import STEP_BOUNDARY_PREFIX
+from perfmagic.schema import STEP_BOUNDARY_PREFIX, gpu_metric
 from perfmagic.timeline import Timeline
 
 PID = 0x7FFF0000

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from perfmagic.analyze.steps import BOUNDARY_KINDS
-from perfmagic.render.text import fmt_bytes, fmt_fraction
 from perfmagic.render.waterfall import stage_color
+from perfmagic.schema import BOUNDARY_KINDS
 from perfmagic.timeline import Timeline
+from perfmagic.units import fmt_bytes, fmt_fraction
 
 if TYPE_CHECKING:
     from perfmagic.collect.sampler import Sampler

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from perfmagic.render.html import CSS, cards_html, charts_html, headline, report_fragment
-from perfmagic.render.text import fmt_seconds, render_text
+from perfmagic.render.text import render_text
+from perfmagic.units import fmt_seconds
 
 Bundle = dict[str, str]
 

@@ -4,34 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
+
 _BAR_WIDTH = 30
-
-
-def fmt_seconds(seconds: float | None) -> str:
-    """A duration with a unit that keeps three significant digits."""
-    if seconds is None:
-        return "n/a"
-    if seconds >= 100:
-        return f"{seconds:.0f} s"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.0f} µs"
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def fmt_fraction(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:.0f}%"
 
 
 def render_text(report: dict[str, Any]) -> str:

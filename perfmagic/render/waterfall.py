@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from perfmagic.analyze.devices import gpu_metric
-from perfmagic.render.text import fmt_seconds
+from perfmagic.schema import gpu_metric
+from perfmagic.units import fmt_seconds
 
 if TYPE_CHECKING:
     from bokeh.models import LayoutDOM, Range

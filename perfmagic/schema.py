@@ -1,0 +1,83 @@
+"""The names every layer shares: stages and their nesting, step boundaries, metrics and marks.
+
+Collectors write these names into a timeline, the analysis reads them and
+renderers show them; keeping them here lets each layer import them without
+importing another layer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+# -- stages ------------------------------------------------------------------
+
+STAGES = ("data", "h2d", "forward", "backward", "optimizer", "checkpoint", "logging", "comm", "other")
+"""Built-in stage names, in the order reports list them."""
+
+COMPUTE_STAGES = ("forward", "backward", "optimizer")
+"""The stages that are the model's own work."""
+
+OPAQUE_STAGES = frozenset({"data", "checkpoint", "comm"})
+"""Stages inside which no built-in stage is recorded (see :func:`nests_inside`)."""
+
+
+def nests_inside(stage: str, open_stages: Collection[str]) -> bool:
+    """Whether ``stage`` is recorded when ``open_stages`` are open: the nesting rules.
+
+    - a stage does not nest in itself (a module called inside a module is one
+      ``forward``; ``Tensor.backward`` calling ``autograd.backward`` is one ``backward``);
+    - nothing built in nests inside ``data``, ``checkpoint`` or ``comm``: a transform
+      that is an ``nn.Module`` is part of loading the batch, and the syncs inside a
+      collective are its wait, not logging; user stages still nest, since the user
+      asked for them.
+
+    The stage recorder applies the same rules with stage ids on its hot path.
+    """
+    if stage in open_stages:
+        return False
+    return stage not in STAGES or OPAQUE_STAGES.isdisjoint(open_stages)
+
+
+# -- steps -------------------------------------------------------------------
+
+STEP_BOUNDARY_PREFIX = "step:"
+"""Zero-length spans named ``step:<kind>`` mark step ends (see ``analyze.steps``)."""
+
+BOUNDARY_KINDS = ("profiler_step", "optimizer", "batch", "user")
+"""Where step ends come from, in order of preference (``profiler_step``: a trace's ``ProfilerStep#`` ends).
+
+Two more boundary names are no step ends: ``loader_end`` (a DataLoader pass ran out) and
+``eval_end`` (an evaluation pass ended).
+"""
+
+# -- metrics -----------------------------------------------------------------
+
+_GPU_METRIC = re.compile(r"gpu(\d+)\.")
+
+
+def gpu_metric(name: str) -> tuple[int, str] | None:
+    """``"gpu3.util"`` → ``(3, "util")``: the GPU and the quantity of a GPU metric; None for any other."""
+    m = _GPU_METRIC.match(name)
+    return (int(m.group(1)), name[m.end() :]) if m else None
+
+
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock",
+    0x200: "board_limit",
+    0x400: "reliability",
+}
+"""NVML clocks-event-reason bits of ``gpu{i}.throttle_mask``, by name."""
+
+# -- marks -------------------------------------------------------------------
+
+TORCH_TRACE_MARK = "torch_trace"
+"""Mark a ``--trace`` collector leaves at the instant of the trace's ``clock_name`` event; ``path`` of the trace."""
