@@ -27,7 +27,7 @@ from perfmagic.advise.common import (
     worker_cap,
 )
 from perfmagic.analyze import Analysis
-from perfmagic.analyze.gpu import merge_intervals
+from perfmagic.intervals import merge_intervals
 from perfmagic.schema import STAGES
 
 INPUT_SHARE = 0.05

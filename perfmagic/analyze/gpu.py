@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from perfmagic.intervals import merge_intervals, union_length
+
 KINDS = ("computation", "communication", "memory")
 """GPU event kinds, as HTA classifies them; ``GpuEvents.kind`` indexes this tuple."""
 COMPUTATION, COMMUNICATION, MEMORY = range(3)
@@ -111,7 +113,7 @@ def gpu_summary(
     busy_start, busy_end = merge_intervals(start, end)
     span = float(busy_end[-1] - busy_start[0])
     busy = float((busy_end - busy_start).sum())
-    kind_time = [_union_length(start[ev.kind == k], end[ev.kind == k]) for k in range(len(KINDS))]
+    kind_time = [union_length(start[ev.kind == k], end[ev.kind == k]) for k in range(len(KINDS))]
     compute = kind_time[COMPUTATION]
 
     def share(t: float) -> float | None:
@@ -136,25 +138,6 @@ def gpu_summary(
         "top_kernels": _top_kernels(ev, start, end, is_kernel, span),
         "memcpy_bytes": _memcpy_bytes(ev),
     }
-
-
-def merge_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of intervals as sorted, disjoint (start, end) arrays."""
-    if not len(start):
-        return np.zeros(0), np.zeros(0)
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
-    reach = np.maximum.accumulate(e)
-    first = np.empty(len(s), dtype=bool)
-    first[0] = True
-    first[1:] = s[1:] > reach[:-1]
-    heads = np.flatnonzero(first)
-    return s[heads], np.maximum.reduceat(e, heads)
-
-
-def _union_length(start: np.ndarray, end: np.ndarray) -> float:
-    s, e = merge_intervals(start, end)
-    return float((e - s).sum())
 
 
 def _classify(gap_start: np.ndarray, gap: np.ndarray, next_launch: np.ndarray) -> np.ndarray:

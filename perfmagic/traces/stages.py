@@ -28,7 +28,7 @@ import re
 
 import numpy as np
 
-from perfmagic.analyze.gpu import merge_intervals
+from perfmagic.intervals import merge_intervals
 from perfmagic.schema import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 from perfmagic.traces.kineto import CpuEvents, KinetoTrace
