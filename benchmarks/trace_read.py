@@ -21,7 +21,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from perfmagic.traces import read_trace, report_from_traces, trace_gpu
+from perfmagic.analyze.gpu import trace_gpu
+from perfmagic.trace_report import report_from_traces
+from perfmagic.traces import read_trace
 from perfmagic.traces.stages import trace_timeline
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

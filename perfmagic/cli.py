@@ -165,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report_traces(args: argparse.Namespace) -> int:
-    from perfmagic.traces import TraceFormatError, report_from_traces
+    from perfmagic.trace_report import report_from_traces
+    from perfmagic.traces import TraceFormatError
 
     try:
         report = report_from_traces(args.traces)

@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from perfmagic.analyze.gpu import COMMUNICATION, COMPUTATION, MEMORY, GpuEvents, gpu_summary
+from perfmagic.analyze.gpu import gpu_summary, trace_gpu
 from perfmagic.cli import main
-from perfmagic.traces import TraceFormatError, read_trace, report_from_traces, trace_gpu
+from perfmagic.trace_report import report_from_traces
+from perfmagic.traces import TraceFormatError, read_trace
+from perfmagic.traces.kineto import COMMUNICATION, COMPUTATION, MEMORY, GpuEvents
 from perfmagic.traces.stages import profiler_steps
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

@@ -19,16 +19,13 @@ Times are microseconds on the trace's clock in, seconds and fractions out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from perfmagic.intervals import merge_intervals, union_length
-
-KINDS = ("computation", "communication", "memory")
-"""GPU event kinds, as HTA classifies them; ``GpuEvents.kind`` indexes this tuple."""
-COMPUTATION, COMMUNICATION, MEMORY = range(3)
+from perfmagic.traces.kineto import COMMUNICATION, COMPUTATION, KINDS, MEMORY, GpuEvents, KinetoTrace
+from perfmagic.traces.stages import profiler_steps
 
 KERNEL_WAIT_US = 30.0
 """HTA's ``consecutive_kernel_delay`` default: shorter gaps are launch overhead."""
@@ -37,50 +34,6 @@ IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 """Idle-gap categories, in the order ``_classify`` numbers them."""
 
 TOP_KERNELS = 10
-
-
-@dataclass(frozen=True)
-class GpuEvents:
-    """GPU activity of one process, columnar: one row per kernel, memcpy or memset."""
-
-    names: list[str]
-    name_id: np.ndarray  # (n,) int32 index into names
-    kind: np.ndarray  # (n,) int8 index into KINDS
-    start: np.ndarray  # (n,) float64 µs
-    dur: np.ndarray  # (n,) float64 µs
-    device: np.ndarray  # (n,) int64
-    stream: np.ndarray  # (n,) int64
-    launch: np.ndarray  # (n,) float64 µs: start of the CPU call that launched it; NaN when unknown
-    bytes: np.ndarray  # (n,) float64: bytes copied or set; 0 for kernels
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-    def take(self, mask: np.ndarray) -> GpuEvents:
-        return GpuEvents(
-            self.names,
-            self.name_id[mask],
-            self.kind[mask],
-            self.start[mask],
-            self.dur[mask],
-            self.device[mask],
-            self.stream[mask],
-            self.launch[mask],
-            self.bytes[mask],
-        )
-
-
-def kernel_kind(name: str, memory: bool) -> int:
-    """HTA's classification: NCCL kernels communicate, memcpy/memset move memory, the rest compute.
-
-    ``ncclDevKernel`` (NCCL >= 2.19's kernel names) counts as communication too; HTA 0.5.0
-    only knows ``ncclKernel``.
-    """
-    if "ncclKernel" in name or "ncclDevKernel" in name:
-        return COMMUNICATION
-    if memory or "Memcpy" in name or "Memset" in name:
-        return MEMORY
-    return COMPUTATION
 
 
 def gpu_summary(
@@ -138,6 +91,23 @@ def gpu_summary(
         "top_kernels": _top_kernels(ev, start, end, is_kernel, span),
         "memcpy_bytes": _memcpy_bytes(ev),
     }
+
+
+def trace_gpu(trace: KinetoTrace) -> dict[str, Any] | None:
+    """The ``gpu`` section of one trace, over HTA's window; None without GPU events.
+
+    The window holds the GPU events launched before the last ``ProfilerStep#`` started
+    (``profiler_steps`` lists the steps it covers); with fewer than two steps, HTA
+    keeps every event, and so does this.
+    """
+    numbers, starts, _ = profiler_steps(trace)
+    before = float(starts.max()) if len(starts) > 1 else None
+    gpu = gpu_summary(trace.gpu, launched_before=before, whole_us=trace.ns_resolution)
+    if gpu is not None:
+        gpu["profiler_steps"] = (numbers[starts < before] if before is not None else numbers).tolist()
+        names = {d.get("id"): d.get("name") for d in trace.device_properties}
+        gpu["devices"] = [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)]
+    return gpu
 
 
 def _classify(gap_start: np.ndarray, gap: np.ndarray, next_launch: np.ndarray) -> np.ndarray:

@@ -1,72 +1,10 @@
-"""Reports from traces that ``torch.profiler`` already wrote (``perfmagic report``)."""
+"""Readers of traces that ``torch.profiler`` already wrote: collectors of past runs.
+
+:mod:`perfmagic.trace_report` turns them into a report (``perfmagic report``).
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
-
-from perfmagic.analyze import analyze
-from perfmagic.analyze.gpu import gpu_summary
-from perfmagic.report import Report
 from perfmagic.traces.kineto import KinetoTrace, TraceFormatError, read_trace
-from perfmagic.traces.stages import profiler_steps, trace_timeline
 
-__all__ = ["KinetoTrace", "TraceFormatError", "read_trace", "report_from_traces", "trace_gpu"]
-
-
-def report_from_traces(paths: Sequence[str | os.PathLike[str]]) -> Report:
-    """One report from one trace per rank.
-
-    The ``gpu`` section is the primary rank's (the one the step figures come from);
-    each rank's own is in ``ranks[i]["gpu"]``. Raises :class:`TraceFormatError` on a
-    file that is not a readable trace, or on two files of the same rank.
-    """
-    if not paths:
-        raise TraceFormatError("no trace given")
-    traces = [read_trace(p) for p in paths]
-    ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
-    for i, rank in enumerate(ranks):
-        if rank in ranks[:i]:
-            other = traces[ranks.index(rank)].path
-            raise TraceFormatError(
-                f"{traces[i].path} and {other} are both rank {rank}: give one trace per rank"
-            )
-    timelines = []
-    for trace, rank in zip(traces, ranks, strict=True):
-        timeline = trace_timeline(trace, rank)
-        gpu = trace_gpu(trace)
-        if gpu is None:
-            timeline.meta["warnings"].append(
-                f"{trace.path.name}: no GPU events (kernels, memcpy, memset) in the trace, so no GPU "
-                "figures: it was recorded on the CPU only or without ProfilerActivity.CUDA"
-            )
-        else:
-            timeline.meta["gpu"] = gpu
-            if len(timeline.meta["profiler_steps"]) < 2:
-                timeline.meta["warnings"].append(
-                    f"{trace.path.name}: fewer than two ProfilerStep# ranges, so the GPU figures cover "
-                    "the whole trace rather than the complete steps (as HTA does)"
-                )
-        timelines.append(timeline)
-    # analyze() takes the primary rank's GPU figures (and each rank's) from timeline.meta["gpu"]
-    return Report.from_analysis(analyze(timelines), source="trace")
-
-
-def trace_gpu(trace: KinetoTrace) -> dict[str, Any] | None:
-    """The ``gpu`` section of one trace, over HTA's window; None without GPU events.
-
-    The window holds the GPU events launched before the last ``ProfilerStep#`` started
-    (``profiler_steps`` lists the steps it covers); with fewer than two steps, HTA
-    keeps every event, and so does this.
-    """
-    numbers, starts, _ = profiler_steps(trace)
-    before = float(starts.max()) if len(starts) > 1 else None
-    gpu = gpu_summary(trace.gpu, launched_before=before, whole_us=trace.ns_resolution)
-    if gpu is not None:
-        gpu["profiler_steps"] = (numbers[starts < before] if before is not None else numbers).tolist()
-        names = {d.get("id"): d.get("name") for d in trace.device_properties}
-        gpu["devices"] = [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)]
-    return gpu
+__all__ = ["KinetoTrace", "TraceFormatError", "read_trace"]

@@ -2,9 +2,9 @@
 
 A trace is one JSON object with ``traceEvents`` (plain or gzip-compressed). Only
 complete events (``"ph": "X"``) matter here: GPU events (``kernel``, ``gpu_memcpy``,
-``gpu_memset``) become :class:`~perfmagic.analyze.gpu.GpuEvents`; every other one is
-a CPU event (operators, ``record_function`` annotations, CUDA runtime calls) in
-:class:`CpuEvents`. Times stay in microseconds on the trace's clock.
+``gpu_memset``) become :class:`GpuEvents`, classified as HTA does (:func:`kernel_kind`);
+every other one is a CPU event (operators, ``record_function`` annotations, CUDA runtime
+calls) in :class:`CpuEvents`. Times stay in microseconds on the trace's clock.
 
 The JSON parse dominates the cost. The cyclic garbage collector is paused while a
 trace is read: the parse creates hundreds of thousands of acyclic dicts and lists,
@@ -25,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from perfmagic.analyze.gpu import GpuEvents, kernel_kind
-
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
 _GZIP_MAGIC = b"\x1f\x8b"
+
+KINDS = ("computation", "communication", "memory")
+"""GPU event kinds, as HTA classifies them; ``GpuEvents.kind`` indexes this tuple."""
+COMPUTATION, COMMUNICATION, MEMORY = range(3)
 
 
 class TraceFormatError(ValueError):
@@ -55,6 +57,50 @@ class CpuEvents:
     def end(self) -> np.ndarray:
         end: np.ndarray = self.start + self.dur
         return end
+
+
+@dataclass(frozen=True)
+class GpuEvents:
+    """GPU activity of one process, columnar: one row per kernel, memcpy or memset."""
+
+    names: list[str]
+    name_id: np.ndarray  # (n,) int32 index into names
+    kind: np.ndarray  # (n,) int8 index into KINDS
+    start: np.ndarray  # (n,) float64 µs
+    dur: np.ndarray  # (n,) float64 µs
+    device: np.ndarray  # (n,) int64
+    stream: np.ndarray  # (n,) int64
+    launch: np.ndarray  # (n,) float64 µs: start of the CPU call that launched it; NaN when unknown
+    bytes: np.ndarray  # (n,) float64: bytes copied or set; 0 for kernels
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def take(self, mask: np.ndarray) -> GpuEvents:
+        return GpuEvents(
+            self.names,
+            self.name_id[mask],
+            self.kind[mask],
+            self.start[mask],
+            self.dur[mask],
+            self.device[mask],
+            self.stream[mask],
+            self.launch[mask],
+            self.bytes[mask],
+        )
+
+
+def kernel_kind(name: str, memory: bool) -> int:
+    """HTA's classification: NCCL kernels communicate, memcpy/memset move memory, the rest compute.
+
+    ``ncclDevKernel`` (NCCL >= 2.19's kernel names) counts as communication too; HTA 0.5.0
+    only knows ``ncclKernel``.
+    """
+    if "ncclKernel" in name or "ncclDevKernel" in name:
+        return COMMUNICATION
+    if memory or "Memcpy" in name or "Memset" in name:
+        return MEMORY
+    return COMPUTATION
 
 
 @dataclass(frozen=True)
