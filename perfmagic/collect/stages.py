@@ -6,14 +6,11 @@ analysis later gives each instant of a step to the innermost open stage.
 
 Rules that keep the picture right without the user's help:
 
-- a stage does not nest in itself (a module called inside a module is still
-  one ``forward``; ``Tensor.backward`` calling ``autograd.backward`` is one
-  ``backward``);
-- nothing built in nests inside ``data``, ``checkpoint`` or ``comm``: a
-  transform that is an ``nn.Module`` is part of loading the batch, not a
-  forward pass; the host-device syncs inside a collective (``all_gather_object``
-  reads sizes with ``item``) are its wait, not logging; user stages still
-  nest, since the user asked for them;
+- a stage is recorded only where :func:`perfmagic.schema.nests_inside` allows
+  it: not inside itself, and nothing built in inside ``data``, ``checkpoint`` or
+  ``comm``. ``enter`` runs for every stage of every step, so it applies that
+  rule with stage ids and an open-opaque-stage counter instead of names
+  (``tests/test_nesting.py`` checks that the two agree);
 - only the thread that started profiling is recorded (DataLoader's pin-memory
   thread and a live panel's thread are not training stages);
 - once closed, a recorder records nothing: a wrapper that outlives the session

@@ -18,8 +18,8 @@ PyTorch records:
   ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, blocking ``cudaMemcpy``);
 - ``comm``: collectives the main thread calls (``c10d::``, ``nccl:``, ``gloo:``).
 
-The stage recorder's rules hold here too: a stage does not nest in itself, and no
-built-in stage nests inside ``data`` or ``comm``.
+The stage recorder's nesting rules hold here too (:func:`perfmagic.schema.nests_inside`):
+a stage does not nest in itself, and no built-in stage nests inside ``data`` or ``comm``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import re
 import numpy as np
 
 from perfmagic.intervals import merge_intervals
-from perfmagic.schema import STEP_BOUNDARY_PREFIX
+from perfmagic.schema import STEP_BOUNDARY_PREFIX, nests_inside
 from perfmagic.timeline import Timeline
 from perfmagic.traces.kineto import CpuEvents, KinetoTrace
 
@@ -56,7 +56,6 @@ _PREFIXES = (
     ("nccl:", "comm"),
     ("gloo:", "comm"),
 )
-_OPAQUE = frozenset({"data", "comm"})
 
 
 def stage_of(name: str) -> str | None:
@@ -183,7 +182,7 @@ def _nest(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str
             stack.pop()
         if stack:
             e = min(e, stack[-1][0])
-        if e <= s or any(name == open_ or open_ in _OPAQUE for _, open_ in stack):
+        if e <= s or not nests_inside(name, [open_ for _, open_ in stack]):
             continue
         out.append((s, e, name, len(stack)))
         stack.append((e, name))
