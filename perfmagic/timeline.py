@@ -102,6 +102,11 @@ class Timeline:
         self._span_end.append(end)
         self._span_depth.append(depth)
 
+    def set_span_times(self, index: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        """Move the spans at ``index`` to new times (a recorder that learns its device times later)."""
+        np.frombuffer(self._span_start, dtype=np.float64)[index] = start
+        np.frombuffer(self._span_end, dtype=np.float64)[index] = end
+
     def add_sample(self, metric: str, t: float, value: float) -> None:
         series = self._series.get(metric)
         if series is None:
@@ -120,6 +125,14 @@ class Timeline:
         """Spans recorded so far, without copying them (``spans`` copies)."""
         # add_span appends the depth column last: a span another thread is adding has no depth yet
         return len(self._span_depth)
+
+    def span_times(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, ends) of the spans at ``index``, without copying the others."""
+        n = self.span_count
+        return (
+            np.frombuffer(self._span_start, dtype=np.float64, count=n)[index],
+            np.frombuffer(self._span_end, dtype=np.float64, count=n)[index],
+        )
 
     @property
     def span_names(self) -> list[str]:

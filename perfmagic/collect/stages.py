@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+import numpy as np
+
 from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 
@@ -77,7 +79,9 @@ class StageRecorder:
         self.ids = {name: timeline.name_id(name) for name in STAGES}
         self._opaque_ids = frozenset(self.ids[n] for n in OPAQUE_STAGES)
         self._builtin_ids = frozenset(self.ids.values())
-        self._active: list[int] = [0] * len(timeline._names)
+        # by stage id: its name (NVTX ranges need it on the hot path), how often it is open
+        self._names = timeline.span_names
+        self._active: list[int] = [0] * len(self._names)
         self._stack: list[tuple[int, float, object]] = []
         self._opaque_depth = 0
         # (span index, token at start, token at end) for spans with device marks
@@ -89,7 +93,8 @@ class StageRecorder:
     def stage_id(self, name: str) -> int:
         sid = self.timeline.name_id(name)
         if sid >= len(self._active):
-            self._active.extend([0] * (sid + 1 - len(self._active)))
+            self._names = self.timeline.span_names
+            self._active.extend([0] * (len(self._names) - len(self._active)))
         return sid
 
     def enter(self, sid: int) -> bool:
@@ -106,7 +111,7 @@ class StageRecorder:
         self._active[sid] += 1
         if sid in self._opaque_ids:
             self._opaque_depth += 1
-        _nvtx_push(self.timeline._names[sid], domain="perfmagic")
+        _nvtx_push(self._names[sid], domain="perfmagic")
         return True
 
     def exit(self) -> None:
@@ -120,7 +125,7 @@ class StageRecorder:
             self._opaque_depth -= 1
         clock = self.device_clock
         if clock is not None and token is not None:
-            self._device_marks.append((len(self.timeline._span_end), token, clock.mark()))
+            self._device_marks.append((self.timeline.span_count, token, clock.mark()))
         origin = self.origin
         self.timeline.add_span(sid, start - origin, end - origin, len(self._stack))
 
@@ -136,7 +141,7 @@ class StageRecorder:
         clock = self.device_clock
         if clock is not None:
             token = clock.mark()
-            self._device_marks.append((len(self.timeline._span_end), token, token))
+            self._device_marks.append((self.timeline.span_count, token, token))
         self.timeline.add_span(sid, t, t, -1)
         if clock is not None and len(self._device_marks) >= _DRAIN_AT and clock.done(token):
             # Everything marked so far has run: resolving it now waits for nothing.
@@ -151,7 +156,7 @@ class StageRecorder:
     def current_stage(self) -> str | None:
         """The innermost open stage (read by live views from another thread)."""
         try:
-            return self.timeline._names[self._stack[-1][0]]
+            return self._names[self._stack[-1][0]]
         except IndexError:
             return None
 
@@ -211,13 +216,11 @@ class StageRecorder:
             times = clock.resolve(tokens)
         except Exception as e:  # e.g. a CUDA error the profiled code left in the context
             return [f"device times could not be read ({e!r}): stages are timed on the host only"]
-        tl = self.timeline
-        for k, (i, _, _) in enumerate(marks):
-            start, end = times[2 * k], times[2 * k + 1]
-            if start is not None and start > tl._span_start[i]:
-                tl._span_start[i] = start
-            if end is not None and end > tl._span_end[i]:
-                tl._span_end[i] = end
+        device = np.array([np.nan if t is None else t for t in times], dtype=np.float64)
+        index = np.array([i for i, _, _ in marks], dtype=np.int64)
+        start, end = self.timeline.span_times(index)
+        # fmax keeps the host time where the device time is unknown (NaN) or earlier
+        self.timeline.set_span_times(index, np.fmax(start, device[0::2]), np.fmax(end, device[1::2]))
         return []
 
 
