@@ -174,8 +174,8 @@ class PerfMagics(Magics):
             raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
         self.stop_monitor()
         if args.action == "start":
+            from perfmagic.monitor import Monitor
             from perfmagic.render.html import bokeh_loader
-            from perfmagic.render.live import Monitor
 
             self._monitor = Monitor(interval=args.interval)
             self._monitor_handle = display(

@@ -13,7 +13,7 @@ import html
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,12 +22,18 @@ from perfmagic.schema import BOUNDARY_KINDS
 from perfmagic.timeline import Timeline
 from perfmagic.units import fmt_bytes, fmt_fraction
 
-if TYPE_CHECKING:
-    from perfmagic.collect.sampler import Sampler
-    from perfmagic.collect.stages import StageRecorder
-
 _RATE_WINDOW_S = 3.0
 _BAR = {"width": "150px"}
+
+
+class Stages(Protocol):
+    """What a panel reads of a stage recorder, from the sampler's thread."""
+
+    @property
+    def current_stage(self) -> str | None: ...
+
+    @property
+    def boundary_counts(self) -> dict[str, int]: ...
 
 
 class Feed(Protocol):
@@ -37,7 +43,7 @@ class Feed(Protocol):
     def timeline(self) -> Timeline: ...
 
     @property
-    def recorder(self) -> StageRecorder | None: ...
+    def recorder(self) -> Stages | None: ...
 
 
 class LivePanel:
@@ -243,35 +249,6 @@ class LivePanel:
         self._legend = fig.legend[0]
         fig.xaxis.axis_label = "seconds"
         return source, BokehModel(fig)
-
-
-class Monitor:
-    """``%gpumonitor``: a sampler and a live panel, without profiling any code."""
-
-    def __init__(self, interval: float = 0.5) -> None:
-        from perfmagic.collect.sampler import Sampler
-        from perfmagic.session import default_sources
-
-        self.timeline = Timeline()
-        self.recorder: StageRecorder | None = None
-        self._origin = time.perf_counter()
-        self.panel = LivePanel(self, title="perfmagic monitor")
-        self._sampler: Sampler = Sampler(
-            self.timeline, default_sources(), interval, self._clock, self.panel.update
-        )
-
-    def _clock(self) -> float:
-        return time.perf_counter() - self._origin
-
-    def start(self) -> None:
-        self._sampler.start()
-        self.panel.update(force=True)
-
-    def stop(self) -> list[str]:
-        """Stop sampling and close the panel; returns the sampler's warnings."""
-        self._sampler.stop()
-        self.panel.close()
-        return self._sampler.warnings
 
 
 def _step_count(counts: dict[str, int]) -> int:
