@@ -1,0 +1,166 @@
+"""Imports follow the pipeline: no module imports a layer above its own.
+
+Layers, lowest first: names and units, the timeline, collectors (trace readers
+among them), the analysis, advice, renderers; the front doors on top may import
+anything. A module may import a lower layer, or a module of its own package
+(``perfmagic.collect.x`` → ``perfmagic.collect.y``); ``collect`` and ``traces`` are
+siblings and import neither each other.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import perfmagic
+
+PACKAGE = Path(perfmagic.__file__).resolve().parent
+ROOT = PACKAGE.parent
+
+TOP = 6
+LAYERS = {
+    "perfmagic.schema": 0,
+    "perfmagic.units": 0,
+    "perfmagic.intervals": 0,
+    "perfmagic.timeline": 1,
+    "perfmagic.collect": 2,
+    "perfmagic.traces": 2,
+    "perfmagic.analyze": 3,
+    "perfmagic.advise": 4,
+    "perfmagic.compare": 4,
+    "perfmagic.render": 5,
+    "perfmagic": TOP,
+    "perfmagic.report": TOP,
+    "perfmagic.session": TOP,
+    "perfmagic.magic": TOP,
+    "perfmagic.cli": TOP,
+    "perfmagic.server": TOP,
+    "perfmagic.bootstrap": TOP,
+    "perfmagic.demo": TOP,
+    "perfmagic.monitor": TOP,
+    "perfmagic.trace_report": TOP,
+    "perfmagic.__main__": TOP,
+}
+"""Layer of each module or package (a package's layer covers all its modules)."""
+
+LAYER_NAMES = {0: "base", 1: "timeline", 2: "collect", 3: "analyze", 4: "advise", 5: "render", TOP: "top"}
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package, by dotted name."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = package_modules()
+
+
+def unit(module: str) -> str:
+    """The module or package a layer is given to: the first two dotted components."""
+    return ".".join(module.split(".")[:2])
+
+
+def layer(module: str) -> int | None:
+    return LAYERS.get(unit(module))
+
+
+def imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
+    """(line, module) of every perfmagic module imported anywhere in ``tree``.
+
+    ``from X import n`` imports the module ``X.n`` where that is a module, else ``X``.
+    """
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for name in dict.fromkeys(names):
+            if name == "perfmagic" or name.startswith("perfmagic."):
+                yield node.lineno, name
+
+
+def violations(label: str, module: str, source: str, is_package: bool = False) -> list[str]:
+    """The imports in ``source`` (module ``module``, shown as ``label``) against the layers."""
+    own = layer(module)
+    if own is None:
+        return [f"{label}: module {module} has no layer: add it to the map"]
+    out = []
+    for line, name in imports(ast.parse(source), module, is_package):
+        other = layer(name)
+        if other is None:
+            out.append(f"{label}:{line}: imports {name}, which has no layer: add it to the map")
+        elif own != TOP and other >= own and unit(name) != unit(module):
+            out.append(f"{label}:{line}: {module} ({LAYER_NAMES[own]}) imports {name} ({LAYER_NAMES[other]})")
+    return out
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "imported"),
+    [
+        ("perfmagic.collect.x", "from perfmagic.render.text import render_text\n", "perfmagic.render.text"),
+        ("perfmagic.collect.x", "from ..render import text\n", "perfmagic.render.text"),
+        ("perfmagic.collect.x", "def f():\n    import perfmagic.analyze\n", "perfmagic.analyze"),
+        (
+            "perfmagic.collect.x",
+            "from perfmagic.traces.kineto import read_trace\n",
+            "perfmagic.traces.kineto",
+        ),
+        ("perfmagic.traces", "from perfmagic.collect import stages\n", "perfmagic.collect.stages"),
+        (
+            "perfmagic.timeline",
+            "if TYPE_CHECKING:\n    from perfmagic.collect import stages\n",
+            "perfmagic.collect.stages",
+        ),
+        ("perfmagic.schema", "from perfmagic import timeline\n", "perfmagic.timeline"),
+        ("perfmagic.units", "from perfmagic import schema\n", "perfmagic.schema"),
+        ("perfmagic.analyze.x", "from perfmagic import stage\n", "perfmagic"),
+        ("perfmagic.advise.x", "import perfmagic.compare\n", "perfmagic.compare"),
+    ],
+)
+def test_the_checker_finds_an_import_against_the_pipeline(module: str, source: str, imported: str) -> None:
+    (found,) = violations("x.py", module, source, is_package=module == "perfmagic.traces")
+    assert found.startswith("x.py:") and f"imports {imported} (" in found
+
+
+def test_the_checker_allows_lower_layers_and_the_own_package() -> None:
+    source = (
+        "from perfmagic.schema import STAGES\n"
+        "from perfmagic.timeline import Timeline\n"
+        "from . import sampler\n"
+        "from .stages import StageRecorder\n"
+        "import numpy\n"
+    )
+    assert violations("x.py", "perfmagic.collect.x", source) == []
+    assert violations("x.py", "perfmagic.cli", "from perfmagic.magic import PerfMagics\n") == []
+
+
+def test_the_checker_wants_every_module_in_the_map() -> None:
+    assert violations("x.py", "perfmagic.shiny", "") == [
+        "x.py: module perfmagic.shiny has no layer: add it to the map"
+    ]
+    (found,) = violations("x.py", "perfmagic.render.x", "import perfmagic.shiny.thing\n")
+    assert "perfmagic.shiny.thing, which has no layer" in found
+
+
+def test_imports_follow_the_pipeline() -> None:
+    assert len(MODULES) > 40
+    found = []
+    for module, path in MODULES.items():
+        label = str(path.relative_to(ROOT))
+        found += violations(label, module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
+    assert not found, "imports against the pipeline:\n" + "\n".join(found)
