@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from perfmagic.bootstrap import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, write_sitecustomize
-from perfmagic.report import Report
+from perfmagic.report import Report, report_from_timelines
 from perfmagic.session import Session
 from perfmagic.timeline import SPOOL_NAME, Timeline, TimelineFormatError
 
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     for timeline in processes:  # one clock for all: the sampler's
         if epoch is not None and timeline.meta.get("epoch") is not None:
             timeline.rebase(epoch)
-    report = Report.from_timelines([sampler.timeline, *processes], source="run")
+    report = report_from_timelines([sampler.timeline, *processes], source="run")
     report.save(outdir / "report.json")
     written = _write_outputs(report, args, "run")
     if not args.quiet:

@@ -1,8 +1,9 @@
 """Report: the result of a profiled window, as the JSON contract of DESIGN.md.
 
 A report is its dictionary (``to_dict``) plus, when it was built in this
-process, the analysis behind it. Everything a renderer needs is in the
-dictionary, so a report read back from JSON renders the same way.
+process, the analysis and the timelines behind it (the Chrome trace export shows
+every recorded interval). Everything a renderer needs is in the dictionary, so a
+report read back from JSON renders the same way. :func:`build_report` makes one.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ import copy
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perfmagic.advise import advise
 from perfmagic.analyze import Analysis, analyze
+from perfmagic.timeline import Timeline
 
 if TYPE_CHECKING:
     from perfmagic.compare import Comparison
-    from perfmagic.timeline import Timeline
 
 SCHEMA = "perfmagic.report/1"
 SOURCES = ("live", "run", "trace")
@@ -31,62 +34,16 @@ class ReportFormatError(ValueError):
 class Report:
     """The report of one profiled window."""
 
-    def __init__(self, data: dict[str, Any], analysis: Analysis | None = None) -> None:
+    def __init__(
+        self, data: dict[str, Any], analysis: Analysis | None = None, timelines: Sequence[Timeline] = ()
+    ) -> None:
         if data.get("schema") != SCHEMA:
             raise ReportFormatError(
                 f"not a perfmagic report: schema is {data.get('schema')!r}, expected {SCHEMA!r}"
             )
         self._data = data
         self.analysis = analysis
-
-    # -- construction ----------------------------------------------------
-
-    @classmethod
-    def from_timelines(cls, timelines: list[Timeline], source: str = "live") -> Report:
-        return cls.from_analysis(analyze(timelines), source)
-
-    @classmethod
-    def from_analysis(cls, analysis: Analysis, source: str = "live") -> Report:
-        from perfmagic.advise import advise
-        from perfmagic.analyze.timeseries import profiler_traces, timeseries
-
-        if source not in SOURCES:
-            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-        b = analysis.breakdown
-        cards = advise(analysis)  # may add to analysis.warnings: before they are copied below
-        data: dict[str, Any] = {
-            "schema": SCHEMA,
-            "source": source,
-            "framework": analysis.framework,
-            "wall_s": analysis.wall_s,
-            "steps": vars(analysis.steps),
-            "stages": {name: vars(s) for name, s in analysis.stages.items()},
-            "bottleneck": analysis.bottleneck,
-            "devices": analysis.devices,
-            "host": analysis.host,
-            "gpu": analysis.gpu,
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "pid": r.pid,
-                    "steps": vars(r.steps),
-                    "stages": {name: vars(s) for name, s in r.stages.items()},
-                    **({"gpu": r.gpu} if r.gpu is not None else {}),
-                }
-                for r in analysis.ranks
-            ],
-            "advice": [card.to_dict() for card in cards],
-            "warnings": list(analysis.warnings),
-            "step_table": {
-                "boundary": b.boundary,
-                "start": b.start.tolist(),
-                "end": b.end.tolist(),
-                "stages": {name: b.seconds[:, j].tolist() for j, name in enumerate(b.stages)},
-            },
-            "timeseries": timeseries(analysis),
-            "torch_traces": profiler_traces(analysis),
-        }
-        return cls(_clean(data), analysis)
+        self.timelines = tuple(timelines)
 
     # -- the contract ----------------------------------------------------
 
@@ -110,7 +67,7 @@ class Report:
         """A Trace Event Format file for Perfetto / chrome://tracing (``.gz`` compresses)."""
         from perfmagic.render.chrome import write_chrome_trace
 
-        return write_chrome_trace(self._data, path, self.analysis.timelines if self.analysis else ())
+        return write_chrome_trace(self._data, path, self.timelines)
 
     def to_tensorboard(self, logdir: str | os.PathLike[str]) -> Path:
         """Step time, stage times and utilization as TensorBoard scalars in ``logdir``."""
@@ -193,6 +150,56 @@ class Report:
         return (
             f"<perfmagic.Report {steps.get('count', 0)} steps, median {median}, bottleneck={self.bottleneck}>"
         )
+
+
+def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[Timeline] = ()) -> Report:
+    """The report of an analysis: its figures, the advice on it, and what could not be measured.
+
+    ``timelines`` are the records the analysis was made from, kept for exports that
+    show every recorded interval.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    b = analysis.breakdown
+    advice = advise(analysis)
+    data: dict[str, Any] = {
+        "schema": SCHEMA,
+        "source": source,
+        "framework": analysis.framework,
+        "wall_s": analysis.wall_s,
+        "steps": vars(analysis.steps),
+        "stages": {name: vars(s) for name, s in analysis.stages.items()},
+        "bottleneck": analysis.bottleneck,
+        "devices": analysis.devices,
+        "host": analysis.host,
+        "gpu": analysis.gpu,
+        "ranks": [
+            {
+                "rank": r.rank,
+                "pid": r.pid,
+                "steps": vars(r.steps),
+                "stages": {name: vars(s) for name, s in r.stages.items()},
+                **({"gpu": r.gpu} if r.gpu is not None else {}),
+            }
+            for r in analysis.ranks
+        ],
+        "advice": [card.to_dict() for card in advice.cards],
+        "warnings": [*analysis.warnings, *advice.warnings],
+        "step_table": {
+            "boundary": b.boundary,
+            "start": b.start.tolist(),
+            "end": b.end.tolist(),
+            "stages": {name: b.seconds[:, j].tolist() for j, name in enumerate(b.stages)},
+        },
+        "timeseries": analysis.timeseries,
+        "torch_traces": analysis.torch_traces,
+    }
+    return Report(_clean(data), analysis, timelines)
+
+
+def report_from_timelines(timelines: Sequence[Timeline], source: str = "live") -> Report:
+    """Analyze the timelines of one window (one per process) and build its report."""
+    return build_report(analyze(list(timelines)), source, timelines)
 
 
 def _clean(value: Any) -> Any:

@@ -207,9 +207,9 @@ class Session:
             self._tick_listeners = []
             self.timeline.meta["warnings"] = list(self.warnings)
             self._finish_spool()
-        from perfmagic.report import Report
+        from perfmagic.report import report_from_timelines
 
-        self._report = Report.from_timelines([self.timeline], source=self.source)
+        self._report = report_from_timelines([self.timeline], source=self.source)
         self._report.save(self.outdir / REPORT_NAME)
         return self._report
 
@@ -328,13 +328,13 @@ def step() -> None:
 
 def load(path: str | os.PathLike[str]) -> Report:
     """Rebuild a report from a session's output directory, its spool or a report file."""
-    from perfmagic.report import Report
+    from perfmagic.report import Report, report_from_timelines
 
     p = Path(path)
     if p.is_file() and p.name != SPOOL_NAME and p.suffix == ".json":
         return Report.load(p)
     timeline = Timeline.load(p)
-    return Report.from_timelines([timeline], source=str(timeline.meta.get("source", "live")))
+    return report_from_timelines([timeline], source=str(timeline.meta.get("source", "live")))
 
 
 def default_sources() -> list[Source]:

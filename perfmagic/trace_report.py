@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from perfmagic.analyze import analyze
 from perfmagic.analyze.gpu import trace_gpu
-from perfmagic.report import Report
+from perfmagic.report import Report, build_report
 from perfmagic.traces.kineto import TraceFormatError, read_trace
 from perfmagic.traces.stages import trace_timeline
 
@@ -47,4 +47,4 @@ def report_from_traces(paths: Sequence[str | os.PathLike[str]]) -> Report:
                 )
         timelines.append(timeline)
     # analyze() takes the primary rank's GPU figures (and each rank's) from timeline.meta["gpu"]
-    return Report.from_analysis(analyze(timelines), source="trace")
+    return build_report(analyze(timelines), source="trace")

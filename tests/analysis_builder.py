@@ -1,4 +1,5 @@
-"""Synthetic analyses for rule tests: timelines laid out from per-step stage times, then ``analyze``.
+"""Synthetic analyses for rule tests: timelines laid out from per-step stage times, then ``analyze``;
+or the same layouts as plain :class:`Analysis` data, with no timeline (:func:`plain`).
 
 Each step is laid out in the order a training loop runs: ``data``, the unattributed
 ``pre`` gap (host work between batch and forward), ``h2d``, ``forward``, ``backward``,
@@ -12,7 +13,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from perfmagic.analyze import Analysis, analyze
+import numpy as np
+
+from perfmagic.analyze import (
+    Analysis,
+    RankAnalysis,
+    TrainingConfig,
+    analyze,
+    bottleneck,
+    stage_stats,
+    step_stats,
+)
+from perfmagic.analyze.loop import LoopFacts
+from perfmagic.analyze.steady import steady_of
+from perfmagic.analyze.steps import StepBreakdown
+from perfmagic.schema import STAGES
 from perfmagic.timeline import Timeline
 
 GiB = 1024**3
@@ -178,3 +193,122 @@ def build(
         for i, r in enumerate(ranks)
     ]
     return analyze([main, *others], gpu=gpu)
+
+
+# -- plain analyses: no timeline at all ----------------------------------------
+
+HOST_SUMMARY: dict[str, Any] = {
+    **HOST,
+    "cpu_util_mean": 0.3,
+    "mem_available_min_bytes": 40 * GiB,
+    "rss_peak_bytes": 2 * GiB,
+    "proc_read_bytes": 0,
+    "read_ops": 0,
+    "avg_read_size_bytes": None,
+    "gpu_affinity": [],
+}
+STEADY_MEANS: dict[str, float] = {
+    "host.cpu_util": 0.3,
+    "host.proc_cpu_cores": 2.0,
+    "host.iowait": 0.0,
+}
+
+
+def breakdown(
+    steps: int = 30,
+    stages: dict[str, float | Sequence[float]] | None = None,
+    first_extra: dict[str, float] | None = None,
+    before_s: float = 0.0,
+) -> StepBreakdown:
+    """A step table laid out as :func:`timeline` lays out spans (``pre`` counts as ``other``)."""
+    stages = dict(HEALTHY if stages is None else stages)
+    first_extra = first_extra or {}
+    table = {
+        name: [
+            _at(stages.get(name, 0.0), k) + (first_extra.get(name, 0.0) if k == 0 else 0.0)
+            for k in range(steps)
+        ]
+        for name in LAYOUT
+    }
+    columns = [s for s in STAGES if s != "other" and any(v > 0 for v in table.get(s, ()))] + ["other"]
+    seconds = np.zeros((steps, len(columns)))
+    for name, values in table.items():
+        column = name if name in columns else "other"  # pre: time in no stage
+        seconds[:, columns.index(column)] += np.maximum(values, 0.0)
+    durations = seconds.sum(axis=1)
+    end = before_s + np.cumsum(durations)
+    return StepBreakdown("optimizer", end - durations, end, columns, seconds)
+
+
+def plain(
+    *,
+    steps: int = 30,
+    stages: dict[str, float | Sequence[float]] | None = None,
+    first_extra: dict[str, float] | None = None,
+    before_s: float = 0.0,
+    after_s: float = 0.01,
+    loader: dict[str, Any] | None = LOADER,
+    model: dict[str, Any] | None = MODEL,
+    optimizer: dict[str, Any] | None = None,
+    torch: dict[str, Any] | None = TORCH,
+    counters: dict[str, Any] | None = None,
+    checkpoint_bytes: int | None = 40 * 1024**2,
+    host: dict[str, Any] | None = HOST_SUMMARY,
+    steady_means: dict[str, float] | None = STEADY_MEANS,
+    devices: Sequence[dict[str, Any]] = (),
+    gpu: dict[str, Any] | None = None,
+    ranks: Sequence[dict[str, Any]] = (),
+    whole_process: bool = False,
+    argv: list[str] | None = None,
+) -> Analysis:
+    """An :class:`Analysis` made directly from plain data, as a rule sees it: no timeline involved.
+
+    ``ranks``: per extra rank, the ``stages`` of its steps. ``pre`` (host work between a
+    batch and the forward pass) and ``logging`` calls (one per step where logged) become
+    the loop facts :func:`analyze` measures from spans.
+    """
+    b = breakdown(steps, stages, first_extra, before_s)
+    steady = steady_of(b)
+    assert steady is not None
+    stage_table = dict(HEALTHY if stages is None else stages)
+    pre = float(np.mean([_at(stage_table.get("pre", 0.0), k) for k in range(steady.first, steps)]))
+    calls = {
+        n: float(np.count_nonzero(steady.seconds[:, j] > 0)) / steady.count
+        for j, n in enumerate(steady.stages)
+        if n != "other" and steady.seconds[:, j].any()
+    }
+    rank_rows = [RankAnalysis(0, 1000, b, steady, step_stats(b), stage_stats(b), None)]
+    for i, r in enumerate(ranks):
+        rb = breakdown(steps, r.get("stages", stages), first_extra, before_s)
+        rank_rows.append(
+            RankAnalysis(i + 1, 1001 + i, rb, steady_of(rb), step_stats(rb), stage_stats(rb), None)
+        )
+    counters = {"forwards": steps, "optimizer_steps": steps, "batches": steps, "syncs": 0, **(counters or {})}
+    saves = b.column("checkpoint") > 0 if "checkpoint" in b.stages else np.zeros(steps, dtype=bool)
+    checkpoint_times = b.start[saves].tolist()
+    return Analysis(
+        wall_s=float(b.end[-1]) + after_s,
+        framework="torch",
+        breakdown=b,
+        steady=steady,
+        steps=step_stats(b),
+        stages=stage_stats(b),
+        bottleneck=bottleneck(stage_stats(b)),
+        devices=[dict(d) for d in devices],
+        host=dict(host or {}),
+        gpu=gpu,
+        ranks=rank_rows,
+        config=TrainingConfig(
+            dataloaders=[dict(loader)] if loader else [],
+            models=[dict(model)] if model else [],
+            optimizers=[dict(optimizer)] if optimizer else [],
+            checkpoints=[{"t": t, "fn": "torch.save", "bytes": checkpoint_bytes} for t in checkpoint_times],
+            torch=dict(torch or {}),
+            counters=counters,
+        ),
+        warnings=[],
+        steady_means=dict(steady_means or {}),
+        loop=LoopFacts(pre_forward_s=pre, calls_per_step=calls),
+        whole_process=whole_process,
+        argv=argv,
+    )

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from analysis_builder import CUDA_TORCH, HEALTHY, HOST, HOST_SAMPLES, LOADER, MODEL, GiB, build, gpu_static
 
-from perfmagic.advise import Card, advise, distributed, gpu, host, input, loop, steps
+from perfmagic.advise import Card, advise, data, distributed, gpu, host, loop, pace
 from perfmagic.advise.catalog import RULES
-from perfmagic.advise.common import nice_interval
+from perfmagic.advise.fixes import nice_interval
 
 IDS = [
     "input_bound",
@@ -67,20 +68,20 @@ def test_catalog_has_one_rule_per_advice_id_in_order() -> None:
 
 
 def test_healthy_run_gets_only_the_compute_bound_card() -> None:
-    cards = advise(build())
+    cards = advise(build()).cards
     assert [c.id for c in cards] == ["compute_bound"]
     assert cards[0].severity == "info"
 
 
 def test_compute_bound_is_dropped_when_a_real_problem_fires() -> None:
     a = build(stages=stages(data=0.02))
-    assert steps.compute_bound(build(stages=stages(data=0.004))) is not None
-    ids = [c.id for c in advise(a)]
+    assert pace.compute_bound(build(stages=stages(data=0.004))) is not None
+    ids = [c.id for c in advise(a).cards]
     assert ids[0] == "input_bound" and "compute_bound" not in ids
 
 
 def test_cards_are_ordered_by_saving() -> None:
-    cards = advise(build(stages=stages(data=0.02, logging=0.003)))
+    cards = advise(build(stages=stages(data=0.02, logging=0.003))).cards
     savings = [c.saving_s or 0.0 for c in cards]
     assert savings == sorted(savings, reverse=True)
     assert {"input_bound", "dataloader_workers", "sync_logging"} <= {c.id for c in cards}
@@ -88,24 +89,24 @@ def test_cards_are_ordered_by_saving() -> None:
 
 def test_missing_data_is_warned_once() -> None:
     a = build(samples={})
-    advise(a)
-    advise(a)
-    gpu_warnings = [w for w in a.warnings if w.startswith("GPU rules")]
+    before = list(a.warnings)
+    warnings = advise(a).warnings
+    assert advise(a).warnings == warnings and a.warnings == before  # advice leaves the analysis as it was
+    gpu_warnings = [w for w in warnings if w.startswith("GPU rules")]
     assert len(gpu_warnings) == 1 and "NVML" in gpu_warnings[0]
-    assert any(w.startswith("host rules") for w in a.warnings)
+    assert any(w.startswith("host rules") for w in warnings)
 
 
 def test_gpu_present_without_trace_warns_about_launch_bound_only() -> None:
     a = build(devices=[gpu_static()], samples={**HOST_SAMPLES, "gpu0.util": 0.9})
-    advise(a)
-    assert not any(w.startswith("GPU rules") for w in a.warnings)
-    assert any(w.startswith("launch_bound") for w in a.warnings)
+    warnings = advise(a).warnings
+    assert not any(w.startswith("GPU rules") for w in warnings)
+    assert any(w.startswith("launch_bound") for w in warnings)
 
 
 def test_no_hooks_warns_about_setup_rules() -> None:
     a = build(loader=None, model=None)
-    advise(a)
-    assert any(w.startswith("set-up rules") for w in a.warnings)
+    assert any(w.startswith("set-up rules") for w in advise(a).warnings)
 
 
 def test_nice_interval() -> None:
@@ -126,10 +127,10 @@ def test_nice_interval() -> None:
 
 
 def test_input_bound_fires_from_5_percent_and_says_highly_from_20() -> None:
-    assert input.input_bound(build(stages=stages(data=0.0005))) is None  # ~4%
-    moderate = check(input.input_bound(build(stages=stages(data=0.0013))), "input_bound")  # ~9%
+    assert data.input_bound(build(stages=stages(data=0.0005))) is None  # ~4%
+    moderate = check(data.input_bound(build(stages=stages(data=0.0013))), "input_bound")  # ~9%
     assert "moderately" in moderate.title
-    card = check(input.input_bound(build(stages=stages(data=0.02))), "input_bound")
+    card = check(data.input_bound(build(stages=stages(data=0.02))), "input_bound")
     assert "HIGHLY" in card.title and card.severity == "high"
     assert card.saving_s == pytest.approx(0.02, rel=0.01)  # 2 workers keep up: all of the wait goes
     assert "Up to 20.0 ms per step" in card.evidence and "save all of it" in card.evidence
@@ -138,8 +139,8 @@ def test_input_bound_fires_from_5_percent_and_says_highly_from_20() -> None:
 def test_input_bound_claims_what_the_affordable_workers_save_and_states_the_bound() -> None:
     two_cpus = {**HOST, "cpu_count": 2, "affinity": [0, 1]}
     a = build(stages=stages(data=0.03), host=two_cpus)  # 30 ms to load, 13.3 ms of rest: 3 workers keep up
-    card = check(input.input_bound(a), "input_bound")
-    workers = check(input.dataloader_workers(a), "dataloader_workers")
+    card = check(data.input_bound(a), "input_bound")
+    workers = check(data.dataloader_workers(a), "dataloader_workers")
     # one worker on 2 CPUs: a 30 ms step instead of 43.3 ms, 16.7 ms of wait left
     assert card.saving_s == pytest.approx(workers.saving_s) == pytest.approx(0.0133, rel=0.01)
     assert card.speedup == pytest.approx(workers.speedup)
@@ -147,28 +148,28 @@ def test_input_bound_claims_what_the_affordable_workers_save_and_states_the_boun
     assert card.metrics["recommended_workers"] == workers.metrics["recommended_workers"] == 1
     # severity is the size of the problem (88% of the step waits), whatever the first fix achieves
     slow = build(stages=stages(data=0.1), host=two_cpus)
-    assert check(input.input_bound(slow), "input_bound").severity == "high"
-    assert check(input.dataloader_workers(slow), "dataloader_workers").severity == "medium"
+    assert check(data.input_bound(slow), "input_bound").severity == "high"
+    assert check(data.dataloader_workers(slow), "dataloader_workers").severity == "medium"
     # the two cards say different things: the worker count on one, cheaper samples on the other
     assert "DataLoader(" in workers.fix and "DataLoader(" not in card.fix
     assert "ms per batch of 64" in card.fix and "still waits 16.7 ms" in card.fix
 
 
 def test_input_bound_without_a_dataloader_claims_the_whole_wait_and_says_why() -> None:
-    card = check(input.input_bound(build(stages=stages(data=0.02), loader=None)), "input_bound")
+    card = check(data.input_bound(build(stages=stages(data=0.02), loader=None)), "input_bound")
     assert card.saving_s == pytest.approx(0.02, rel=0.01)
     assert "saw no torch DataLoader" in card.evidence and "upper bound" in card.metrics["saving_model"]
     assert "workers are already busy" not in card.fix and "num_workers=N" in card.fix
 
 
 def test_dataloader_workers_recommends_what_the_cpus_allow() -> None:
-    card = check(input.dataloader_workers(build(stages=stages(data=0.02))), "dataloader_workers")
+    card = check(data.dataloader_workers(build(stages=stages(data=0.02))), "dataloader_workers")
     # 20 ms to load a batch, 13.3 ms of rest: 2 workers keep up
     assert card.metrics["recommended_workers"] == 2 and card.metrics["workers_needed"] == 2
     assert card.saving_s == pytest.approx(0.02, rel=0.05)
     assert "num_workers=2,  # was 0" in card.fix and "persistent_workers=True" in card.fix
     few = check(
-        input.dataloader_workers(
+        data.dataloader_workers(
             build(stages=stages(data=0.1), host={**HOST, "cpu_count": 4, "affinity": [0, 1, 2, 3]})
         ),
         "dataloader_workers",
@@ -177,17 +178,17 @@ def test_dataloader_workers_recommends_what_the_cpus_allow() -> None:
 
 
 def test_dataloader_workers_is_silent_when_workers_are_maxed_or_data_is_cheap() -> None:
-    assert input.dataloader_workers(build(stages=stages(data=0.0005))) is None
+    assert data.dataloader_workers(build(stages=stages(data=0.0005))) is None
     assert (
-        input.dataloader_workers(build(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7})) is None
+        data.dataloader_workers(build(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7})) is None
     )
     one_cpu = {**HOST, "cpu_count": 1, "affinity": [0]}
-    assert input.dataloader_workers(build(stages=stages(data=0.02), host=one_cpu)) is None
+    assert data.dataloader_workers(build(stages=stages(data=0.02), host=one_cpu)) is None
 
 
 def test_input_bound_with_maxed_workers_says_make_samples_cheaper() -> None:
     card = check(
-        input.input_bound(build(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7})), "input_bound"
+        data.input_bound(build(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7})), "input_bound"
     )
     assert "ms per sample" in card.fix and "More workers cannot help" in card.fix
     assert "already use the CPUs" in card.evidence and "upper bound" in card.metrics["saving_model"]
@@ -200,32 +201,32 @@ def _h2d(**counters: Any) -> Any:
 
 
 def test_pin_memory() -> None:
-    card = check(input.pin_memory(_h2d()), "pin_memory")
+    card = check(data.pin_memory(_h2d()), "pin_memory")
     assert card.saving_s == pytest.approx(0.0015, rel=0.01)
     assert "pin_memory=True,  # was False" in card.fix and "non_blocking=True" in card.fix
-    assert input.pin_memory(_h2d(h2d_pinned_bytes=6 * GiB, h2d_non_blocking=60)) is None
+    assert data.pin_memory(_h2d(h2d_pinned_bytes=6 * GiB, h2d_non_blocking=60)) is None
     small = build(stages=stages(h2d=0.0003), torch=CUDA_TORCH, counters={"h2d_copies": 1, "h2d_bytes": 1})
-    assert input.pin_memory(small) is None
+    assert data.pin_memory(small) is None
 
 
 def test_preprocess_in_loop_measures_each_step_less_built_in_stages() -> None:
     pre = [0.004 + 0.002 * (k % 5) for k in range(30)]
-    card = check(input.preprocess_in_loop(build(stages=stages(pre=pre, h2d=0.002))), "preprocess_in_loop")
+    card = check(data.preprocess_in_loop(build(stages=stages(pre=pre, h2d=0.002))), "preprocess_in_loop")
     # the mean of the steady steps' gaps; the h2d copy between the batch and forward is not preprocessing
     assert card.metrics["preprocess_s"] == pytest.approx(sum(pre[1:]) / 29, rel=1e-6)
 
 
 def test_preprocess_in_loop() -> None:
-    card = check(input.preprocess_in_loop(build(stages=stages(pre=0.01))), "preprocess_in_loop")
+    card = check(data.preprocess_in_loop(build(stages=stages(pre=0.01))), "preprocess_in_loop")
     assert card.metrics["preprocess_s"] == pytest.approx(0.01, rel=0.01)
     # 0.2 ms to load + 10 ms to preprocess, 13.3 ms left in the step: one worker keeps up
     assert "class Preprocessed" in card.fix and "num_workers=1,  # was 0" in card.fix
     assert card.saving_s == pytest.approx(0.0102, rel=0.01)
-    heavy = check(input.preprocess_in_loop(build(stages=stages(pre=0.03))), "preprocess_in_loop")
+    heavy = check(data.preprocess_in_loop(build(stages=stages(pre=0.03))), "preprocess_in_loop")
     assert heavy.metrics["workers"] == 3  # 30.2 ms of work against 13.3 ms of rest
-    assert input.preprocess_in_loop(build(stages=stages(pre=0.0005))) is None
+    assert data.preprocess_in_loop(build(stages=stages(pre=0.0005))) is None
     # time after the optimizer (the "other" tail) is not preprocessing
-    assert input.preprocess_in_loop(build(stages=stages(other=0.01))) is None
+    assert data.preprocess_in_loop(build(stages=stages(other=0.01))) is None
 
 
 IO = {**HOST_SAMPLES, "host.proc_read_bytes": 500 * 1024**2, "host.read_bytes": 10 * 1024**2}
@@ -233,21 +234,21 @@ IO = {**HOST_SAMPLES, "host.proc_read_bytes": 500 * 1024**2, "host.read_bytes": 
 
 def test_io_bound() -> None:
     card = check(
-        input.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.1})), "io_bound"
+        data.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.1})), "io_bound"
     )
     assert card.metrics["blocked_share"] == pytest.approx(0.8)
-    assert input.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.01})) is None
+    assert data.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.01})) is None
     # I/O wait while the training itself read nothing is someone else's
     quiet = {**IO, "host.iowait": 0.1, "host.proc_read_bytes": 0.0}
-    assert input.io_bound(build(stages=stages(data=0.02), samples=quiet)) is None
+    assert data.io_bound(build(stages=stages(data=0.02), samples=quiet)) is None
 
 
 def test_small_files() -> None:
     small = {**IO, "host.iowait": 0.1, "host.read_ops": 10_000.0}  # 1 KiB per read
-    card = check(input.small_files(build(stages=stages(data=0.02), samples=small)), "small_files")
+    card = check(data.small_files(build(stages=stages(data=0.02), samples=small)), "small_files")
     assert card.metrics["avg_read_size_bytes"] < 64 * 1024
     large = {**small, "host.read_ops": 50.0}  # 200 KiB per read
-    assert input.small_files(build(stages=stages(data=0.02), samples=large)) is None
+    assert data.small_files(build(stages=stages(data=0.02), samples=large)) is None
 
 
 # -- host --------------------------------------------------------------------
@@ -444,50 +445,50 @@ def test_data_parallel() -> None:
 
 
 def test_slow_startup() -> None:
-    card = check(steps.slow_startup(build(first_extra={"data": 2.0})), "slow_startup")
+    card = check(pace.slow_startup(build(first_extra={"data": 2.0})), "slow_startup")
     assert card.metrics["where"] == "data"
     # 2 s once is 80% of this window but a sliver of an hour's job: low, with a saving to match
     assert card.severity == "low" and card.metrics["job_s"] == 3600
     assert card.speedup == pytest.approx(3600 / (3600 - 2.0), rel=1e-3)
     assert "0.06% of a 1-hour job" in card.evidence
-    before = check(steps.slow_startup(build(before_s=2.0)), "slow_startup")
+    before = check(pace.slow_startup(build(before_s=2.0)), "slow_startup")
     assert before.metrics["where"] == "before"
-    assert steps.slow_startup(build(first_extra={"data": 0.02})) is None
+    assert pace.slow_startup(build(first_extra={"data": 0.02})) is None
 
 
 @pytest.mark.parametrize(
     ("excess_s", "severity"), [(910, "high"), (890, "medium"), (370, "medium"), (350, "low")]
 )
 def test_slow_startup_severity_is_its_share_of_an_hour_long_job(excess_s: float, severity: str) -> None:
-    card = check(steps.slow_startup(build(first_extra={"data": excess_s}, samples={})), "slow_startup")
+    card = check(pace.slow_startup(build(first_extra={"data": excess_s}, samples={})), "slow_startup")
     assert card.severity == severity  # high from 15 min, medium from 6 min
 
 
 def test_slow_startup_under_perfmagic_run_names_interpreter_and_imports() -> None:
     a = build(before_s=2.5)
-    a.timelines[0].meta.update(source="run", argv=["train.py", "--epochs", "3"])
-    card = check(steps.slow_startup(a), "slow_startup")
+    a = dataclasses.replace(a, whole_process=True, argv=["train.py", "--epochs", "3"])
+    card = check(pace.slow_startup(a), "slow_startup")
     assert card.severity == "low" and "importing torch" in card.evidence
     assert "python -X importtime train.py --epochs 3" in card.fix
-    live = check(steps.slow_startup(build(before_s=2.5)), "slow_startup")
+    live = check(pace.slow_startup(build(before_s=2.5)), "slow_startup")
     assert "importing torch" not in live.evidence and "start profiling after it" in live.fix
 
 
 def test_step_outliers() -> None:
     other = [0.05 if k % 8 == 7 else 0.0003 for k in range(40)]
-    card = check(steps.step_outliers(build(steps=40, stages=stages(other=other))), "step_outliers")
+    card = check(pace.step_outliers(build(steps=40, stages=stages(other=other))), "step_outliers")
     assert card.metrics["period_steps"] == 8 and card.metrics["stage"] == "other"
-    assert steps.step_outliers(build(steps=40)) is None
+    assert pace.step_outliers(build(steps=40)) is None
     # slow steps that are checkpoints are checkpoint_frequency's
     ckpt = [0.05 if k % 8 == 7 else 0.0 for k in range(40)]
-    assert steps.step_outliers(build(steps=40, stages=stages(checkpoint=ckpt))) is None
+    assert pace.step_outliers(build(steps=40, stages=stages(checkpoint=ckpt))) is None
 
 
 def test_step_outliers_at_epoch_start_recommend_persistent_workers() -> None:
     data = [0.3 if k % 10 == 0 else 0.0002 for k in range(40)]
     loader = {**LOADER, "num_workers": 4, "prefetch_factor": 2, "dataset_len": 640}
     card = check(
-        steps.step_outliers(build(steps=40, stages=stages(data=data), loader=loader)), "step_outliers"
+        pace.step_outliers(build(steps=40, stages=stages(data=data), loader=loader)), "step_outliers"
     )
     assert "persistent_workers=True,  # was False" in card.fix
 
@@ -496,10 +497,10 @@ def test_compute_bound_with_a_gpu_of_unknown_memory_size() -> None:
     # GPU samples without NVML's static facts: no total memory to weigh the peak against
     a = build(samples={**HOST_SAMPLES, "gpu0.util": 0.9})
     assert a.devices and a.devices[0]["mem_total_bytes"] is None
-    check(steps.compute_bound(a), "compute_bound")
+    check(pace.compute_bound(a), "compute_bound")
 
 
 def test_compute_bound() -> None:
-    card = check(steps.compute_bound(build()), "compute_bound")
+    card = check(pace.compute_bound(build()), "compute_bound")
     assert card.severity == "info" and "torch.compile" in card.fix
-    assert steps.compute_bound(build(stages=stages(data=0.02))) is None
+    assert pace.compute_bound(build(stages=stages(data=0.02))) is None

@@ -11,12 +11,12 @@ import pytest
 from analysis_builder import HEALTHY, build
 
 from perfmagic.compare import Comparison
-from perfmagic.report import Report
+from perfmagic.report import Report, build_report
 
 
 def _report(**options: object) -> Report:
     # through JSON, as a user comparing saved reports would
-    return Report.from_json(Report.from_analysis(build(**options)).to_json())
+    return Report.from_json(build_report(build(**options)).to_json())
 
 
 def test_compare_shows_the_fix_worked() -> None:

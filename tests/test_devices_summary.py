@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from perfmagic.analyze.devices import devices_summary, gpu_indices, host_summary
+from perfmagic.analyze.devices import devices_summary, gpu_indices
+from perfmagic.analyze.host import host_summary
 from perfmagic.timeline import Timeline
 
 

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import perfmagic
 from perfmagic.analyze.timeseries import downsample
 from perfmagic.render.chrome import PID
+from perfmagic.report import report_from_timelines
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +271,7 @@ def test_profiler_trace_stays_aligned_when_the_timeline_is_rebased(tmp_path: Pat
     timeline = session.timeline
 
     def clock_and_steps() -> tuple[float, list[float]]:
-        report = perfmagic.Report.from_timelines([timeline]).to_dict()
+        report = report_from_timelines([timeline]).to_dict()
         events = chrome_trace(report)["traceEvents"]
         clock = next(e["ts"] for e in events if e.get("name") == "perfmagic.clock")
         return clock, [e["ts"] for e in events if e.get("pid") == PID and e["name"].startswith("step ")]

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from perfmagic.analyze.devices import host_summary
+from perfmagic.analyze.host import host_summary
 from perfmagic.collect.host import HostSource
 from perfmagic.timeline import Timeline
 

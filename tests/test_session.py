@@ -25,6 +25,7 @@ from torch.utils.data import dataloader as dataloader_module
 from torchloops import SlowPickle, train
 
 import perfmagic
+import perfmagic.report
 from perfmagic.timeline import SPOOL_NAME, Timeline
 
 CONTRACT_KEYS = (
@@ -338,7 +339,7 @@ def test_a_failing_stop_does_not_hide_the_blocks_exception(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("analysis bug")
 
-    monkeypatch.setattr(perfmagic.Report, "from_timelines", broken)
+    monkeypatch.setattr(perfmagic.report, "report_from_timelines", broken)
     before = patched_things()
     with (
         pytest.warns(RuntimeWarning, match="analysis bug"),

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from perfmagic.advise.card import Card
-from perfmagic.advise.catalog import advise
+from perfmagic.advise.catalog import Advice, advise
 
-__all__ = ["Card", "advise"]
+__all__ = ["Advice", "Card", "advise"]

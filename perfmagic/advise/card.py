@@ -1,4 +1,9 @@
-"""The advice card: what a rule says about one bottleneck."""
+"""The advice card: what a rule says about one bottleneck, and how its severity follows from its saving.
+
+Savings are seconds per steady-state step (the steps after the first, which
+carries the warm-up). ``speedup = step / (step - saving)``. Each card states the
+model behind its saving in ``metrics["saving_model"]``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,11 @@ from typing import Any, Literal
 
 Severity = Literal["high", "medium", "low", "info"]
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low", "info")
+
+HIGH_SAVING = 0.25
+"""A card is ``high`` when fixing it saves at least this share of the step…"""
+MEDIUM_SAVING = 0.10
+"""…``medium`` from this share, ``low`` below."""
 
 
 @dataclass(frozen=True)
@@ -29,3 +39,38 @@ class Card:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def severity_for(saving_s: float, step_s: float) -> Severity:
+    share = saving_s / step_s if step_s > 0 else 0.0
+    if share >= HIGH_SAVING:
+        return "high"
+    if share >= MEDIUM_SAVING:
+        return "medium"
+    return "low"
+
+
+def make_card(
+    id: str,
+    title: str,
+    evidence: str,
+    fix: str,
+    metrics: dict[str, Any],
+    *,
+    saving_s: float | None,
+    step_s: float | None,
+    model: str | None,
+    severity: Severity | None = None,
+) -> Card:
+    """A card whose severity (unless given) and speedup follow from its saving."""
+    speedup = None
+    if saving_s is not None and step_s and step_s > saving_s:
+        speedup = step_s / (step_s - saving_s)
+    if severity is None:
+        severity = severity_for(saving_s or 0.0, step_s or 0.0)
+    full = dict(metrics)
+    if step_s is not None:
+        full["step_s"] = step_s
+    if model is not None:
+        full["saving_model"] = model
+    return Card(id, severity, title, evidence, fix, full, saving_s, speedup)

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from perfmagic.advise import distributed, gpu, host, input, loop, steps
+from perfmagic.advise import data, distributed, gpu, host, loop, pace
 from perfmagic.advise.card import SEVERITIES, Card
 from perfmagic.analyze import Analysis
 
 Rule = Callable[[Analysis], "Card | None"]
 
 RULES: list[Rule] = [
-    input.input_bound,
-    input.dataloader_workers,
-    input.pin_memory,
-    input.preprocess_in_loop,
-    input.io_bound,
-    input.small_files,
+    data.input_bound,
+    data.dataloader_workers,
+    data.pin_memory,
+    data.preprocess_in_loop,
+    data.io_bound,
+    data.small_files,
     host.cpu_contention,
     host.host_memory_pressure,
     gpu.gpu_memory_pressure,
@@ -32,9 +33,9 @@ RULES: list[Rule] = [
     distributed.gpu_imbalance,
     distributed.data_parallel,
     host.numa_affinity,
-    steps.slow_startup,
-    steps.step_outliers,
-    steps.compute_bound,
+    pace.slow_startup,
+    pace.step_outliers,
+    pace.compute_bound,
 ]
 """One rule per advice id; a rule's ``__name__`` is its id."""
 
@@ -44,20 +45,39 @@ _HOST_RULES = "cpu_contention, host_memory_pressure, io_bound, small_files, numa
 _CONFIG_RULES = "dataloader_workers, pin_memory, amp, tf32, jit_compile, data_parallel"
 
 
-def advise(analysis: Analysis) -> list[Card]:
+@dataclass(frozen=True)
+class Advice:
+    """The cards, most valuable first, and what the rules could not say."""
+
+    cards: list[Card] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def advise(analysis: Analysis) -> Advice:
     """The cards of every rule that fired, by estimated saving (ties: severity, then catalog order).
 
-    ``compute_bound`` is kept only when no card of medium or high severity fired. What
-    the rules could not see is added, once, to ``analysis.warnings``.
+    ``compute_bound`` is kept only when no card of medium or high severity fired. Each
+    rule runs on its own: one that fails costs its card, said in a warning, never the
+    report. The warnings also say what the rules could not see.
     """
-    cards = [card for rule in RULES if (card := rule(analysis)) is not None]
+    cards: list[Card] = []
+    warnings: list[str] = []
+    for rule in RULES:
+        try:
+            card = rule(analysis)
+        except Exception as e:  # a rule's bug must not cost the user the report
+            warnings.append(
+                f"advice rule {rule.__name__} failed ({type(e).__name__}: {e}): its card is missing"
+            )
+            continue
+        if card is not None:
+            cards.append(card)
     if any(c.severity in ("high", "medium") for c in cards):
         cards = [c for c in cards if c.id != "compute_bound"]
-    for warning in missing(analysis):
-        if warning not in analysis.warnings:
-            analysis.warnings.append(warning)
+    warnings += [w for w in missing(analysis) if w not in analysis.warnings]
     order = {c.id: i for i, c in enumerate(cards)}
-    return sorted(cards, key=lambda c: (-(c.saving_s or 0.0), SEVERITIES.index(c.severity), order[c.id]))
+    cards.sort(key=lambda c: (-(c.saving_s or 0.0), SEVERITIES.index(c.severity), order[c.id]))
+    return Advice(cards, warnings)
 
 
 def missing(analysis: Analysis) -> list[str]:

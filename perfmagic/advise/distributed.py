@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfmagic.advise.card import Card
-from perfmagic.advise.common import (
-    fmt_fraction,
-    fmt_seconds,
-    gpu_utils,
-    make_card,
-    steady,
-    steady_of,
-)
+from perfmagic.advise.card import Card, make_card
 from perfmagic.analyze import Analysis
+from perfmagic.units import fmt_fraction, fmt_seconds
 
 COMM_SHARE = 0.10
 """Exposed communication wait worth a card, as a share of step time."""
@@ -44,7 +37,7 @@ _DDP_FIX = "\n".join(
 
 def comm_bound(a: Analysis) -> Card | None:
     """Collective communication the step waits for."""
-    s = steady(a)
+    s = a.steady
     if s is None or s.share("comm") < COMM_SHARE:
         return None
     step, comm = s.step_s, s.stage_s("comm")
@@ -89,7 +82,7 @@ def comm_bound(a: Analysis) -> Card | None:
 
 def rank_straggler(a: Analysis) -> Card | None:
     """One rank works longer per step and the others wait for it in the collectives."""
-    views = [(r.rank, v) for r in a.ranks if (v := steady_of(r.breakdown)) is not None]
+    views = [(r.rank, v) for r in a.ranks if (v := r.steady) is not None]
     if len(views) < 2:
         return None
     work = np.array([v.step_s - v.stage_s("comm") for _, v in views])
@@ -136,8 +129,8 @@ def rank_straggler(a: Analysis) -> Card | None:
 
 def gpu_imbalance(a: Analysis) -> Card | None:
     """Some GPUs work much more than others, or sit idle."""
-    s = steady(a)
-    utils = [(d.get("index"), u) for d, u in gpu_utils(a, s)]
+    s = a.steady
+    utils = [(d.get("index"), u) for d, u in a.gpu_utils()]
     if len(utils) < 2 or s is None:
         return None
     values = np.array([u for _, u in utils])
@@ -175,8 +168,8 @@ def data_parallel(a: Analysis) -> Card | None:
     """nn.DataParallel, which PyTorch recommends replacing with DistributedDataParallel."""
     if not any(m.get("data_parallel") for m in a.config.models):
         return None
-    s = steady(a)
-    utils = [(d.get("index"), u) for d, u in gpu_utils(a, s)]
+    s = a.steady
+    utils = [(d.get("index"), u) for d, u in a.gpu_utils()]
     listing = (
         f" GPU utilization: {', '.join(f'GPU {i} {fmt_fraction(u)}' for i, u in utils)}." if utils else ""
     )

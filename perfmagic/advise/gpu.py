@@ -6,21 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from perfmagic.advise.card import Card
-from perfmagic.advise.common import (
-    COMPUTE_STAGES,
-    Steady,
-    fmt_bytes,
-    fmt_fraction,
-    fmt_seconds,
-    gpu_index,
-    gpu_utils,
-    loader,
-    make_card,
-    model,
-    steady,
-)
+from perfmagic.advise.card import Card, make_card
 from perfmagic.analyze import Analysis
+from perfmagic.analyze.steady import Steady
+from perfmagic.schema import COMPUTE_STAGES
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 MEMORY_FULL = 0.95
 """Peak GPU memory share at which the caching allocator starts freeing and retrying."""
@@ -45,9 +35,9 @@ TF32_SPEEDUP = 1.5
 """Conservative forward+backward speed-up of TF32 matmuls over fp32 on Ampere and newer."""
 
 
-def _used_gpus(a: Analysis, s: Steady | None) -> list[tuple[dict[str, Any], float]]:
+def _used_gpus(a: Analysis) -> list[tuple[dict[str, Any], float]]:
     """GPUs with utilization samples that did any work, with their steady-state utilization."""
-    return [(d, u) for d, u in gpu_utils(a, s) if u > 0.01 or (d.get("tree_mem_used_bytes") or 0) > 0]
+    return [(d, u) for d, u in a.gpu_utils() if u > 0.01 or (d.get("tree_mem_used_bytes") or 0) > 0]
 
 
 def gpu_memory_pressure(a: Analysis) -> Card | None:
@@ -60,7 +50,7 @@ def gpu_memory_pressure(a: Analysis) -> Card | None:
     d, share = max(full, key=lambda x: x[1])
     if share < MEMORY_FULL:
         return None
-    s = steady(a)
+    s = a.steady
     fix = "\n".join(
         [
             "print(torch.cuda.memory_stats()['num_alloc_retries'])  # > 0: the allocator frees and retries",
@@ -101,11 +91,11 @@ _STAGE_FIX = {
 
 def low_gpu_util(a: Analysis) -> Card | None:
     """The GPU is idle much of the time."""
-    s = steady(a)
+    s = a.steady
     if s is None:
         return None
     traced = a.gpu.get("busy_fraction") if a.gpu else None
-    used = _used_gpus(a, s)
+    used = _used_gpus(a)
     if traced is not None:
         util, source = float(traced), "busy in the GPU trace"
     elif used:
@@ -143,7 +133,7 @@ def low_gpu_util(a: Analysis) -> Card | None:
 
 def launch_bound(a: Analysis) -> Card | None:
     """Kernels too small and too many: the GPU idles between launches."""
-    s = steady(a)
+    s = a.steady
     gpu = a.gpu or {}
     idle_share = (gpu.get("idle_breakdown") or {}).get("kernel_wait")
     idle = gpu.get("idle_fraction")
@@ -174,7 +164,7 @@ def launch_bound(a: Analysis) -> Card | None:
 
 def jit_compile(a: Analysis) -> Card | None:
     """torch.compile compiles again after warm-up (new shapes, failed guards)."""
-    s = steady(a)
+    s = a.steady
     if s is None or not any(m.get("compiled") for m in a.config.models):
         return None
     work = s.seconds[:, [s.stages.index(n) for n in ("forward", "backward") if n in s.stages]].sum(axis=1)
@@ -187,7 +177,7 @@ def jit_compile(a: Analysis) -> Card | None:
     lost = float(extra[spikes].sum()) / s.count
     if lost < COMPILE_SHARE * step:
         return None
-    ld = loader(a)
+    ld = a.config.loader
     partial = bool(
         ld
         and not ld.get("drop_last")
@@ -224,7 +214,7 @@ def jit_compile(a: Analysis) -> Card | None:
 
 def _capability(a: Analysis) -> float | None:
     """Compute capability of the model's GPU (GPU 0 when unknown)."""
-    index = gpu_index(a)
+    index = a.config.gpu_index
     d = next((d for d in a.devices if d.get("index") == index), None)
     cc = d.get("compute_capability") if d else None
     return float(cc) if cc else None
@@ -232,7 +222,7 @@ def _capability(a: Analysis) -> float | None:
 
 def _fp32_on_gpu(a: Analysis) -> tuple[Steady, float] | None:
     """The steady view and capability when a float32 model trains on a CUDA GPU without autocast."""
-    s, md = steady(a), model(a)
+    s, md = a.steady, a.config.model
     c = a.config.counters
     if s is None or md is None or not str(md.get("device") or "").startswith("cuda"):
         return None

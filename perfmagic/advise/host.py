@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfmagic.advise.card import Card
-from perfmagic.advise.common import (
-    fmt_bytes,
-    fmt_fraction,
-    gpu_index,
-    loader,
-    make_card,
-    steady,
-    window_mean,
-)
+from perfmagic.advise.card import Card, make_card
 from perfmagic.analyze import Analysis
+from perfmagic.units import fmt_bytes, fmt_fraction
 
 MACHINE_BUSY = 0.90
 """Machine CPU utilization above which runnable threads queue (SageMaker CPUBottleneck: 90%)."""
@@ -33,10 +25,10 @@ NUMA_HOST_SPEEDUP = 1.25
 
 def contention(a: Analysis) -> tuple[float, float, float] | None:
     """(machine CPU utilization, training's cores, other processes' cores) when others crowd a busy machine."""
-    s = steady(a)
+    s = a.steady
     n = a.host.get("cpu_count")
-    util = window_mean(a, "host.cpu_util", s)
-    ours = window_mean(a, "host.proc_cpu_cores", s)
+    util = a.steady_mean("host.cpu_util")
+    ours = a.steady_mean("host.proc_cpu_cores")
     if s is None or not n or util is None or ours is None or util < MACHINE_BUSY:
         return None
     others = max(0.0, util * n - ours)
@@ -47,12 +39,12 @@ def contention(a: Analysis) -> tuple[float, float, float] | None:
 
 def cpu_contention(a: Analysis) -> Card | None:
     """Other processes take CPU the training could use."""
-    s, found, n = steady(a), contention(a), a.host.get("cpu_count")
+    s, found, n = a.steady, contention(a), a.host.get("cpu_count")
     if s is None or found is None or not n:
         return None
     util, ours, others = found
     threads = a.config.torch.get("num_threads")
-    ld = loader(a)
+    ld = a.config.loader
     workers = int(ld.get("num_workers") or 0) if ld else 0
     demand = min(float(n), float(threads + workers)) if threads else float(n)
     lost = min(others, demand - ours)
@@ -88,7 +80,7 @@ def host_memory_pressure(a: Analysis) -> Card | None:
         return None
     share = available / total
     rss = a.host.get("rss_peak_bytes")
-    ld = loader(a)
+    ld = a.config.loader
     lines = ["# Each DataLoader worker holds its own copy of what the Dataset references; keep it small:"]
     if ld and (ld.get("num_workers") or 0) > 1:
         lines.append(
@@ -99,7 +91,7 @@ def host_memory_pressure(a: Analysis) -> Card | None:
         "# store samples in numpy arrays or a memmap, not Python lists of objects (copy-on-read refcounts):",
         "self.samples = np.load('samples.npy', mmap_mode='r')",
     ]
-    s = steady(a)
+    s = a.steady
     return make_card(
         "host_memory_pressure",
         f"Host memory ran low: {fmt_bytes(available)} available at the lowest",
@@ -136,7 +128,7 @@ def numa_affinity(a: Analysis) -> Card | None:
     nodes: dict[Any, list[int]] = a.host.get("numa_nodes") or {}
     if len(nodes) < 2:
         return None
-    gpu = gpu_index(a)
+    gpu = a.config.gpu_index
     entry = next((g for g in a.host.get("gpu_affinity") or [] if g.get("gpu") == gpu), None)
     if entry is None or entry.get("allowed_local_fraction") is None:
         return None
@@ -146,7 +138,7 @@ def numa_affinity(a: Analysis) -> Card | None:
     node = entry.get("numa_node")
     device = next((d for d in a.devices if d.get("index") == gpu), {})
     local_cpus = device.get("numa_cpus") or nodes.get(node, nodes.get(str(node), []))
-    s = steady(a)
+    s = a.steady
     host_side = s.stage_s("data", "h2d") if s else 0.0
     cpus = _cpu_list(local_cpus) if local_cpus else "<cpus of node>"
     fix = "\n".join(

@@ -6,18 +6,10 @@ import math
 
 import numpy as np
 
-from perfmagic.advise.card import Card
-from perfmagic.advise.common import (
-    Steady,
-    fmt_bytes,
-    fmt_fraction,
-    fmt_seconds,
-    make_card,
-    nice_interval,
-    primary_timeline,
-    steady,
-)
+from perfmagic.advise.card import Card, make_card
+from perfmagic.advise.fixes import nice_interval
 from perfmagic.analyze import Analysis
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 LOGGING_SHARE = 0.05
 """Logging and host-device syncs worth a card, as a share of step time."""
@@ -29,23 +21,13 @@ CHECKPOINT_TARGET = 0.02
 """…and checkpointing."""
 
 
-def _calls_per_step(a: Analysis, s: Steady, stage: str) -> float:
-    """How many times per steady step a stage was entered (outermost spans only)."""
-    tl = primary_timeline(a)
-    if tl is None or stage not in tl.spans.names:
-        return 0.0
-    sp = tl.spans
-    mine = (sp.name_id == sp.names.index(stage)) & (sp.start >= s.start) & (sp.end <= s.end)
-    return float(mine.sum()) / s.count
-
-
 def sync_logging(a: Analysis) -> Card | None:
     """Printing, logging, metric writers and host-device syncs on the step's critical path."""
-    s = steady(a)
+    s = a.steady
     if s is None or s.share("logging") < LOGGING_SHARE:
         return None
     step, spent = s.step_s, s.stage_s("logging")
-    calls = _calls_per_step(a, s, "logging")
+    calls = a.loop.calls_per_step.get("logging", 0.0)
     c = a.config.counters
     steps = c.get("optimizer_steps") or c.get("batches") or 0
     syncs = (c.get("syncs") or 0) / steps if steps else 0.0
@@ -83,7 +65,7 @@ def sync_logging(a: Analysis) -> Card | None:
 
 def checkpoint_frequency(a: Analysis) -> Card | None:
     """Checkpoints saved so often that saving takes a large share of training time."""
-    s = steady(a)
+    s = a.steady
     if s is None or "checkpoint" not in s.stages or s.share("checkpoint") < CHECKPOINT_SHARE:
         return None
     col = s.seconds[:, s.stages.index("checkpoint")]

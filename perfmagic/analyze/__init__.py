@@ -1,7 +1,8 @@
 """Analysis: turn timelines into the numbers a report shows and the advice rules read.
 
 Pure functions, no I/O. ``analyze`` takes one timeline per process (one per
-rank in a multi-process run) and returns an :class:`Analysis`.
+rank in a multi-process run) and returns an :class:`Analysis`: plain data that
+holds everything the rules and the report need, and no timeline.
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from perfmagic.analyze.devices import devices_summary
+from perfmagic.analyze.host import host_summary
+from perfmagic.analyze.loop import LoopFacts, loop_facts
+from perfmagic.analyze.samples import window_means
+from perfmagic.analyze.steady import Steady, steady_of
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
+from perfmagic.analyze.timeseries import profiler_traces, timeseries
 from perfmagic.schema import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 
@@ -43,12 +50,31 @@ class TrainingConfig:
     torch: dict[str, Any] = field(default_factory=dict)
     counters: dict[str, Any] = field(default_factory=dict)  # forwards, autocast, h2d bytes, syncs, ...
 
+    @property
+    def loader(self) -> dict[str, Any] | None:
+        """The DataLoader the training iterated (the largest one seen)."""
+        if not self.dataloaders:
+            return None
+        return max(self.dataloaders, key=lambda d: d.get("dataset_len") or 0)
+
+    @property
+    def model(self) -> dict[str, Any] | None:
+        """The outermost model the hooks saw first."""
+        return self.models[0] if self.models else None
+
+    @property
+    def gpu_index(self) -> int:
+        """The GPU the model lives on (``cuda:1`` → 1; plain ``cuda`` or unknown → 0)."""
+        device = str(self.model.get("device") or "") if self.model else ""
+        return int(device.split(":")[1]) if device.startswith("cuda:") else 0
+
 
 @dataclass(frozen=True)
 class RankAnalysis:
     rank: int
     pid: int | None
     breakdown: StepBreakdown
+    steady: Steady | None
     steps: StepStats
     stages: dict[str, StageStats]
     gpu: dict[str, Any] | None  # GPU busy/idle of this rank, where its trace had GPU events
@@ -61,6 +87,7 @@ class Analysis:
     wall_s: float
     framework: str | None
     breakdown: StepBreakdown  # of the primary process (lowest rank with steps)
+    steady: Steady | None  # its steps after warm-up
     steps: StepStats
     stages: dict[str, StageStats]
     bottleneck: str | None
@@ -70,7 +97,24 @@ class Analysis:
     ranks: list[RankAnalysis]
     config: TrainingConfig
     warnings: list[str]
-    timelines: list[Timeline]
+    steady_means: dict[str, float] = field(default_factory=dict)  # sampled metrics over the steady steps
+    loop: LoopFacts = field(default_factory=LoopFacts)
+    whole_process: bool = False  # the window starts with the interpreter (perfmagic run)
+    argv: list[str] | None = None  # the primary process's command line, where known
+    timeseries: dict[str, Any] = field(
+        default_factory=dict
+    )  # compact sampled series (see analyze.timeseries)
+    torch_traces: list[dict[str, Any]] = field(default_factory=list)  # torch.profiler traces of the window
+
+    def steady_mean(self, metric: str) -> float | None:
+        """A sampled metric's mean over the steady steps (the whole window when too few samples fall there)."""
+        return self.steady_means.get(metric)
+
+    def gpu_utils(self) -> list[tuple[dict[str, Any], float]]:
+        """Each GPU with utilization samples, with its mean utilization over the steady steps."""
+        return [
+            (d, u) for d in self.devices if (u := self.steady_mean(f"gpu{d.get('index')}.util")) is not None
+        ]
 
 
 def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Analysis:
@@ -85,7 +129,11 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
     with_steps = [r for r in ranks if r.steps.count]
     primary = min(with_steps, key=lambda r: r.rank) if with_steps else ranks[0]
     tl = next(t for t, r in zip(staged, ranks, strict=True) if r is primary)
-    sampled = sampled_timeline(timelines)
+    sampled = _sampled_timeline(timelines)
+    steady = primary.steady
+    # the steady window on the sampling process's clock
+    offset = float(tl.meta.get("epoch", 0.0)) - float(sampled.meta.get("epoch", 0.0))
+    window = (steady.start + offset, steady.end + offset) if steady is not None else (None, None)
 
     warnings = _unique(w for t in timelines for w in t.meta.get("warnings", []))
     cut = [t for t in timelines if t.meta.get("wall_s") is None]
@@ -101,12 +149,12 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
             "happened in the profiled window, so there is no stage breakdown"
         )
 
-    from perfmagic.analyze.devices import devices_summary, host_summary
-
+    argv = tl.meta.get("argv")
     return Analysis(
         wall_s=max(_wall(t) for t in timelines),
         framework=next((t.meta["framework"] for t in timelines if t.meta.get("framework")), None),
         breakdown=primary.breakdown,
+        steady=steady,
         steps=primary.steps,
         stages=primary.stages,
         bottleneck=bottleneck(primary.stages),
@@ -116,7 +164,12 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         ranks=sorted(ranks, key=lambda r: r.rank),
         config=training_config(tl),
         warnings=warnings,
-        timelines=timelines,
+        steady_means=window_means(sampled, *window),
+        loop=loop_facts(tl, primary.breakdown, steady),
+        whole_process=tl.meta.get("source") == "run",
+        argv=list(argv) if argv else None,
+        timeseries=timeseries(sampled),
+        torch_traces=profiler_traces(timelines),
     )
 
 
@@ -180,6 +233,7 @@ def _rank(index: int, timeline: Timeline) -> RankAnalysis:
         rank=int(rank) if rank is not None else index,
         pid=timeline.meta.get("pid"),
         breakdown=breakdown,
+        steady=steady_of(breakdown),
         steps=step_stats(breakdown),
         stages=stage_stats(breakdown),
         gpu=timeline.meta.get("gpu"),
@@ -190,7 +244,7 @@ def _has_steps(timeline: Timeline) -> bool:
     return any(n.startswith(STEP_BOUNDARY_PREFIX) for n in timeline.span_names)
 
 
-def sampled_timeline(timelines: list[Timeline]) -> Timeline:
+def _sampled_timeline(timelines: list[Timeline]) -> Timeline:
     """The timeline that carries the hardware samples (the sampling process's)."""
     return max(timelines, key=lambda t: len(t.metrics))
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from perfmagic.analyze import Analysis
 from perfmagic.schema import TORCH_TRACE_MARK
+from perfmagic.timeline import Timeline
 
 MAX_POINTS = 1000
 
@@ -24,9 +24,8 @@ _GAUGES = re.compile(r"^(gpu\d+\.(util|mem_used_bytes|power_w)|host\.(cpu_util|p
 _COUNTERS = ("host.read_bytes", "host.write_bytes")
 
 
-def timeseries(analysis: Analysis, max_points: int = MAX_POINTS) -> dict[str, Any]:
-    """``{"epoch": ..., "metrics": {name: {"t": [...], "v": [...]}}}`` of the sampling process."""
-    tl = max(analysis.timelines, key=lambda t: len(t.metrics))
+def timeseries(tl: Timeline, max_points: int = MAX_POINTS) -> dict[str, Any]:
+    """``{"epoch": ..., "metrics": {name: {"t": [...], "v": [...]}}}`` of the sampling process's timeline."""
     metrics: dict[str, dict[str, list[float]]] = {}
     for name in tl.metrics:
         if _GAUGES.match(name):
@@ -41,12 +40,12 @@ def timeseries(analysis: Analysis, max_points: int = MAX_POINTS) -> dict[str, An
     return {"epoch": tl.meta.get("epoch"), "metrics": metrics}
 
 
-def profiler_traces(analysis: Analysis) -> list[dict[str, Any]]:
+def profiler_traces(timelines: list[Timeline]) -> list[dict[str, Any]]:
     """The torch.profiler traces written during the window, with what aligns their clock.
 
     ``clock_t`` is the mark's own time, so it follows the timeline when it is rebased.
     """
-    return [{**m.data, "clock_t": m.t} for tl in analysis.timelines for m in tl.marks(TORCH_TRACE_MARK)]
+    return [{**m.data, "clock_t": m.t} for tl in timelines for m in tl.marks(TORCH_TRACE_MARK)]
 
 
 def downsample(t: np.ndarray, v: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:

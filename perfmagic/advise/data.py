@@ -6,29 +6,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from perfmagic.advise.card import Card
-from perfmagic.advise.common import (
-    KiB,
-    MiB,
-    Steady,
-    dataloader_code,
-    fmt_bytes,
-    fmt_fraction,
-    fmt_seconds,
-    loader,
-    make_card,
-    primary_timeline,
-    severity_for,
-    steady,
-    usable_cpus,
-    window_mean,
-    worker_cap,
-)
+from perfmagic.advise.card import Card, make_card, severity_for
+from perfmagic.advise.fixes import dataloader_code
 from perfmagic.analyze import Analysis
-from perfmagic.intervals import merge_intervals
-from perfmagic.schema import STAGES
+from perfmagic.analyze.steady import Steady
+from perfmagic.units import KiB, MiB, fmt_bytes, fmt_fraction, fmt_seconds
 
 INPUT_SHARE = 0.05
 """Data wait that makes a run input-bound (torch-tb-profiler; TF Profiler's "moderately")."""
@@ -77,8 +59,29 @@ class _Loading:
         return math.ceil((self.load_s + extra_load_s) / rest) if rest > 0 else None
 
 
+def usable_cpus(a: Analysis) -> int | None:
+    """CPUs this process may run on: its affinity, else the machine's count."""
+    affinity = a.host.get("affinity")
+    if affinity:
+        return len(affinity)
+    count = a.host.get("cpu_count")
+    if count:
+        return int(count)
+    ld = a.config.loader
+    return int(ld["cpu_count"]) if ld and ld.get("cpu_count") else None
+
+
+def worker_cap(a: Analysis) -> int | None:
+    """DataLoader workers this machine affords each rank: its CPUs less one for the training loop."""
+    cpus = usable_cpus(a)
+    if cpus is None:
+        return None
+    ranks = max(1, sum(1 for r in a.ranks if r.steps.count))
+    return max(0, cpus // ranks - 1)
+
+
 def _loading(a: Analysis, s: Steady) -> _Loading:
-    ld = loader(a)
+    ld = a.config.loader
     wait = s.stage_s("data")
     return _Loading(wait, s.step_s - wait, int(ld.get("num_workers") or 0) if ld else 0)
 
@@ -100,7 +103,7 @@ class _MoreWorkers:
 
 def _more_workers(a: Analysis, s: Steady) -> _MoreWorkers | None:
     """More DataLoader workers, when the CPUs allow more and they would shorten the step."""
-    ld, cap = loader(a), worker_cap(a)
+    ld, cap = a.config.loader, worker_cap(a)
     if ld is None or cap is None:
         return None
     m = _loading(a, s)
@@ -120,11 +123,11 @@ def _workers(n: int) -> str:
 
 def input_bound(a: Analysis) -> Card | None:
     """The step waits for the next batch: the verdict, with what the first fix achieves and the upper bound."""
-    s = steady(a)
+    s = a.steady
     if s is None or s.share("data") < INPUT_SHARE:
         return None
     wait, share, step = s.stage_s("data"), s.share("data"), s.step_s
-    ld = loader(a)
+    ld = a.config.loader
     verdict = "HIGHLY input-bound" if share >= HIGHLY_INPUT_SHARE else "moderately input-bound"
     workers = f", DataLoader num_workers={ld.get('num_workers') or 0}" if ld else ""
     evidence = (
@@ -222,10 +225,10 @@ def _cheaper_samples_fix(ld: dict[str, Any] | None) -> str:
 
 def dataloader_workers(a: Analysis) -> Card | None:
     """Too few DataLoader workers for the data wait, given this machine's CPUs."""
-    s = steady(a)
+    s = a.steady
     if s is None or s.share("data") < INPUT_SHARE:
         return None
-    plan, ld = _more_workers(a, s), loader(a)
+    plan, ld = _more_workers(a, s), a.config.loader
     if plan is None or ld is None:
         return None
     m, workers, needed = plan.loading, plan.workers, plan.needed
@@ -260,7 +263,7 @@ def dataloader_workers(a: Analysis) -> Card | None:
 
 def pin_memory(a: Analysis) -> Card | None:
     """Host-to-device copies from pageable memory, or blocking."""
-    s = steady(a)
+    s = a.steady
     c = a.config.counters
     copied, pinned = c.get("h2d_bytes") or 0, c.get("h2d_pinned_bytes") or 0
     copies, non_blocking = c.get("h2d_copies") or 0, c.get("h2d_non_blocking") or 0
@@ -270,7 +273,7 @@ def pin_memory(a: Analysis) -> Card | None:
     if pinned_share >= 0.5 and async_share >= 0.5:
         return None
     h2d = s.stage_s("h2d")
-    ld = loader(a)
+    ld = a.config.loader
     fix = dataloader_code(ld, pin_memory=True) + "\n" if ld and not ld.get("pin_memory") else ""
     fix += "x = x.to(device, non_blocking=True)  # copies overlap with compute from pinned memory"
     return make_card(
@@ -287,51 +290,12 @@ def pin_memory(a: Analysis) -> Card | None:
     )
 
 
-def _pre_forward_s(a: Analysis, s: Steady) -> float:
-    """Mean seconds per steady step between a batch's arrival and the forward pass that are in no built-in stage.
-
-    That is host work on the batch in the training loop (transforms, augmentation,
-    tokenization), or a user stage placed there.
-    """
-    tl = primary_timeline(a)
-    if tl is None:
-        return 0.0
-    sp = tl.spans
-    names = sp.names
-    if "data" not in names or "forward" not in names:
-        return 0.0
-    ids = sp.name_id
-    data_end = np.sort(sp.end[ids == names.index("data")])
-    fwd_start = np.sort(sp.start[ids == names.index("forward")])
-    if not len(data_end) or not len(fwd_start):
-        return 0.0
-    # per steady step: the last batch to arrive in it, and the first forward after that, in the step
-    lo, hi = a.breakdown.start[s.first :], a.breakdown.end[s.first :]
-    j = np.searchsorted(data_end, hi, side="right") - 1
-    arrive = data_end[np.maximum(j, 0)]
-    f = np.searchsorted(fwd_start, arrive)
-    fwd = fwd_start[np.minimum(f, len(fwd_start) - 1)]
-    ok = (j >= 0) & (arrive >= lo) & (f < len(fwd_start)) & (fwd <= hi)
-    arrive, fwd = arrive[ok], fwd[ok]
-    # less the time in built-in stages: C(t), the built-in time up to t, is piecewise linear
-    builtin = np.isin(ids, [names.index(n) for n in STAGES if n in names]) & (sp.depth >= 0)
-    b_start, b_end = merge_intervals(sp.start[builtin], sp.end[builtin])
-    covered = np.zeros(len(arrive))
-    if len(b_start):
-        lengths = b_end - b_start
-        before = np.concatenate(([0.0], np.cumsum(lengths)[:-1]))
-        xp = np.column_stack((b_start, b_end)).reshape(-1)
-        fp = np.column_stack((before, before + lengths)).reshape(-1)
-        covered = np.interp(fwd, xp, fp) - np.interp(arrive, xp, fp)
-    return float(((fwd - arrive) - covered).sum()) / s.count
-
-
 def preprocess_in_loop(a: Analysis) -> Card | None:
     """Per-batch host work in the training loop, between the DataLoader and the model."""
-    s = steady(a)
+    s = a.steady
     if s is None:
         return None
-    pre = _pre_forward_s(a, s)
+    pre = a.loop.pre_forward_s
     step = s.step_s
     if pre < PREPROCESS_SHARE * step:
         return None
@@ -344,7 +308,7 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
     saving = step - m.step_with(workers, extra_load_s=pre)
     if saving <= 0:
         return None
-    ld = loader(a)
+    ld = a.config.loader
     fix = "\n".join(
         [
             "# Do the per-batch work in the Dataset, so DataLoader workers run it in parallel with the step:",
@@ -381,18 +345,18 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
 
 def _blocked_on_storage(a: Analysis, s: Steady) -> float | None:
     """Share of the loading processes' time blocked on storage, from I/O wait; ``None`` unmeasured."""
-    iowait, cpus = window_mean(a, "host.iowait", s), a.host.get("cpu_count")
+    iowait, cpus = a.steady_mean("host.iowait"), a.host.get("cpu_count")
     own = a.host.get("proc_read_bytes")
     if iowait is None or not cpus or own is None or own < MIN_PROC_READ:
         return None
-    ld = loader(a)
+    ld = a.config.loader
     loaders = max(1, int(ld.get("num_workers") or 0) if ld else 1)
     return min(1.0, iowait * float(cpus) / loaders)
 
 
 def io_bound(a: Analysis) -> Card | None:
     """The data wait is storage wait."""
-    s = steady(a)
+    s = a.steady
     if s is None or s.share("data") < IO_DATA_SHARE:
         return None
     blocked = _blocked_on_storage(a, s)
@@ -400,7 +364,7 @@ def io_bound(a: Analysis) -> Card | None:
         return None
     wait = s.stage_s("data")
     cpus = a.host.get("cpu_count") or 1
-    ld = loader(a)
+    ld = a.config.loader
     workers = min(2 * cpus, 32)
     fix = "# Storage latency, not CPU, limits loading: keep more reads in flight than there are CPUs\n"
     if ld:
@@ -410,7 +374,7 @@ def io_bound(a: Analysis) -> Card | None:
         "io_bound",
         "The data wait is storage wait",
         f"{fmt_fraction(s.share('data'))} of step time waits for data, and the loading processes were blocked on "
-        f"storage {fmt_fraction(blocked)} of the time (I/O wait {fmt_fraction(window_mean(a, 'host.iowait', s))} "
+        f"storage {fmt_fraction(blocked)} of the time (I/O wait {fmt_fraction(a.steady_mean('host.iowait'))} "
         f"of {cpus} CPUs; the training read {fmt_bytes(a.host.get('proc_read_bytes'))} from storage).",
         fix,
         {"data_s": wait, "blocked_share": blocked, "proc_read_bytes": a.host.get("proc_read_bytes")},
@@ -422,7 +386,7 @@ def io_bound(a: Analysis) -> Card | None:
 
 def small_files(a: Analysis) -> Card | None:
     """Storage reads too small to be efficient."""
-    s = steady(a)
+    s = a.steady
     if s is None or s.share("data") < IO_DATA_SHARE:
         return None
     size, ops = a.host.get("avg_read_size_bytes"), a.host.get("read_ops")

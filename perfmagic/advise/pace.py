@@ -6,21 +6,12 @@ import shlex
 
 import numpy as np
 
-from perfmagic.advise.card import Card
-from perfmagic.advise.common import (
-    COMPUTE_STAGES,
-    dataloader_code,
-    fmt_fraction,
-    fmt_seconds,
-    loader,
-    make_card,
-    model,
-    primary_timeline,
-    profiles_whole_process,
-    steady,
-)
+from perfmagic.advise.card import Card, make_card
+from perfmagic.advise.fixes import dataloader_code
 from perfmagic.advise.host import contention
 from perfmagic.analyze import Analysis
+from perfmagic.schema import COMPUTE_STAGES
+from perfmagic.units import fmt_fraction, fmt_seconds
 
 STARTUP_SHARE = 0.20
 """Start-up beyond one step, as a share of the profiled window, worth a card…"""
@@ -53,7 +44,7 @@ _STARTUP_FIX = {
 
 def slow_startup(a: Analysis) -> Card | None:
     """The first step, with everything before it, takes far longer than a steady step."""
-    b, s = a.breakdown, steady(a)
+    b, s = a.breakdown, a.steady
     if s is None or b.count < 3 or a.steps.first_s is None or a.wall_s <= 0:
         return None
     median = s.median_s
@@ -65,7 +56,7 @@ def slow_startup(a: Analysis) -> Card | None:
         parts[name] = float(b.seconds[0, j]) - s.stage_s(name)
     where = max(parts, key=lambda k: parts[k])
     label = "before the first step" if where == "before" else f"in {where}"
-    interpreter = where == "before" and profiles_whole_process(a)
+    interpreter = where == "before" and a.whole_process
     if interpreter:
         label += ", which includes starting Python and importing torch"
     job = max(a.wall_s, STARTUP_JOB_S)
@@ -103,11 +94,9 @@ def _percent(x: float) -> str:
 
 
 def _startup_fix(a: Analysis, where: str, interpreter: bool) -> str:
-    md, ld = model(a), loader(a)
+    md, ld = a.config.model, a.config.loader
     if interpreter:
-        tl = primary_timeline(a)
-        argv = tl.meta.get("argv") if tl is not None else None
-        script = shlex.join(argv) if argv else "train.py"
+        script = shlex.join(a.argv) if a.argv else "train.py"
         return "\n".join(
             [
                 "# The time before the first step includes starting Python and importing torch (1-3 s that",
@@ -129,7 +118,7 @@ def _startup_fix(a: Analysis, where: str, interpreter: bool) -> str:
 
 def step_outliers(a: Analysis) -> Card | None:
     """A few steps take far longer than the others, for a reason other cards do not cover."""
-    s = steady(a)
+    s = a.steady
     if s is None or s.count < 5:
         return None
     median = s.median_s
@@ -155,7 +144,7 @@ def step_outliers(a: Analysis) -> Card | None:
     if period is None and contention(a) is not None:
         return None  # irregular slow steps on a crowded machine: cpu_contention's
     when = f", every {period} steps" if period else ""
-    ld = loader(a)
+    ld = a.config.loader
     epoch = None
     if ld and ld.get("dataset_len") and ld.get("batch_size"):
         epoch = -(-int(ld["dataset_len"]) // int(ld["batch_size"]))
@@ -228,10 +217,10 @@ def _period(indices: np.ndarray) -> int | None:
 
 def compute_bound(a: Analysis) -> Card | None:
     """Forward, backward and optimizer dominate: a healthy run; the next levers."""
-    s = steady(a)
+    s = a.steady
     if s is None or s.share(*COMPUTE_STAGES) < COMPUTE_SHARE:
         return None
-    md = model(a)
+    md = a.config.model
     t = a.config.torch
     c = a.config.counters
     on_gpu = bool(md and str(md.get("device") or "").startswith("cuda"))
@@ -240,7 +229,7 @@ def compute_bound(a: Analysis) -> Card | None:
         levers += ["with torch.autocast('cuda', dtype=torch.bfloat16):  # mixed precision", "    loss = ..."]
     if md and not md.get("compiled"):
         levers.append("model = torch.compile(model)  # fused kernels, less Python overhead")
-    ld = loader(a)
+    ld = a.config.loader
     # an unmeasured peak counts as free memory; a GPU of unknown size is left out
     peak = max(
         ((d.get("mem_used_peak_fraction") or 0.0) for d in a.devices if d.get("mem_total_bytes")),

@@ -1,0 +1,74 @@
+"""What the training loop does around its stages, per steady step: the facts rules read.
+
+- ``pre_forward_s``: time between a batch's arrival and the forward pass that is in
+  no built-in stage: host work on the batch in the loop (transforms, augmentation,
+  tokenization), or a user stage placed there;
+- ``calls_per_step``: how many times per step each stage was entered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfmagic.analyze.steady import Steady
+from perfmagic.analyze.steps import StepBreakdown
+from perfmagic.intervals import merge_intervals
+from perfmagic.schema import STAGES
+from perfmagic.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class LoopFacts:
+    """Per steady step of the primary process; zeros where nothing was measured."""
+
+    pre_forward_s: float = 0.0
+    calls_per_step: dict[str, float] = field(default_factory=dict)
+
+
+def loop_facts(timeline: Timeline, breakdown: StepBreakdown, steady: Steady | None) -> LoopFacts:
+    if steady is None or not steady.count:
+        return LoopFacts()
+    return LoopFacts(pre_forward_s(timeline, breakdown, steady), calls_per_step(timeline, steady))
+
+
+def calls_per_step(timeline: Timeline, steady: Steady) -> dict[str, float]:
+    """Spans of each stage that lie in the steady window, per steady step."""
+    sp = timeline.spans
+    inside = (sp.start >= steady.start) & (sp.end <= steady.end) & (sp.depth >= 0)
+    counts = np.bincount(sp.name_id[inside], minlength=len(sp.names))
+    return {name: float(counts[i]) / steady.count for i, name in enumerate(sp.names) if counts[i]}
+
+
+def pre_forward_s(timeline: Timeline, breakdown: StepBreakdown, steady: Steady) -> float:
+    """Mean seconds per steady step from the last batch's arrival to the first forward after it, less
+    the built-in stages in between."""
+    sp = timeline.spans
+    names = sp.names
+    if "data" not in names or "forward" not in names:
+        return 0.0
+    ids = sp.name_id
+    data_end = np.sort(sp.end[ids == names.index("data")])
+    fwd_start = np.sort(sp.start[ids == names.index("forward")])
+    if not len(data_end) or not len(fwd_start):
+        return 0.0
+    # per steady step: the last batch to arrive in it, and the first forward after that, in the step
+    lo, hi = breakdown.start[steady.first :], breakdown.end[steady.first :]
+    j = np.searchsorted(data_end, hi, side="right") - 1
+    arrive = data_end[np.maximum(j, 0)]
+    f = np.searchsorted(fwd_start, arrive)
+    fwd = fwd_start[np.minimum(f, len(fwd_start) - 1)]
+    ok = (j >= 0) & (arrive >= lo) & (f < len(fwd_start)) & (fwd <= hi)
+    arrive, fwd = arrive[ok], fwd[ok]
+    # less the time in built-in stages: C(t), the built-in time up to t, is piecewise linear
+    builtin = np.isin(ids, [names.index(n) for n in STAGES if n in names]) & (sp.depth >= 0)
+    b_start, b_end = merge_intervals(sp.start[builtin], sp.end[builtin])
+    covered = np.zeros(len(arrive))
+    if len(b_start):
+        lengths = b_end - b_start
+        before = np.concatenate(([0.0], np.cumsum(lengths)[:-1]))
+        xp = np.column_stack((b_start, b_end)).reshape(-1)
+        fp = np.column_stack((before, before + lengths)).reshape(-1)
+        covered = np.interp(fwd, xp, fp) - np.interp(arrive, xp, fp)
+    return float(((fwd - arrive) - covered).sum()) / steady.count

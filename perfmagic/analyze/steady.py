@@ -1,0 +1,56 @@
+"""The steady state of a run: its steps after warm-up, the view every rule reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmagic.analyze.steps import StepBreakdown
+
+
+@dataclass(frozen=True)
+class Steady:
+    """The steps after warm-up (the first step is dropped when there are three or more)."""
+
+    first: int  # index of the first steady step in the breakdown
+    durations: np.ndarray
+    seconds: np.ndarray  # (steps, stages)
+    stages: list[str]
+    start: float  # the steady window, on the clock of the breakdown's timeline
+    end: float
+
+    @property
+    def count(self) -> int:
+        return len(self.durations)
+
+    @property
+    def step_s(self) -> float:
+        """Mean steady step time: stage means add up to it."""
+        return float(self.durations.mean())
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.durations))
+
+    def stage_s(self, *names: str) -> float:
+        """Mean seconds per step spent in the given stages."""
+        return sum(float(self.seconds[:, self.stages.index(n)].mean()) for n in names if n in self.stages)
+
+    def share(self, *names: str) -> float:
+        return self.stage_s(*names) / self.step_s if self.step_s > 0 else 0.0
+
+
+def steady_of(b: StepBreakdown) -> Steady | None:
+    """The steady-state steps of one process's breakdown; ``None`` without steps."""
+    if not b.count:
+        return None
+    first = 1 if b.count >= 3 else 0
+    return Steady(
+        first=first,
+        durations=b.durations[first:],
+        seconds=b.seconds[first:],
+        stages=list(b.stages),
+        start=float(b.start[first]),
+        end=float(b.end[-1]),
+    )

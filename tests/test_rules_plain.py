@@ -1,0 +1,252 @@
+"""Every rule on plain analyses: data made directly, without a timeline, as a rule sees it.
+
+A rule is a pure function of an :class:`Analysis`; these tests hold it to that (the
+analysis has no timeline to reach for). Each rule fires on one analysis and stays
+silent on one just across its threshold. The last test checks that the plain data
+stands for what :func:`analyze` measures from timelines of the same layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from analysis_builder import (
+    CUDA_TORCH,
+    HEALTHY,
+    HOST_SAMPLES,
+    HOST_SUMMARY,
+    LOADER,
+    MODEL,
+    STEADY_MEANS,
+    GiB,
+    build,
+    plain,
+)
+
+from perfmagic.advise import Card, advise, catalog, data, distributed, gpu, host, loop, pace
+from perfmagic.advise.catalog import RULES
+from perfmagic.analyze import Analysis
+
+CUDA_MODEL = {**MODEL, "device": "cuda:0"}
+H100 = {
+    "index": 0,
+    "name": "NVIDIA H100 80GB HBM3",
+    "compute_capability": "9.0",
+    "mem_total_bytes": 80 * GiB,
+    "mem_used_peak_bytes": 40 * GiB,
+    "mem_used_peak_fraction": 0.5,
+    "tree_mem_used_bytes": 40 * GiB,
+    "numa_node": 1,
+    "numa_cpus": [4, 5, 6, 7],
+}
+
+
+def stages(**changes: float) -> dict[str, Any]:
+    return {**HEALTHY, **changes}
+
+
+def on_gpu(util: float = 0.9, peak: float = 0.5, **options: Any) -> Analysis:
+    device = {**H100, "mem_used_peak_fraction": peak, "mem_used_peak_bytes": peak * 80 * GiB}
+    options.setdefault("devices", [device])
+    options.setdefault("torch", CUDA_TORCH)
+    return plain(model=CUDA_MODEL, steady_means={**STEADY_MEANS, "gpu0.util": util}, **options)
+
+
+def four_gpus(*utils: float) -> Analysis:
+    devices = [{**H100, "index": i} for i in range(4)]
+    means = {**STEADY_MEANS, **{f"gpu{i}.util": u for i, u in enumerate(utils)}}
+    return plain(devices=devices, steady_means=means)
+
+
+IO = {**HOST_SUMMARY, "proc_read_bytes": 500 * 2**20, "read_ops": 100_000, "avg_read_size_bytes": 8 * 1024}
+TWO_NODES = {
+    **HOST_SUMMARY,
+    "numa_nodes": {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]},
+    "gpu_affinity": [{"gpu": 0, "numa_node": 1, "allowed_cpus": 8, "allowed_local_fraction": 0.5}],
+}
+TRACE = {
+    "busy_fraction": 0.6,
+    "idle_fraction": 0.4,
+    "idle_breakdown": {"host_wait": 0.1, "kernel_wait": 0.25},
+}
+SLOW_EVERY_8 = [0.05 if k % 8 == 7 else 0.0003 for k in range(40)]
+RECOMPILES = [0.004 + (0.3 if k in (10, 25) else 0.0) for k in range(40)]
+EVERY_5 = [0.01 if k % 5 == 4 else 0.0 for k in range(30)]
+FP32 = {"stages": stages(forward=0.02, backward=0.04)}
+
+Case = Callable[[], Analysis]
+CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
+    # id: (rule, an analysis it fires on, one it stays silent on)
+    "input_bound": (data.input_bound, lambda: plain(stages=stages(data=0.02)), lambda: plain()),
+    "dataloader_workers": (
+        data.dataloader_workers,
+        lambda: plain(stages=stages(data=0.02)),
+        lambda: plain(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7}),
+    ),
+    "pin_memory": (
+        data.pin_memory,
+        lambda: plain(stages=stages(h2d=0.003), counters={"h2d_copies": 60, "h2d_bytes": 6 * GiB}),
+        lambda: plain(
+            stages=stages(h2d=0.003),
+            counters={
+                "h2d_copies": 60,
+                "h2d_bytes": 6 * GiB,
+                "h2d_pinned_bytes": 6 * GiB,
+                "h2d_non_blocking": 60,
+            },
+        ),
+    ),
+    "preprocess_in_loop": (
+        data.preprocess_in_loop,
+        lambda: plain(stages=stages(pre=0.01)),
+        lambda: plain(stages=stages(other=0.01)),
+    ),
+    "io_bound": (
+        data.io_bound,
+        lambda: plain(stages=stages(data=0.02), host=IO, steady_means={**STEADY_MEANS, "host.iowait": 0.1}),
+        lambda: plain(stages=stages(data=0.02), host=IO, steady_means={**STEADY_MEANS, "host.iowait": 0.01}),
+    ),
+    "small_files": (
+        data.small_files,
+        lambda: plain(stages=stages(data=0.02), host=IO, steady_means={**STEADY_MEANS, "host.iowait": 0.1}),
+        lambda: plain(
+            stages=stages(data=0.02),
+            host={**IO, "avg_read_size_bytes": 1024**2},
+            steady_means={**STEADY_MEANS, "host.iowait": 0.1},
+        ),
+    ),
+    "cpu_contention": (
+        host.cpu_contention,
+        lambda: plain(steady_means={**STEADY_MEANS, "host.cpu_util": 0.98}),
+        lambda: plain(steady_means={**STEADY_MEANS, "host.cpu_util": 0.6}),
+    ),
+    "host_memory_pressure": (
+        host.host_memory_pressure,
+        lambda: plain(host={**HOST_SUMMARY, "mem_available_min_bytes": 3 * GiB}),
+        lambda: plain(host={**HOST_SUMMARY, "mem_available_min_bytes": 10 * GiB}),
+    ),
+    "gpu_memory_pressure": (gpu.gpu_memory_pressure, lambda: on_gpu(peak=0.99), lambda: on_gpu(peak=0.8)),
+    "low_gpu_util": (gpu.low_gpu_util, lambda: on_gpu(util=0.2), lambda: on_gpu(util=0.6)),
+    "launch_bound": (
+        gpu.launch_bound,
+        lambda: on_gpu(gpu=TRACE),
+        lambda: on_gpu(gpu={**TRACE, "idle_breakdown": {"host_wait": 0.3, "kernel_wait": 0.05}}),
+    ),
+    "jit_compile": (
+        gpu.jit_compile,
+        lambda: plain(steps=40, stages=stages(forward=RECOMPILES), model={**MODEL, "compiled": True}),
+        lambda: plain(steps=40, stages=stages(forward=RECOMPILES)),
+    ),
+    "amp": (gpu.amp, lambda: on_gpu(**FP32), lambda: on_gpu(counters={"autocast_forwards": 30}, **FP32)),
+    "tf32": (
+        gpu.tf32,
+        lambda: on_gpu(**FP32),
+        lambda: on_gpu(
+            torch={**CUDA_TORCH, "matmul_allow_tf32": True, "float32_matmul_precision": "high"}, **FP32
+        ),
+    ),
+    "sync_logging": (
+        loop.sync_logging,
+        lambda: plain(stages=stages(logging=0.002)),
+        lambda: plain(stages=stages(logging=0.0003)),
+    ),
+    "checkpoint_frequency": (
+        loop.checkpoint_frequency,
+        lambda: plain(stages=stages(checkpoint=EVERY_5)),
+        lambda: plain(stages=stages(checkpoint=[0.01 if k == 15 else 0.0 for k in range(30)])),
+    ),
+    "comm_bound": (
+        distributed.comm_bound,
+        lambda: plain(stages=stages(comm=0.005)),
+        lambda: plain(stages=stages(comm=0.0005)),
+    ),
+    "rank_straggler": (
+        distributed.rank_straggler,
+        lambda: plain(stages=stages(forward=0.01), ranks=[{"stages": stages(comm=0.006)}] * 3),
+        lambda: plain(ranks=[{}] * 3),
+    ),
+    "gpu_imbalance": (
+        distributed.gpu_imbalance,
+        lambda: four_gpus(0.9, 0.0, 0.0, 0.0),
+        lambda: four_gpus(0.9, 0.85, 0.8, 0.88),
+    ),
+    "data_parallel": (
+        distributed.data_parallel,
+        lambda: plain(model={**MODEL, "data_parallel": True}),
+        lambda: plain(),
+    ),
+    "numa_affinity": (
+        host.numa_affinity,
+        lambda: on_gpu(host=TWO_NODES, stages=stages(data=0.003)),
+        lambda: on_gpu(stages=stages(data=0.003)),
+    ),
+    "slow_startup": (
+        pace.slow_startup,
+        lambda: plain(first_extra={"data": 2.0}),
+        lambda: plain(first_extra={"data": 0.02}),
+    ),
+    "step_outliers": (
+        pace.step_outliers,
+        lambda: plain(steps=40, stages=stages(other=SLOW_EVERY_8)),
+        lambda: plain(steps=40),
+    ),
+    "compute_bound": (pace.compute_bound, lambda: plain(), lambda: plain(stages=stages(data=0.02))),
+}
+
+
+def test_every_rule_has_a_plain_case() -> None:
+    assert sorted(CASES) == sorted(r.__name__ for r in RULES)
+
+
+@pytest.mark.parametrize("rule_id", list(CASES))
+def test_rule_on_plain_analysis(rule_id: str) -> None:
+    rule, fires, silent = CASES[rule_id]
+    card = rule(fires())
+    assert card is not None, f"{rule_id} did not fire"
+    assert card.id == rule_id and card.evidence and card.fix
+    if card.saving_s is not None:
+        assert 0 < card.saving_s < card.metrics["step_s"]
+    assert rule(silent()) is None, f"{rule_id} fired across its threshold"
+
+
+def test_a_failing_rule_costs_its_card_not_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(a: Analysis) -> Card | None:
+        raise ZeroDivisionError("division by zero")
+
+    broken.__name__ = "input_bound"
+    monkeypatch.setattr(catalog, "RULES", [broken, *RULES[1:]])
+    advice = advise(plain(stages=stages(data=0.02, logging=0.003)))
+    assert "input_bound" not in [c.id for c in advice.cards]
+    assert "sync_logging" in [c.id for c in advice.cards]
+    failed = [w for w in advice.warnings if "input_bound" in w]
+    assert failed == [
+        "advice rule input_bound failed (ZeroDivisionError: division by zero): its card is missing"
+    ]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"stages": stages(data=0.02, pre=0.004, logging=0.002)},
+        {"stages": stages(checkpoint=EVERY_5), "first_extra": {"data": 0.5}, "before_s": 0.3},
+    ],
+    ids=["healthy", "data-pre-logging", "checkpoints-startup"],
+)
+def test_plain_data_stands_for_what_analyze_measures(options: dict[str, Any]) -> None:
+    measured = build(**options)
+    made = plain(**options, steady_means={k: v for k, v in HOST_SAMPLES.items()})
+    assert measured.steady is not None and made.steady is not None
+    assert measured.steady.stages == made.steady.stages
+    assert np.allclose(measured.steady.seconds, made.steady.seconds)
+    assert np.allclose(measured.breakdown.start, made.breakdown.start)
+    assert measured.loop.pre_forward_s == pytest.approx(made.loop.pre_forward_s, abs=1e-9)
+    assert measured.loop.calls_per_step == pytest.approx(made.loop.calls_per_step)
+    for metric, value in made.steady_means.items():
+        assert measured.steady_mean(metric) == pytest.approx(value)
+    saved = [(c["fn"], c["bytes"]) for c in measured.config.checkpoints]
+    assert saved == [(c["fn"], c["bytes"]) for c in made.config.checkpoints]
+    assert [c.id for c in advise(measured).cards] == [c.id for c in advise(made).cards]
