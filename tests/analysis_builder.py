@@ -10,7 +10,9 @@ sequence (one per step). Samples are constant series over the window.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -110,28 +112,48 @@ def _at(value: float | Sequence[float], k: int) -> float:
     return float(value) if isinstance(value, (int, float)) else float(value[k])
 
 
+@dataclass(frozen=True)
+class Run:
+    """One process's training run, as both builders lay it out."""
+
+    steps: int = 30
+    stages: dict[str, float | Sequence[float]] | None = None
+    first_extra: dict[str, float] | None = None
+    before_s: float = 0.0
+    after_s: float = 0.01
+    loader: dict[str, Any] | None = field(default_factory=lambda: LOADER)
+    model: dict[str, Any] | None = field(default_factory=lambda: MODEL)
+    optimizer: dict[str, Any] | None = None
+    torch: dict[str, Any] | None = field(default_factory=lambda: TORCH)
+    counters: dict[str, Any] | None = None
+    checkpoint_bytes: int | None = 40 * 1024**2
+
+    @property
+    def stage_table(self) -> dict[str, list[float]]:
+        """Seconds of each ``LAYOUT`` entry in each step (the first step's extra included)."""
+        stages = dict(HEALTHY if self.stages is None else self.stages)
+        extra = self.first_extra or {}
+        return {
+            name: [
+                _at(stages.get(name, 0.0), k) + (extra.get(name, 0.0) if k == 0 else 0.0)
+                for k in range(self.steps)
+            ]
+            for name in LAYOUT
+        }
+
+
 def timeline(
     *,
-    steps: int = 30,
-    stages: dict[str, float | Sequence[float]] | None = None,
-    first_extra: dict[str, float] | None = None,
-    before_s: float = 0.0,
-    after_s: float = 0.01,
-    loader: dict[str, Any] | None = LOADER,
-    model: dict[str, Any] | None = MODEL,
-    optimizer: dict[str, Any] | None = None,
-    torch: dict[str, Any] | None = TORCH,
-    counters: dict[str, Any] | None = None,
-    checkpoint_bytes: int | None = 40 * 1024**2,
     host: dict[str, Any] | None = HOST,
     samples: dict[str, float] | None = None,
     devices: list[dict[str, Any]] | None = None,
     rank: int | None = None,
     pid: int = 1000,
+    **run_options: Any,
 ) -> Timeline:
-    """One process's timeline."""
-    stages = dict(HEALTHY if stages is None else stages)
-    first_extra = first_extra or {}
+    """One process's timeline (``run_options``: the fields of :class:`Run`)."""
+    run = Run(**run_options)
+    loader, model, optimizer, torch, steps = run.loader, run.model, run.optimizer, run.torch, run.steps
     tl = Timeline({"pid": pid, "rank": rank, "epoch": 1000.0, "framework": "torch"})
     if torch is not None:
         tl.meta["torch"] = dict(torch)
@@ -139,25 +161,26 @@ def timeline(
         tl.meta["host"] = dict(host)
     if devices is not None:
         tl.meta["devices"] = devices
-    t = before_s
+    t = run.before_s
     if loader is not None:
         tl.add_mark(t, "dataloader", **loader)
     if model is not None:
         tl.add_mark(t, "model", **model)
     if optimizer is not None:
         tl.add_mark(t, "optimizer", **optimizer)
+    table = run.stage_table
     for k in range(steps):
         for name in LAYOUT:
-            seconds = _at(stages.get(name, 0.0), k) + (first_extra.get(name, 0.0) if k == 0 else 0.0)
+            seconds = table[name][k]
             if seconds <= 0:
                 continue
             if name not in ("pre", "other"):
                 tl.add_span(tl.name_id(name), t, t + seconds, 0)
                 if name == "checkpoint":
-                    tl.add_mark(t, "checkpoint", fn="torch.save", seconds=seconds, bytes=checkpoint_bytes)
+                    tl.add_mark(t, "checkpoint", fn="torch.save", seconds=seconds, bytes=run.checkpoint_bytes)
             t += seconds
         tl.add_span(tl.name_id("step:optimizer"), t, t, -1)
-    end = t + after_s
+    end = t + run.after_s
     tl.meta["wall_s"] = end
     n = max(2, int(end / 0.05) + 1)
     for metric, value in (samples or {}).items():
@@ -176,7 +199,7 @@ def timeline(
         "optimizer_steps": steps,
         "batches": steps,
     }
-    tl.add_mark(end, "torch_stats", **{**stats, **(counters or {})})
+    tl.add_mark(end, "torch_stats", **{**stats, **(run.counters or {})})
     return tl
 
 
@@ -214,45 +237,21 @@ STEADY_MEANS: dict[str, float] = {
 }
 
 
-def breakdown(
-    steps: int = 30,
-    stages: dict[str, float | Sequence[float]] | None = None,
-    first_extra: dict[str, float] | None = None,
-    before_s: float = 0.0,
-) -> StepBreakdown:
+def breakdown(run: Run) -> StepBreakdown:
     """A step table laid out as :func:`timeline` lays out spans (``pre`` counts as ``other``)."""
-    stages = dict(HEALTHY if stages is None else stages)
-    first_extra = first_extra or {}
-    table = {
-        name: [
-            _at(stages.get(name, 0.0), k) + (first_extra.get(name, 0.0) if k == 0 else 0.0)
-            for k in range(steps)
-        ]
-        for name in LAYOUT
-    }
+    table = run.stage_table
     columns = [s for s in STAGES if s != "other" and any(v > 0 for v in table.get(s, ()))] + ["other"]
-    seconds = np.zeros((steps, len(columns)))
+    seconds = np.zeros((run.steps, len(columns)))
     for name, values in table.items():
         column = name if name in columns else "other"  # pre: time in no stage
         seconds[:, columns.index(column)] += np.maximum(values, 0.0)
     durations = seconds.sum(axis=1)
-    end = before_s + np.cumsum(durations)
+    end = run.before_s + np.cumsum(durations)
     return StepBreakdown("optimizer", end - durations, end, columns, seconds)
 
 
 def plain(
     *,
-    steps: int = 30,
-    stages: dict[str, float | Sequence[float]] | None = None,
-    first_extra: dict[str, float] | None = None,
-    before_s: float = 0.0,
-    after_s: float = 0.01,
-    loader: dict[str, Any] | None = LOADER,
-    model: dict[str, Any] | None = MODEL,
-    optimizer: dict[str, Any] | None = None,
-    torch: dict[str, Any] | None = TORCH,
-    counters: dict[str, Any] | None = None,
-    checkpoint_bytes: int | None = 40 * 1024**2,
     host: dict[str, Any] | None = HOST_SUMMARY,
     steady_means: dict[str, float] | None = STEADY_MEANS,
     devices: Sequence[dict[str, Any]] = (),
@@ -260,6 +259,7 @@ def plain(
     ranks: Sequence[dict[str, Any]] = (),
     whole_process: bool = False,
     argv: list[str] | None = None,
+    **run_options: Any,
 ) -> Analysis:
     """An :class:`Analysis` made directly from plain data, as a rule sees it: no timeline involved.
 
@@ -267,11 +267,11 @@ def plain(
     batch and the forward pass) and ``logging`` calls (one per step where logged) become
     the loop facts :func:`analyze` measures from spans.
     """
-    b = breakdown(steps, stages, first_extra, before_s)
+    run = Run(**run_options)
+    b = breakdown(run)
     steady = steady_of(b)
     assert steady is not None
-    stage_table = dict(HEALTHY if stages is None else stages)
-    pre = float(np.mean([_at(stage_table.get("pre", 0.0), k) for k in range(steady.first, steps)]))
+    pre = float(np.mean(run.stage_table["pre"][steady.first :]))
     calls = {
         n: float(np.count_nonzero(steady.seconds[:, j] > 0)) / steady.count
         for j, n in enumerate(steady.stages)
@@ -279,15 +279,22 @@ def plain(
     }
     rank_rows = [RankAnalysis(0, 1000, b, steady, step_stats(b), stage_stats(b), None)]
     for i, r in enumerate(ranks):
-        rb = breakdown(steps, r.get("stages", stages), first_extra, before_s)
+        rb = breakdown(dataclasses.replace(run, stages=r.get("stages", run.stages)))
         rank_rows.append(
             RankAnalysis(i + 1, 1001 + i, rb, steady_of(rb), step_stats(rb), stage_stats(rb), None)
         )
-    counters = {"forwards": steps, "optimizer_steps": steps, "batches": steps, "syncs": 0, **(counters or {})}
+    steps = run.steps
+    counters = {
+        "forwards": steps,
+        "optimizer_steps": steps,
+        "batches": steps,
+        "syncs": 0,
+        **(run.counters or {}),
+    }
     saves = b.column("checkpoint") > 0 if "checkpoint" in b.stages else np.zeros(steps, dtype=bool)
-    checkpoint_times = b.start[saves].tolist()
+    saved = {"fn": "torch.save", "bytes": run.checkpoint_bytes}
     return Analysis(
-        wall_s=float(b.end[-1]) + after_s,
+        wall_s=float(b.end[-1]) + run.after_s,
         framework="torch",
         breakdown=b,
         steady=steady,
@@ -299,11 +306,11 @@ def plain(
         gpu=gpu,
         ranks=rank_rows,
         config=TrainingConfig(
-            dataloaders=[dict(loader)] if loader else [],
-            models=[dict(model)] if model else [],
-            optimizers=[dict(optimizer)] if optimizer else [],
-            checkpoints=[{"t": t, "fn": "torch.save", "bytes": checkpoint_bytes} for t in checkpoint_times],
-            torch=dict(torch or {}),
+            dataloaders=[dict(run.loader)] if run.loader else [],
+            models=[dict(run.model)] if run.model else [],
+            optimizers=[dict(run.optimizer)] if run.optimizer else [],
+            checkpoints=[{"t": t, **saved} for t in b.start[saves].tolist()],
+            torch=dict(run.torch or {}),
             counters=counters,
         ),
         warnings=[],

@@ -62,6 +62,15 @@ def four_gpus(*utils: float) -> Analysis:
 
 
 IO = {**HOST_SUMMARY, "proc_read_bytes": 500 * 2**20, "read_ops": 100_000, "avg_read_size_bytes": 8 * 1024}
+
+
+def waiting_on_storage(iowait: float = 0.1, **host: Any) -> Analysis:
+    """A data wait while the loaders read 8 KiB at a time and the CPUs wait ``iowait`` for I/O."""
+    return plain(
+        stages=stages(data=0.02), host={**IO, **host}, steady_means={**STEADY_MEANS, "host.iowait": iowait}
+    )
+
+
 TWO_NODES = {
     **HOST_SUMMARY,
     "numa_nodes": {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]},
@@ -106,17 +115,13 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
     ),
     "io_bound": (
         data.io_bound,
-        lambda: plain(stages=stages(data=0.02), host=IO, steady_means={**STEADY_MEANS, "host.iowait": 0.1}),
-        lambda: plain(stages=stages(data=0.02), host=IO, steady_means={**STEADY_MEANS, "host.iowait": 0.01}),
+        lambda: waiting_on_storage(),
+        lambda: waiting_on_storage(iowait=0.01),
     ),
     "small_files": (
         data.small_files,
-        lambda: plain(stages=stages(data=0.02), host=IO, steady_means={**STEADY_MEANS, "host.iowait": 0.1}),
-        lambda: plain(
-            stages=stages(data=0.02),
-            host={**IO, "avg_read_size_bytes": 1024**2},
-            steady_means={**STEADY_MEANS, "host.iowait": 0.1},
-        ),
+        lambda: waiting_on_storage(),
+        lambda: waiting_on_storage(avg_read_size_bytes=1024**2),
     ),
     "cpu_contention": (
         host.cpu_contention,
