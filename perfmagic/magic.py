@@ -203,7 +203,7 @@ class PerfMagics(Magics):
         if active_session() is not None:
             raise UsageError(_ALREADY)
         if args.trace:
-            from perfmagic.collect.torch_stages import torch_available
+            from perfmagic.collect.torch_hooks import torch_available
 
             if not torch_available():
                 raise UsageError("--trace runs torch.profiler, and torch is not installed")

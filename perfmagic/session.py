@@ -17,13 +17,13 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from perfmagic.collect.imports import PostImportHook, when_imported
+from perfmagic.collect.recorder import NO_RECORDER, StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
-from perfmagic.collect.stages import NO_RECORDER, StageRecorder
 from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
 
 if TYPE_CHECKING:
+    from perfmagic.collect.torch_hooks import TorchStages
     from perfmagic.collect.torch_profiler import TorchProfiler
-    from perfmagic.collect.torch_stages import TorchStages
     from perfmagic.report import Report
 
 REPORT_NAME = "report.json"
@@ -144,9 +144,9 @@ class Session:
         self._sampler.start()
 
     def _start_framework_hooks(self) -> None:
-        from perfmagic.collect import torch_stages
+        from perfmagic.collect import torch_hooks
 
-        if not torch_stages.torch_available():
+        if not torch_hooks.torch_available():
             self.warnings.append("torch is not installed: no training stages were recorded")
             return
         # Hook torch now if it is imported, else as soon as the profiled code imports it.
@@ -154,12 +154,12 @@ class Session:
 
     def _install_torch(self, _module: object) -> None:
         """Hook torch; runs inside the profiled code's ``import torch`` when that comes later."""
-        from perfmagic.collect import torch_stages
+        from perfmagic.collect import torch_hooks
 
         with self._hooks_lock:
             if not self._running or self.recorder is None:
                 return
-            hooks = torch_stages.TorchStages(self.recorder)
+            hooks = torch_hooks.TorchStages(self.recorder)
             try:
                 hooks.install()  # on failure it has removed what it installed
             except Exception as e:  # an unexpected torch version must not fail the user's import or block

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from perfmagic.collect.stages import StageRecorder
+from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import STAGES, nests_inside
 from perfmagic.timeline import Timeline
 

@@ -319,7 +319,7 @@ def test_profiling_from_another_thread(tmp_path: Path) -> None:
 def test_torch_hooks_that_fail_to_install_leave_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perfmagic.collect.torch_stages import TorchStages
+    from perfmagic.collect.torch_hooks import TorchStages
 
     def broken(*args: Any) -> None:
         raise AttributeError("module 'torch.distributed' has no attribute 'all_reduce'")

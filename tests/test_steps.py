@@ -10,7 +10,7 @@ import pytest
 
 from perfmagic.analyze import analyze
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
-from perfmagic.collect.stages import StageRecorder
+from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perfmagic.collect.patching import Patcher
-from perfmagic.collect.stages import StageRecorder
+from perfmagic.collect.recorder import StageRecorder
 
 _COLLECTIVES = (
     "all_reduce",
