@@ -77,6 +77,13 @@ THROTTLE_REASONS: dict[int, str] = {
 }
 """NVML clocks-event-reason bits of ``gpu{i}.throttle_mask``, by name."""
 
+THREAD_CPU = "thread.cpu_s"
+"""Cumulative CPU seconds of the profiled thread, sampled at each step boundary…"""
+THREAD_WAIT = "thread.wait_s"
+"""…and the seconds it was runnable but waited for a CPU (NaN where the OS does not say)."""
+THREAD_DATA_CPU = "thread.data_cpu_s"
+"""Cumulative CPU seconds the profiled thread spent getting batches (in ``data``), sampled after each."""
+
 # -- marks -------------------------------------------------------------------
 
 TORCH_TRACE_MARK = "torch_trace"

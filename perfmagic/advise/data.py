@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from perfmagic.advise.card import Card, make_card, severity_for
 from perfmagic.advise.fixes import dataloader_code
@@ -29,6 +29,40 @@ MIN_PROC_READ = 1 * MiB
 SMALL_READ = 64 * KiB
 """Average read size under which per-request latency dominates storage throughput."""
 MIN_READ_OPS_PER_S = 100.0
+ON_CPU = 0.5
+"""Share of its time a loader spends on a CPU above which loading is CPU-bound (below: it waits)."""
+HANDOFF_SHARE = 0.10
+"""Data wait that is the hand-over of batches from busy-enough workers worth a card: below it, the
+usual cost of workers (each batch is pickled through shared memory and rebuilt in the training process)."""
+IO_WORKERS_PER_CPU = 4
+"""Workers that wait on storage need no CPU each: up to this many per usable CPU…"""
+MAX_WORKERS = 32
+"""…and never more than this."""
+
+Loading = Literal["cpu", "io", "handoff"]
+
+
+def loading_kind(a: Analysis) -> Loading | None:
+    """What the data wait is, from where the CPU time went while the training thread waited.
+
+    ``"cpu"``: building batches takes CPU (the training thread's own, or busy workers');
+    ``"io"``: the loaders wait (storage, network, sleep) more than they compute;
+    ``"handoff"``: the workers keep up and the training thread spends the wait taking
+    each batch over (unpickling it from shared memory). None where unmeasured.
+    """
+    share = a.loop.data_cpu_share
+    ld = a.config.loader
+    if share is None or ld is None:
+        return None
+    workers = int(ld.get("num_workers") or 0)
+    if not workers:
+        return "cpu" if share >= ON_CPU else "io"
+    if share >= ON_CPU:
+        return "handoff"
+    cores = a.steady_mean("host.children_cpu_cores")
+    if cores is None:
+        return None
+    return "cpu" if cores / workers >= ON_CPU else "io"
 
 
 @dataclass(frozen=True)
@@ -101,9 +135,34 @@ class _MoreWorkers:
         return self.step_s - self.loading.rest_s
 
 
+def io_worker_cap(a: Analysis) -> int | None:
+    """Workers that wait on storage this machine affords: several per CPU, as far as memory allows.
+
+    Each worker is a process with its own copy of what the Dataset references: its share
+    of the tree's peak memory, against half the memory that was still available.
+    """
+    cpus = usable_cpus(a)
+    if cpus is None:
+        return None
+    cap = min(MAX_WORKERS, IO_WORKERS_PER_CPU * cpus)
+    ld = a.config.loader
+    workers = int(ld.get("num_workers") or 0) if ld else 0
+    rss, available = (
+        a.host.get("uss_peak_bytes") or a.host.get("rss_peak_bytes"),
+        a.host.get("mem_available_min_bytes"),
+    )
+    if rss and available:
+        per_process = rss / (workers + 1)
+        cap = min(cap, workers + int(0.5 * available / per_process))
+    return max(cap, workers)
+
+
 def _more_workers(a: Analysis, s: Steady) -> _MoreWorkers | None:
-    """More DataLoader workers, when the CPUs allow more and they would shorten the step."""
-    ld, cap = a.config.loader, worker_cap(a)
+    """More DataLoader workers, when the machine affords more and they would shorten the step."""
+    kind = loading_kind(a)
+    if kind == "handoff":
+        return None  # the workers keep up: more of them take nothing off the wait
+    ld, cap = a.config.loader, io_worker_cap(a) if kind == "io" else worker_cap(a)
     if ld is None or cap is None:
         return None
     m = _loading(a, s)
@@ -128,12 +187,16 @@ def input_bound(a: Analysis) -> Card | None:
         return None
     wait, share, step = s.stage_s("data"), s.share("data"), s.step_s
     ld = a.config.loader
+    if loading_kind(a) == "handoff":
+        return _handoff(a, s) if share >= HANDOFF_SHARE else None
     verdict = "HIGHLY input-bound" if share >= HIGHLY_INPUT_SHARE else "moderately input-bound"
     workers = f", DataLoader num_workers={ld.get('num_workers') or 0}" if ld else ""
+    kind = loading_kind(a)
+    says = f"; {_LOADING_SAYS[kind].format(share=fmt_fraction(a.loop.data_cpu_share))}" if kind else ""
     evidence = (
         f"{fmt_fraction(share)} of step time is spent waiting for the next batch: {fmt_seconds(wait)} of a "
-        f"{fmt_seconds(step)} step (mean of {s.count} steps after warm-up{workers}). Up to {fmt_seconds(wait)} "
-        "per step if each batch were ready when asked for; "
+        f"{fmt_seconds(step)} step (mean of {s.count} steps after warm-up{workers}{says}). Up to "
+        f"{fmt_seconds(wait)} per step if each batch were ready when asked for; "
     )
     plan = _more_workers(a, s)
     if plan is not None:
@@ -196,6 +259,55 @@ def input_bound(a: Analysis) -> Card | None:
     )
 
 
+_LOADING_SAYS = {
+    "cpu": "loading is CPU-bound: the loaders compute",
+    "io": "loading waits on I/O: the training thread was on a CPU only {share} of the wait",
+    "handoff": "the wait is the hand-over from the workers",
+}
+
+
+def _handoff(a: Analysis, s: Steady) -> Card:
+    """The workers keep up; the wait is the training thread taking each batch over from them."""
+    wait, share, step = s.stage_s("data"), s.share("data"), s.step_s
+    ld = a.config.loader or {}
+    workers = int(ld.get("num_workers") or 0)
+    cores = a.steady_mean("host.children_cpu_cores")
+    busy = f" (together {cores:.1f} cores busy)" if cores is not None else ""
+    evidence = (
+        f"{fmt_fraction(share)} of step time waits for the next batch ({fmt_seconds(wait)} of a "
+        f"{fmt_seconds(step)} step), but the {_workers(workers)} keep up{busy}: the training thread was on a "
+        f"CPU {fmt_fraction(a.loop.data_cpu_share)} of that wait, taking each batch over from a worker "
+        "(unpickling it from shared memory). More workers cannot shorten it."
+    )
+    fix = "\n".join(
+        [
+            "# Each batch crosses from a worker process: make fewer, cheaper crossings.",
+            "# Return tensors (not Python lists or dicts of many small objects) from the Dataset,",
+            "# and let the workers collate: a batch of few large tensors unpickles fastest.",
+            "# When samples are cheap, loading in the training process may cost less than the hand-over:",
+            dataloader_code(ld, num_workers=0) if ld else "loader = DataLoader(dataset, num_workers=0)",
+            "# (time a few hundred steps both ways: perfmagic.profile() before and after, then report.compare)",
+        ]
+    )
+    return make_card(
+        "input_bound",
+        f"Handing batches over from the DataLoader workers takes {fmt_fraction(share)} of each step",
+        evidence,
+        fix,
+        {
+            "data_s": wait,
+            "data_share": share,
+            "steps": s.count,
+            "loading": "handoff",
+            "data_cpu_share": a.loop.data_cpu_share,
+        },
+        saving_s=None,
+        step_s=step,
+        model=None,
+        severity=severity_for(wait, step),
+    )
+
+
 def _cheaper_samples_fix(ld: dict[str, Any] | None) -> str:
     """Code that times one batch's samples, then the usual ways to make them cheaper."""
     batch = ld.get("batch_size") if ld else None
@@ -236,11 +348,18 @@ def dataloader_workers(a: Analysis) -> Card | None:
     cpus = usable_cpus(a)
     now = "the training loop loads every batch itself" if not m.workers else f"{_workers(m.workers)}"
     batch = f" of {ld['batch_size']}" if ld.get("batch_size") else ""
+    io = loading_kind(a) == "io"
+    affords = (
+        f"loading waits on I/O (the loaders were on a CPU {fmt_fraction(a.loop.data_cpu_share)} of the time), "
+        f"so workers need no CPU each: {cpus} usable CPUs and the memory left afford {plan.cap}"
+        if io
+        else f"{cpus} usable CPUs allow {plan.cap} (one CPU stays with the training loop)"
+    )
     evidence = (
         f"num_workers={m.workers}: {now}, about {fmt_seconds(m.load_s)} per batch{batch}, while the rest of the "
         f"step takes {fmt_seconds(m.rest_s)}; {needed} worker{'s' if needed > 1 else ''} would keep up, and "
-        f"{cpus} usable CPUs allow {plan.cap} (one CPU stays with the training loop). With {workers}: a "
-        f"{fmt_seconds(plan.step_s)} step, {fmt_seconds(plan.wait_left_s)} of it waiting for data."
+        f"{affords}. With {workers}: a {fmt_seconds(plan.step_s)} step, {fmt_seconds(plan.wait_left_s)} of it "
+        "waiting for data."
     )
     return make_card(
         "dataloader_workers",
@@ -254,6 +373,7 @@ def dataloader_workers(a: Analysis) -> Card | None:
             "load_s": m.load_s,
             "rest_s": m.rest_s,
             "usable_cpus": cpus,
+            "loading": loading_kind(a),
         },
         saving_s=step - plan.step_s,
         step_s=step,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from perfmagic.advise.card import Card, make_card
 from perfmagic.analyze import Analysis
-from perfmagic.units import fmt_bytes, fmt_fraction
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 MACHINE_BUSY = 0.90
 """Machine CPU utilization above which runnable threads queue (SageMaker CPUBottleneck: 90%)."""
@@ -23,54 +24,159 @@ NUMA_HOST_SPEEDUP = 1.25
 """Assumed speed-up of the host-side stages (data, h2d) once CPU and memory are node-local."""
 
 
-def contention(a: Analysis) -> tuple[float, float, float] | None:
-    """(machine CPU utilization, training's cores, other processes' cores) when others crowd a busy machine."""
+WAIT_SHARE = 0.05
+"""Time the training thread waited for a CPU, as a share of the step, worth a card."""
+
+
+@dataclass(frozen=True)
+class Contention:
+    """The training waits for CPUs: how much, and who takes them.
+
+    ``wait_s`` is measured (the thread's run-queue wait per steady step) where the OS
+    says; else the sampled model below estimates the loss.
+    """
+
+    wait_s: float | None  # per steady step; None where the OS does not say
+    util: float | None  # the machine's CPU utilization over the steady steps
+    ours: float | None  # cores the training's processes used
+    others: float | None  # cores other processes used
+    threads: int | None  # torch intra-op threads
+    workers: int  # DataLoader workers
+    usable: int | None  # CPUs the training may run on
+
+    @property
+    def demand(self) -> int | None:
+        """Threads the training keeps busy: torch's threads and the DataLoader workers."""
+        return self.threads + self.workers if self.threads else None
+
+    @property
+    def oversubscribed(self) -> bool:
+        """More busy threads than usable CPUs: they take turns, whoever else runs."""
+        return self.demand is not None and self.usable is not None and self.demand > self.usable
+
+    @property
+    def crowded(self) -> bool:
+        """Other processes take a real share of a busy machine."""
+        if self.others is None or self.util is None or self.util < MACHINE_BUSY or not self.usable:
+            return False
+        return self.others >= max(OTHERS_MIN_CORES, OTHERS_MIN_SHARE * self.usable)
+
+
+def contention(a: Analysis) -> Contention | None:
+    """The training waited for CPUs during the steady steps; None when it did not, or nothing says."""
     s = a.steady
+    if s is None:
+        return None
     n = a.host.get("cpu_count")
-    util = a.steady_mean("host.cpu_util")
-    ours = a.steady_mean("host.proc_cpu_cores")
-    if s is None or not n or util is None or ours is None or util < MACHINE_BUSY:
-        return None
-    others = max(0.0, util * n - ours)
-    if others < max(OTHERS_MIN_CORES, OTHERS_MIN_SHARE * n):
-        return None
-    return util, ours, others
+    util, ours = a.steady_mean("host.cpu_util"), a.steady_mean("host.proc_cpu_cores")
+    others = max(0.0, util * n - ours) if util is not None and ours is not None and n else None
+    ld = a.config.loader
+    threads = a.config.torch.get("num_threads")
+    found = Contention(
+        wait_s=float(s.wait_s.mean()) if s.wait_s is not None else None,
+        util=util,
+        ours=ours,
+        others=others,
+        threads=int(threads) if threads else None,
+        workers=int(ld.get("num_workers") or 0) if ld else 0,
+        usable=len(a.host["affinity"]) if a.host.get("affinity") else (int(n) if n else None),
+    )
+    if found.wait_s is not None:
+        return found if found.wait_s >= WAIT_SHARE * s.step_s else None
+    return found if found.crowded else None
 
 
 def cpu_contention(a: Analysis) -> Card | None:
-    """Other processes take CPU the training could use."""
-    s, found, n = a.steady, contention(a), a.host.get("cpu_count")
-    if s is None or found is None or not n:
-        return None
-    util, ours, others = found
-    threads = a.config.torch.get("num_threads")
-    ld = a.config.loader
-    workers = int(ld.get("num_workers") or 0) if ld else 0
-    demand = min(float(n), float(threads + workers)) if threads else float(n)
-    lost = min(others, demand - ours)
-    if lost <= 0:
+    """The training thread waits for a CPU: other processes, or more threads than CPUs."""
+    s, c = a.steady, contention(a)
+    if s is None or c is None:
         return None
     step = s.step_s
-    fix = "\n".join(
-        [
+    if c.wait_s is not None:
+        saving: float | None = c.wait_s
+        model = (
+            "the time the training thread was ready to run but waited for a CPU (measured, Linux run delay); "
+            "an upper bound: the fix gives back at most that"
+        )
+    elif c.demand and c.others is not None and c.ours is not None:
+        lost = min(c.others, c.demand - c.ours)
+        if lost <= 0:
+            return None
+        saving = step * lost / c.demand
+        model = (
+            "an estimate, assuming every step is CPU-bound: step x (cores others took that the training "
+            "could use) / (cores it can use); the OS did not say how long the thread waited"
+        )
+    else:
+        return None
+    causes: list[str] = []
+    if c.oversubscribed:
+        causes.append(
+            f"the training keeps {c.demand} threads busy ({c.threads} torch thread{'s' if c.threads != 1 else ''}"
+            f" and {c.workers} DataLoader worker{'s' if c.workers != 1 else ''}) on {c.usable} usable CPUs"
+        )
+    if c.crowded and c.others is not None:
+        causes.append(f"other processes used {c.others:.1f} of {a.host.get('cpu_count')} CPUs")
+    if not causes:
+        causes.append("neither too many threads nor other processes' load was seen in the samples")
+    waited = (
+        f"The training thread waited {fmt_seconds(c.wait_s)} per {fmt_seconds(step)} step for a CPU "
+        f"({fmt_fraction(c.wait_s / step)} of the step, runnable but not running)"
+        if c.wait_s is not None
+        else f"The machine's CPUs were {fmt_fraction(c.util)} busy during the steady steps"
+    )
+    evidence = f"{waited}: {'; '.join(causes)}."
+    if c.wait_s is not None and c.util is not None:
+        evidence += f" The machine's CPUs were {fmt_fraction(c.util)} busy."
+    fix = _contention_fix(c)
+    title = (
+        f"{c.demand} busy threads on {c.usable} CPUs: the training waits for a CPU"
+        if c.oversubscribed
+        else f"Other processes took {c.others:.1f} of {a.host.get('cpu_count')} CPUs while training ran"
+        if c.crowded and c.others is not None
+        else "The training thread waits for a CPU"
+    )
+    return make_card(
+        "cpu_contention",
+        title,
+        evidence,
+        fix,
+        {
+            "wait_s": c.wait_s,
+            "wait_share": c.wait_s / step if c.wait_s is not None else None,
+            "cpu_util": c.util,
+            "training_cores": c.ours,
+            "other_cores": c.others,
+            "torch_threads": c.threads,
+            "dataloader_workers": c.workers,
+            "usable_cpus": c.usable,
+            "oversubscribed": c.oversubscribed,
+        },
+        saving_s=saving,
+        step_s=step,
+        model=model,
+    )
+
+
+def _contention_fix(c: Contention) -> str:
+    lines: list[str] = []
+    if c.oversubscribed and c.usable is not None:
+        threads = max(1, c.usable - c.workers) if c.workers < c.usable else 1
+        lines += [
+            "# One busy thread per CPU: fewer torch threads (set before any work, or OMP_NUM_THREADS=N)",
+            f"torch.set_num_threads({threads})  # was {c.threads}",
+        ]
+        if c.workers >= c.usable:
+            lines.append(
+                f"# and fewer DataLoader workers than CPUs: num_workers={max(0, c.usable - 1)}  # was {c.workers}"
+            )
+    if c.crowded or not lines:
+        lines += [
             "# Find the processes that compete with the training while it runs:",
             "ps -eo pid,pcpu,etime,comm --sort=-pcpu | head",
             "# then stop them, lower their priority (renice -n 19 -p PID), or train on an idle machine.",
         ]
-    )
-    return make_card(
-        "cpu_contention",
-        f"Other processes took {others:.1f} of {n} CPUs while training ran",
-        f"The machine's CPUs were {fmt_fraction(util)} busy during the steady steps; the training's processes "
-        f"used {ours:.1f} cores of the {demand:.0f} they can use (torch threads {threads}, DataLoader "
-        f"workers {workers}); other processes used {others:.1f} cores.",
-        fix,
-        {"cpu_util": util, "training_cores": ours, "other_cores": others, "training_demand_cores": demand},
-        saving_s=step * lost / demand,
-        step_s=step,
-        model="CPU-bound time shrinks in proportion to the CPU the training gets: "
-        "saving = step x (cores taken by others that the training could use) / (cores it can use)",
-    )
+    return "\n".join(lines)
 
 
 def host_memory_pressure(a: Analysis) -> Card | None:

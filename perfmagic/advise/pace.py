@@ -10,6 +10,7 @@ from perfmagic.advise.card import Card, make_card
 from perfmagic.advise.fixes import dataloader_code
 from perfmagic.advise.host import contention
 from perfmagic.analyze import Analysis
+from perfmagic.analyze.steady import Steady
 from perfmagic.schema import COMPUTE_STAGES
 from perfmagic.units import fmt_fraction, fmt_seconds
 
@@ -27,6 +28,9 @@ OUTLIER_RATIO = 2.0
 OUTLIER_MADS = 5.0
 """…and this many (normal-scaled) median absolute deviations above it, so jitter is not."""
 OUTLIER_SHARE = 0.05
+"""Time lost to outliers, as a share of steady time, worth a card."""
+PERIODIC_SHARE = 0.6
+"""Share of the slow steps' gaps, and of the places the interval predicts, that make them periodic."""
 """Time lost to outliers, as a share of steady time, worth a card."""
 COMPUTE_SHARE = 0.60
 """Forward+backward+optimizer share of the step that makes a run compute-bound."""
@@ -141,8 +145,11 @@ def step_outliers(a: Analysis) -> Card | None:
     where = s.stages[keep[int(np.argmax(by_stage[keep]))]]
     big = outliers[lost_by_step >= 0.5 * lost_by_step.max()] if len(outliers) else outliers
     period = _period(big)  # of the big ones: jitter between them does not hide a period
-    if period is None and contention(a) is not None:
-        return None  # irregular slow steps on a crowded machine: cpu_contention's
+    cause = _off_step_cause(s, outliers)
+    if (cause == "waited" or (cause is None and period is None)) and contention(a) is not None:
+        return None  # slow steps that waited for a CPU: cpu_contention's
+    if where != "data" and cause in ("waited", "off_cpu"):
+        period = None  # a step that did no extra work is no periodic work, whatever its spacing
     when = f", every {period} steps" if period else ""
     ld = a.config.loader
     epoch = None
@@ -169,15 +176,53 @@ def step_outliers(a: Analysis) -> Card | None:
                 "print(sorted(times)[-10:])",
             ]
         )
-    else:
-        why = f"periodic work in {where}: evaluation, metrics or garbage collection in the loop"
-        interval = f"{period * 10}" if period else "N"
+    elif cause == "waited":
+        why = (
+            "the training thread waited for a CPU in them (runnable, not running): other processes or more "
+            "busy threads than CPUs"
+        )
         fix = "\n".join(
             [
-                f"# the loop does extra work{when}: do it less often, or off the critical path",
-                f"if step % {interval} == 0:  # was every {period or '?'} steps",
+                "# The slow steps waited for a CPU: give the training the CPUs it uses",
+                "ps -eo pid,pcpu,etime,comm --sort=-pcpu | head  # who else runs",
+                "torch.set_num_threads(os.cpu_count() - num_workers)  # no more busy threads than CPUs",
+            ]
+        )
+    elif cause == "off_cpu":
+        why = (
+            f"the training thread was off the CPU for the extra time in {where}, without waiting for one: "
+            "sleeping, reading files, waiting on a lock or on the device"
+        )
+        fix = "\n".join(
+            [
+                "# Find what the slow steps wait on: time the suspect calls, or sample the thread's stack",
+                f"with perfmagic.stage('suspect'):  # inside {where}, around the call you suspect",
+                "    ...",
+                "# py-spy dump --pid PID  # run while a slow step is in progress",
+            ]
+        )
+    elif period:
+        why = f"periodic work in {where}: evaluation, metrics or garbage collection in the loop"
+        fix = "\n".join(
+            [
+                f"# the loop does extra work every {period} steps: do it less often, or off the critical path",
+                f"if step % {period * 10} == 0:  # was every {period} steps",
                 "    evaluate()  # your periodic work",
                 "# if it is Python's garbage collector: gc.freeze() after set-up keeps long-lived objects out",
+            ]
+        )
+    else:
+        why = (
+            f"extra work in {where} at irregular steps"
+            + (" (the thread computed more in them)" if cause == "worked" else "")
+            + ": data-dependent work, garbage collection or a memory allocator"
+        )
+        fix = "\n".join(
+            [
+                "# Find the irregular work: name the parts of the step and compare slow steps with the rest",
+                f"with perfmagic.stage('suspect'):  # inside {where}",
+                "    ...",
+                "import gc; gc.freeze()  # after set-up: long-lived objects leave the garbage collector's scans",
             ]
         )
     worst = float(s.durations[outliers].max())
@@ -202,9 +247,12 @@ def step_outliers(a: Analysis) -> Card | None:
 
 
 def _period(indices: np.ndarray) -> int | None:
-    """The gap most outliers repeat at (60% of the gaps, at least two), else ``None``.
+    """The interval the slow steps recur at, else ``None``.
 
-    Runs of consecutive slow steps (gap 1) are a slow phase, not periodic work.
+    Periodic means: 60% of the gaps between slow steps (and at least two) are the same
+    interval, and the slow steps fill 60% of the places that interval predicts between
+    the first and the last one. Runs of consecutive slow steps (gap 1) are a slow phase,
+    not periodic work.
     """
     gaps = np.diff(indices)
     if len(gaps) < 2:
@@ -212,7 +260,30 @@ def _period(indices: np.ndarray) -> int | None:
     values, counts = np.unique(gaps, return_counts=True)
     best = int(np.argmax(counts))
     period = int(values[best])
-    return period if period > 1 and counts[best] >= max(2, 0.6 * len(gaps)) else None
+    if period <= 1 or counts[best] < max(2, PERIODIC_SHARE * len(gaps)):
+        return None
+    places = (int(indices[-1]) - int(indices[0])) // period + 1
+    return period if len(indices) >= PERIODIC_SHARE * places else None
+
+
+def _off_step_cause(s: Steady, outliers: np.ndarray) -> str | None:
+    """What the slow steps' extra time was, from the thread's CPU and run-queue wait in each step.
+
+    ``"waited"``: mostly runnable but waiting for a CPU; ``"worked"``: mostly more CPU
+    time (extra work); ``"off_cpu"``: neither (sleep, I/O, a lock, the device); None
+    where the thread's CPU time was not measured.
+    """
+    if s.cpu_s is None or not len(outliers):
+        return None
+    extra = float((s.durations[outliers] - np.median(s.durations)).sum())
+    if extra <= 0:
+        return None
+    if s.wait_s is not None:
+        waited = float((s.wait_s[outliers] - np.median(s.wait_s)).sum())
+        if waited >= 0.5 * extra:
+            return "waited"
+    worked = float((s.cpu_s[outliers] - np.median(s.cpu_s)).sum())
+    return "worked" if worked >= 0.5 * extra else "off_cpu"
 
 
 def compute_bound(a: Analysis) -> Card | None:

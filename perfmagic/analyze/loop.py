@@ -3,7 +3,10 @@
 - ``pre_forward_s``: time between a batch's arrival and the forward pass that is in
   no built-in stage: host work on the batch in the loop (transforms, augmentation,
   tokenization), or a user stage placed there;
-- ``calls_per_step``: how many times per step each stage was entered.
+- ``calls_per_step``: how many times per step each stage was entered;
+- ``data_cpu_share``: the share of the ``data`` stage the training thread spent on a
+  CPU: near 1 when it loads (or unpickles) batches itself, near 0 when it waits for
+  storage or for DataLoader workers.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 from perfmagic.analyze.steady import Steady
 from perfmagic.analyze.steps import StepBreakdown
 from perfmagic.intervals import merge_intervals
-from perfmagic.schema import STAGES
+from perfmagic.schema import STAGES, THREAD_DATA_CPU
 from perfmagic.timeline import Timeline
 
 
@@ -25,12 +28,27 @@ class LoopFacts:
 
     pre_forward_s: float = 0.0
     calls_per_step: dict[str, float] = field(default_factory=dict)
+    data_cpu_share: float | None = None  # None: not measured
 
 
 def loop_facts(timeline: Timeline, breakdown: StepBreakdown, steady: Steady | None) -> LoopFacts:
     if steady is None or not steady.count:
         return LoopFacts()
-    return LoopFacts(pre_forward_s(timeline, breakdown, steady), calls_per_step(timeline, steady))
+    return LoopFacts(
+        pre_forward_s(timeline, breakdown, steady),
+        calls_per_step(timeline, steady),
+        data_cpu_share(timeline, steady),
+    )
+
+
+def data_cpu_share(timeline: Timeline, steady: Steady) -> float | None:
+    """CPU seconds the training thread spent in ``data`` over the steady steps, per second of ``data``."""
+    t, v = timeline.series(THREAD_DATA_CPU)
+    wall = steady.stage_s("data") * steady.count
+    if len(t) < 2 or wall <= 0:
+        return None
+    cpu = float(np.interp(steady.end, t, v) - np.interp(steady.start, t, v))
+    return min(1.0, max(0.0, cpu / wall))
 
 
 def calls_per_step(timeline: Timeline, steady: Steady) -> dict[str, float]:

@@ -19,6 +19,8 @@ class Steady:
     stages: list[str]
     start: float  # the steady window, on the clock of the breakdown's timeline
     end: float
+    cpu_s: np.ndarray | None = None  # per step: the profiled thread's CPU seconds…
+    wait_s: np.ndarray | None = None  # …and its seconds waiting for a CPU (None: unmeasured)
 
     @property
     def count(self) -> int:
@@ -53,4 +55,6 @@ def steady_of(b: StepBreakdown) -> Steady | None:
         stages=list(b.stages),
         start=float(b.start[first]),
         end=float(b.end[-1]),
+        cpu_s=b.cpu_s[first:] if b.cpu_s is not None else None,
+        wait_s=b.wait_s[first:] if b.wait_s is not None else None,
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmagic.schema import BOUNDARY_KINDS, STAGES, STEP_BOUNDARY_PREFIX
+from perfmagic.schema import BOUNDARY_KINDS, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_WAIT
 from perfmagic.timeline import Spans, Timeline
 
 
@@ -30,6 +30,10 @@ class StepBreakdown:
     end: np.ndarray  # (n,)
     stages: list[str]  # column names: built-in stages in order, then user stages, "other" last
     seconds: np.ndarray  # (n, len(stages)) exclusive seconds of each stage in each step
+    cpu_s: np.ndarray | None = None  # (n,) the profiled thread's CPU seconds in each step…
+    wait_s: np.ndarray | None = (
+        None  # (n,) …and its seconds runnable but waiting for a CPU (None: unmeasured)
+    )
 
     @property
     def count(self) -> int:
@@ -64,7 +68,20 @@ def step_breakdown(timeline: Timeline) -> StepBreakdown:
                 seconds[:, j] = np.interp(ends, xp, fp) - np.interp(starts, xp, fp)
         seconds = np.maximum(seconds, 0.0)
         seconds[:, -1] = np.maximum((ends - starts) - seconds[:, :-1].sum(axis=1), 0.0)
-    return StepBreakdown(kind, starts, ends, columns, seconds)
+    cpu_s = _per_step(timeline, THREAD_CPU, starts, ends)
+    wait_s = _per_step(timeline, THREAD_WAIT, starts, ends)
+    return StepBreakdown(kind, starts, ends, columns, seconds, cpu_s, wait_s)
+
+
+def _per_step(timeline: Timeline, metric: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
+    """A cumulative per-thread counter's growth in each step; None where it was not sampled."""
+    t, v = timeline.series(metric)
+    ok = np.isfinite(v)
+    if ok.sum() < 2 or not len(starts):
+        return None
+    t, v = t[ok], v[ok]
+    per: np.ndarray = np.maximum(np.interp(ends, t, v) - np.interp(starts, t, v), 0.0)
+    return per
 
 
 def _steps(

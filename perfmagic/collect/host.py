@@ -6,7 +6,7 @@
   ``host.iowait`` (fraction of CPU time spent waiting for I/O);
 - ``host.mem_available_bytes``;
 - ``host.proc_cpu_cores``: CPU used by the profiled process and all its descendants
-  (DataLoader workers), in cores; ``host.rss_bytes`` and ``host.uss_bytes`` summed over
+  (DataLoader workers), in cores; ``host.children_cpu_cores``: the descendants' part; ``host.rss_bytes`` and ``host.uss_bytes`` summed over
   that tree (RSS counts pages shared between processes once per process; USS does not);
 - ``host.read_bytes``, ``host.write_bytes``, ``host.read_ops``, ``host.write_ops``:
   the machine's block-device I/O (requests that reached a disk);
@@ -120,6 +120,7 @@ class HostSource:
         self._cpu_prev: CpuTimes = (0.0, 0.0, 0.0)
         self._cores_prev: list[CpuTimes] = []
         self._tree_cpu: float | None = None
+        self._children_cpu: float | None = None
         self._tree_t = 0.0
         self._io_ok = True
         self._uss_ok = True
@@ -167,11 +168,14 @@ class HostSource:
             add("host.cpu_util", now, fractions[0])
             add("host.iowait", now, fractions[1])
         self._grow_tree()
-        cpu, rss = self._tree_cpu_rss()
-        if self._tree_cpu is not None and now > self._tree_t:
+        cpu, root_cpu, rss = self._tree_cpu_rss()
+        children = cpu - root_cpu
+        if self._tree_cpu is not None and self._children_cpu is not None and now > self._tree_t:
             # a reparented orphan leaves the tree with its CPU: never report a negative rate
-            add("host.proc_cpu_cores", now, max(0.0, cpu - self._tree_cpu) / (now - self._tree_t))
-        self._tree_cpu, self._tree_t = cpu, now
+            dt = now - self._tree_t
+            add("host.proc_cpu_cores", now, max(0.0, cpu - self._tree_cpu) / dt)
+            add("host.children_cpu_cores", now, max(0.0, children - self._children_cpu) / dt)
+        self._tree_cpu, self._children_cpu, self._tree_t = cpu, children, now
         add("host.rss_bytes", now, float(rss))
         mono = time.monotonic()
         if mono >= self._next_slow:
@@ -250,31 +254,38 @@ class HostSource:
             except psutil.Error:
                 continue
 
-    def _tree_cpu_rss(self) -> tuple[float, int]:
-        """CPU seconds (own plus reaped children) and RSS bytes, summed over the tree."""
-        cpu = 0.0
+    def _tree_cpu_rss(self) -> tuple[float, float, int]:
+        """CPU seconds of the tree (own plus reaped children), the root's own part of them, and RSS bytes."""
+        cpu = root = 0.0
         rss = 0
         for pid in list(self._tree):
             try:
-                proc_cpu, proc_rss = self._proc_cpu_rss(pid)
+                own, reaped, proc_rss = self._proc_cpu_rss(pid)
             except (OSError, ValueError, IndexError, psutil.Error):
                 self._drop(pid)  # gone: its CPU is in its parent's children_*
                 continue
-            cpu += proc_cpu
+            cpu += own + reaped
             rss += proc_rss
-        return cpu, rss
+            if pid == self._root_pid:
+                root = own
+        return cpu, root, rss
 
-    def _proc_cpu_rss(self, pid: int) -> tuple[float, int]:
+    def _proc_cpu_rss(self, pid: int) -> tuple[float, float, int]:
+        """(own CPU seconds, reaped children's CPU seconds, RSS bytes) of one process."""
         fd = self._stat_fds.get(pid)
         if fd is None:
             proc = self._tree[pid]
             with proc.oneshot():
                 t = proc.cpu_times()
-                return t.user + t.system + t.children_user + t.children_system, proc.memory_info().rss
+                return t.user + t.system, t.children_user + t.children_system, proc.memory_info().rss
         # fields after "(comm)": state ppid ... utime(11) stime cutime cstime ... rss(21), in ticks / pages
         data = _pread(fd)
         rest = data[data.rindex(b")") + 2 :].split()
-        return (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / _HZ, int(rest[21]) * _PAGE
+        return (
+            (int(rest[11]) + int(rest[12])) / _HZ,
+            (int(rest[13]) + int(rest[14])) / _HZ,
+            int(rest[21]) * _PAGE,
+        )
 
     def _tree_uss(self) -> int | None:
         if not self._uss_ok:

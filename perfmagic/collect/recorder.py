@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX
+from perfmagic.collect.threadclock import ThreadClock
+from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_WAIT
 from perfmagic.timeline import Timeline
 
 _CLOSED = -1
@@ -75,6 +76,10 @@ class StageRecorder:
         self.timeline = timeline
         self.origin = origin
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
+        # per-step CPU and run-queue wait of the recorded thread: only readable on that thread
+        self.thread_clock = ThreadClock() if thread_id is None else None
+        if self.thread_clock is not None:
+            self._sample_thread_clock(time.perf_counter() - origin)
         self.device_clock: DeviceClock | None = None
         self.ids = {name: timeline.name_id(name) for name in STAGES}
         self._opaque_ids = frozenset(self.ids[n] for n in OPAQUE_STAGES)
@@ -143,10 +148,18 @@ class StageRecorder:
             token = clock.mark()
             self._device_marks.append((self.timeline.span_count, token, token))
         self.timeline.add_span(sid, t, t, -1)
+        if self.thread_clock is not None:
+            self._sample_thread_clock(t)
         if clock is not None and len(self._device_marks) >= _DRAIN_AT and clock.done(token):
             # Everything marked so far has run: resolving it now waits for nothing.
             marks, self._device_marks = self._device_marks, []
             self._device_warnings += self._apply_device_times(clock, marks)
+
+    def _sample_thread_clock(self, t: float) -> None:
+        assert self.thread_clock is not None
+        on_cpu, waiting = self.thread_clock.read()
+        self.timeline.add_sample(THREAD_CPU, t, on_cpu)
+        self.timeline.add_sample(THREAD_WAIT, t, waiting)
 
     def is_open(self, sid: int) -> bool:
         """Whether stage ``sid`` is open (on the recorded thread)."""
@@ -200,6 +213,8 @@ class StageRecorder:
         while self._stack:
             self.exit()
         self.thread_id = _CLOSED
+        if self.thread_clock is not None:
+            self.thread_clock.close()
         clock, marks = self.device_clock, self._device_marks
         self._device_marks = []
         warnings, self._device_warnings = self._device_warnings, []

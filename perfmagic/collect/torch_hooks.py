@@ -43,6 +43,7 @@ from typing import Any
 
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.schema import THREAD_DATA_CPU
 
 _COLLECTIVES = (
     "all_reduce",
@@ -223,12 +224,17 @@ class TorchStages:
         orig_iter = dl.DataLoader.__iter__
         stats = self.stats
         boundary = rec.boundary
+        add_sample, now, thread_time = rec.timeline.add_sample, self._now, time.thread_time
         # id(iterator) -> what had trained when its pass began (optimizer steps, forwards with grad)
         passes: dict[int, tuple[int, int]] = {}
+        # CPU the training thread spends getting batches: loading itself (no workers) or taking them over
+        # from workers; against the data stage's wall time it tells CPU-bound loading from waiting
+        data_cpu = [0.0]
 
         def next_batch(it: Any) -> Any:
             boundary("batch")
             entered = rec.enter(data_id)
+            cpu = thread_time()
             try:
                 batch = orig_next(it)
             except StopIteration:
@@ -239,6 +245,8 @@ class TorchStages:
             finally:
                 if entered:
                     rec.exit()
+                    data_cpu[0] += thread_time() - cpu
+                    add_sample(THREAD_DATA_CPU, now(), data_cpu[0])
             stats["batches"] += 1
             return batch
 

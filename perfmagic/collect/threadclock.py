@@ -1,0 +1,45 @@
+"""The profiled thread's CPU time and run-queue wait, read at each step boundary.
+
+CPU time is ``time.thread_time`` (exact: the clock brings the thread's run time up to
+date when read). The wait is the second field of Linux's ``/proc/thread-self/schedstat``:
+nanoseconds the thread was runnable but waiting for a CPU (the scheduler's run delay),
+added each time the thread gets a CPU back. That wait is what other processes, or more
+threads than CPUs, cost the training directly; sleeping, I/O and locks are not in it.
+Where the file does not exist the wait is NaN. (The file's first field, time on a CPU,
+only moves at scheduler ticks: too coarse for a step of a few milliseconds.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+
+class ThreadClock:
+    """Cumulative CPU and run-queue seconds of the thread that creates it."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    @property
+    def measures_wait(self) -> bool:
+        return self._fd is not None
+
+    def read(self) -> tuple[float, float]:
+        """(CPU seconds, run-queue seconds) since the thread started; call it on that thread."""
+        fd = self._fd
+        if fd is not None:
+            try:
+                return time.thread_time(), int(os.pread(fd, 128, 0).split()[1]) / 1e9
+            except (OSError, ValueError, IndexError):  # a kernel without the field: CPU time only from now on
+                self.close()
+        return time.thread_time(), math.nan
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
