@@ -8,6 +8,7 @@ the test that causes it) only when its own evidence shows other processes' CPU.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -183,13 +184,13 @@ def test_logging_every_step(tmp_path: Path) -> None:
     assert "LOG_EVERY" in card["fix"]
 
 
-@pytest.fixture
-def busy_cpus() -> Iterator[None]:
-    """Other processes, outside the training's process tree, that keep every CPU busy."""
+@contextlib.contextmanager
+def _spinners(count: int) -> Iterator[None]:
+    """``count`` other processes, outside the training's process tree, that each keep a CPU busy."""
     spin = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"
     pids = [
         int(subprocess.run(["sh", "-c", spin], capture_output=True, text=True, check=True).stdout)
-        for _ in os.sched_getaffinity(0)
+        for _ in range(count)
     ]  # the shell exits: each spinner is no child of this process
     time.sleep(0.3)
     try:
@@ -199,11 +200,109 @@ def busy_cpus() -> Iterator[None]:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.fixture
+def busy_cpus() -> Iterator[None]:
+    """Other processes that keep every CPU busy."""
+    with _spinners(len(os.sched_getaffinity(0))):
+        yield
+
+
+@pytest.fixture
+def busy_cpu() -> Iterator[None]:
+    """Another process that keeps one CPU busy."""
+    with _spinners(1):
+        yield
+
+
 def test_cpu_contention(tmp_path: Path, busy_cpus: None) -> None:
     model = _mlp()
     report = _profile(tmp_path, lambda: _train(model, _loader(200)))
     card = _assert_leads(report, "cpu_contention", related=("step_outliers",))
     assert card["metrics"]["other_cores"] >= 0.5
+
+
+def test_more_threads_than_free_cpus_is_named_and_not_called_periodic(tmp_path: Path, busy_cpu: None) -> None:
+    """Seen by a new user: two torch threads while another process kept a core busy made a third of
+    the steps slow; the card said "periodic work" and offered an evaluate() interval."""
+    torch.set_num_threads(2)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    report = _profile(tmp_path, lambda: _train(model, _loader(300, _Batches(300, 64, 256))))
+    cards = {c["id"]: c for c in report.advice}
+    assert "cpu_contention" in cards, str(report)
+    card = cards["cpu_contention"]
+    assert card["metrics"]["oversubscribed"] and card["metrics"]["torch_threads"] == 2, str(report)
+    assert "torch.set_num_threads(1)  # was 2" in card["fix"]
+    assert card["saving_s"] < card["metrics"]["step_s"]
+    outliers = cards.get("step_outliers")
+    assert outliers is None or (
+        outliers["metrics"]["period_steps"] is None and "periodic" not in outliers["evidence"]
+    )
+
+
+def test_contention_saving_leaves_out_what_more_cpu_cannot_shorten(tmp_path: Path, busy_cpus: None) -> None:
+    """A step that sleeps (storage, network) is not shortened by more CPU: the saving never includes it."""
+    sleep_s = 0.02
+    model = _mlp()
+    report = _profile(
+        tmp_path, lambda: _train(model, _loader(40), after_step=lambda step: time.sleep(sleep_s))
+    )
+    card = next(c for c in report.advice if c["id"] == "cpu_contention")
+    assert card["saving_s"] <= card["metrics"]["step_s"] - sleep_s, str(report)
+    assert card["metrics"]["wait_s"] == pytest.approx(card["saving_s"])
+
+
+def test_random_hiccups_are_not_called_periodic(tmp_path: Path) -> None:
+    """A few slow steps at random places, waiting off the CPU (a stalled read): irregular, not periodic."""
+    slow = {7, 19, 23, 51, 52, 88, 120, 121, 160}
+    model = _mlp()
+
+    def hiccup(step: int) -> None:
+        if step in slow:
+            time.sleep(0.03)
+
+    report = _profile(tmp_path, lambda: _train(model, _loader(200), after_step=hiccup))
+    card = next(c for c in report.advice if c["id"] == "step_outliers")
+    assert card["metrics"]["period_steps"] is None and "periodic" not in card["evidence"], str(report)
+    assert "off the CPU" in card["evidence"] and "?" not in card["fix"]
+    assert card["saving_s"] < card["metrics"]["step_s"]
+
+
+class _Remote(Dataset[Any]):
+    """Each sample waits on storage that answers in 2 ms (a network filesystem, an object store)."""
+
+    def __init__(self, n: int) -> None:
+        self.x = torch.randn(n, 64)
+        self.y = torch.randint(0, 10, (n,))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(0.002)
+        return self.x[i], self.y[i]
+
+
+def _remote_loader(workers: int) -> Any:
+    return DataLoader(_Remote(48 * 8), batch_size=8, num_workers=workers, persistent_workers=workers > 0)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # more workers than CPUs: the point
+def test_io_bound_loading_gets_the_workers_that_keep_up_and_they_deliver(tmp_path: Path) -> None:
+    """Seen by a new user: "more workers cannot help" (1 worker on 2 CPUs) for a loader that waits on
+    storage; 4 workers took the step from ~40 ms to ~20 ms. Workers that wait need no CPU each."""
+    model = _mlp(width=1024)
+    before = _profile(tmp_path / "before", lambda: _train(model, _remote_loader(0)))
+    card = next(c for c in before.advice if c["id"] == "dataloader_workers")
+    workers = card["metrics"]["recommended_workers"]
+    assert card["metrics"]["loading"] == "io" and workers > len(os.sched_getaffinity(0)) - 1, str(before)
+    after = _profile(tmp_path / "after", lambda: _train(model, _remote_loader(workers)))
+    assert before.analysis is not None and before.analysis.steady is not None
+    assert after.analysis is not None and after.analysis.steady is not None
+    measured = before.analysis.steady.step_s - after.analysis.steady.step_s
+    promised = card["saving_s"]
+    assert promised / 2 <= measured <= promised * 2, (
+        f"promised {promised * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms"
+    )
 
 
 def test_slow_startup(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from perfmagic.advise.card import Card, make_card, severity_for
 from perfmagic.advise.fixes import dataloader_code
+from perfmagic.advise.host import contention
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.units import KiB, MiB, fmt_bytes, fmt_fraction, fmt_seconds
@@ -45,7 +46,8 @@ Loading = Literal["cpu", "io", "handoff"]
 def loading_kind(a: Analysis) -> Loading | None:
     """What the data wait is, from where the CPU time went while the training thread waited.
 
-    ``"cpu"``: building batches takes CPU (the training thread's own, or busy workers');
+    ``"cpu"``: building batches takes CPU (the training thread's own, or workers busy or
+    waiting for a CPU);
     ``"io"``: the loaders wait (storage, network, sleep) more than they compute;
     ``"handoff"``: the workers keep up and the training thread spends the wait taking
     each batch over (unpickling it from shared memory). None where unmeasured.
@@ -62,7 +64,8 @@ def loading_kind(a: Analysis) -> Loading | None:
     cores = a.steady_mean("host.children_cpu_cores")
     if cores is None:
         return None
-    return "cpu" if cores / workers >= ON_CPU else "io"
+    starved = a.steady_mean("host.children_wait_cores") or 0.0  # runnable workers that got no CPU
+    return "cpu" if (cores + starved) / workers >= ON_CPU else "io"
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,11 @@ class _MoreWorkers:
         return self.step_s - self.loading.rest_s
 
 
+def _has_workers(a: Analysis) -> bool:
+    ld = a.config.loader
+    return bool(ld and ld.get("num_workers"))
+
+
 def io_worker_cap(a: Analysis) -> int | None:
     """Workers that wait on storage this machine affords: several per CPU, as far as memory allows.
 
@@ -162,6 +170,8 @@ def _more_workers(a: Analysis, s: Steady) -> _MoreWorkers | None:
     kind = loading_kind(a)
     if kind == "handoff":
         return None  # the workers keep up: more of them take nothing off the wait
+    if kind == "io" and _has_workers(a) and s.share("data") < HANDOFF_SHARE:
+        return None  # idle workers and a small wait: hand-over cost and slow reads look the same here
     ld, cap = a.config.loader, io_worker_cap(a) if kind == "io" else worker_cap(a)
     if ld is None or cap is None:
         return None
@@ -187,11 +197,11 @@ def input_bound(a: Analysis) -> Card | None:
         return None
     wait, share, step = s.stage_s("data"), s.share("data"), s.step_s
     ld = a.config.loader
-    if loading_kind(a) == "handoff":
+    kind = loading_kind(a)
+    if kind == "handoff" or (kind == "io" and _has_workers(a) and share < HANDOFF_SHARE):
         return _handoff(a, s) if share >= HANDOFF_SHARE else None
     verdict = "HIGHLY input-bound" if share >= HIGHLY_INPUT_SHARE else "moderately input-bound"
     workers = f", DataLoader num_workers={ld.get('num_workers') or 0}" if ld else ""
-    kind = loading_kind(a)
     says = f"; {_LOADING_SAYS[kind].format(share=fmt_fraction(a.loop.data_cpu_share))}" if kind else ""
     evidence = (
         f"{fmt_fraction(share)} of step time is spent waiting for the next batch: {fmt_seconds(wait)} of a "
@@ -199,6 +209,8 @@ def input_bound(a: Analysis) -> Card | None:
         f"{fmt_seconds(wait)} per step if each batch were ready when asked for; "
     )
     plan = _more_workers(a, s)
+    if plan is None and kind == "cpu" and ld and ld.get("num_workers") and contention(a) is not None:
+        return None  # workers starved of CPU by a crowded machine: cpu_contention names the cause
     if plan is not None:
         saving, left, more = step - plan.step_s, plan.wait_left_s, _workers(plan.workers)
         if left > 0:
@@ -365,7 +377,12 @@ def dataloader_workers(a: Analysis) -> Card | None:
         "dataloader_workers",
         f"Use {_workers(workers)} instead of {m.workers}",
         evidence,
-        dataloader_code(ld, num_workers=workers, persistent_workers=True),
+        dataloader_code(ld, num_workers=workers, persistent_workers=True)
+        + (
+            "\n# torch warns of more workers than CPUs: workers that wait on I/O leave the CPUs idle"
+            if io and workers >= (cpus or 0)
+            else ""
+        ),
         {
             "num_workers": m.workers,
             "recommended_workers": workers,

@@ -50,9 +50,17 @@ class Contention:
         return self.threads + self.workers if self.threads else None
 
     @property
+    def free(self) -> int | None:
+        """Usable CPUs that other processes left to the training (whole CPUs, at least one)."""
+        if self.usable is None:
+            return None
+        taken = round(self.others) if self.others is not None else 0
+        return max(1, self.usable - taken)
+
+    @property
     def oversubscribed(self) -> bool:
-        """More busy threads than usable CPUs: they take turns, whoever else runs."""
-        return self.demand is not None and self.usable is not None and self.demand > self.usable
+        """More busy threads than the CPUs left to them: they take turns."""
+        return self.demand is not None and self.free is not None and self.demand > self.free
 
     @property
     def crowded(self) -> bool:
@@ -62,14 +70,21 @@ class Contention:
         return self.others >= max(OTHERS_MIN_CORES, OTHERS_MIN_SHARE * self.usable)
 
 
+def _cpu_load(a: Analysis) -> tuple[int | None, float | None, float | None, float | None]:
+    """(usable CPUs, machine CPU utilization, cores the training used, cores others used) over the steady steps."""
+    n = a.host.get("cpu_count")
+    usable = len(a.host["affinity"]) if a.host.get("affinity") else (int(n) if n else None)
+    util, ours = a.steady_mean("host.cpu_util"), a.steady_mean("host.proc_cpu_cores")
+    others = max(0.0, util * n - ours) if util is not None and ours is not None and n else None
+    return usable, util, ours, others
+
+
 def contention(a: Analysis) -> Contention | None:
     """The training waited for CPUs during the steady steps; None when it did not, or nothing says."""
     s = a.steady
     if s is None:
         return None
-    n = a.host.get("cpu_count")
-    util, ours = a.steady_mean("host.cpu_util"), a.steady_mean("host.proc_cpu_cores")
-    others = max(0.0, util * n - ours) if util is not None and ours is not None and n else None
+    usable, util, ours, others = _cpu_load(a)
     ld = a.config.loader
     threads = a.config.torch.get("num_threads")
     found = Contention(
@@ -79,11 +94,17 @@ def contention(a: Analysis) -> Contention | None:
         others=others,
         threads=int(threads) if threads else None,
         workers=int(ld.get("num_workers") or 0) if ld else 0,
-        usable=len(a.host["affinity"]) if a.host.get("affinity") else (int(n) if n else None),
+        usable=usable,
     )
     if found.wait_s is not None:
         return found if found.wait_s >= WAIT_SHARE * s.step_s else None
     return found if found.crowded else None
+
+
+def free_cpus(a: Analysis) -> int | None:
+    """CPUs the training may use that other processes left free during the steady steps."""
+    usable, _, _, others = _cpu_load(a)
+    return Contention(None, None, None, others, None, 0, usable).free
 
 
 def cpu_contention(a: Analysis) -> Card | None:
@@ -111,9 +132,14 @@ def cpu_contention(a: Analysis) -> Card | None:
         return None
     causes: list[str] = []
     if c.oversubscribed:
+        left = (
+            f"the {c.free} CPU{'s' if c.free != 1 else ''} other processes left"
+            if c.free != c.usable
+            else (f"{c.usable} usable CPUs")
+        )
         causes.append(
             f"the training keeps {c.demand} threads busy ({c.threads} torch thread{'s' if c.threads != 1 else ''}"
-            f" and {c.workers} DataLoader worker{'s' if c.workers != 1 else ''}) on {c.usable} usable CPUs"
+            f" and {c.workers} DataLoader worker{'s' if c.workers != 1 else ''}) on {left}"
         )
     if c.crowded and c.others is not None:
         causes.append(f"other processes used {c.others:.1f} of {a.host.get('cpu_count')} CPUs")
@@ -130,7 +156,7 @@ def cpu_contention(a: Analysis) -> Card | None:
         evidence += f" The machine's CPUs were {fmt_fraction(c.util)} busy."
     fix = _contention_fix(c)
     title = (
-        f"{c.demand} busy threads on {c.usable} CPUs: the training waits for a CPU"
+        f"{c.demand} busy threads on {c.free} free CPU{'s' if c.free != 1 else ''}: the training waits for a CPU"
         if c.oversubscribed
         else f"Other processes took {c.others:.1f} of {a.host.get('cpu_count')} CPUs while training ran"
         if c.crowded and c.others is not None
@@ -160,15 +186,14 @@ def cpu_contention(a: Analysis) -> Card | None:
 
 def _contention_fix(c: Contention) -> str:
     lines: list[str] = []
-    if c.oversubscribed and c.usable is not None:
-        threads = max(1, c.usable - c.workers) if c.workers < c.usable else 1
+    if c.oversubscribed and c.free is not None:
         lines += [
-            "# One busy thread per CPU: fewer torch threads (set before any work, or OMP_NUM_THREADS=N)",
-            f"torch.set_num_threads({threads})  # was {c.threads}",
+            "# One busy thread per free CPU: fewer torch threads (first thing in the script, or OMP_NUM_THREADS)",
+            f"torch.set_num_threads({max(1, c.free - c.workers)})  # was {c.threads}",
         ]
-        if c.workers >= c.usable:
+        if c.workers >= c.free:
             lines.append(
-                f"# and fewer DataLoader workers than CPUs: num_workers={max(0, c.usable - 1)}  # was {c.workers}"
+                f"# and fewer DataLoader workers: num_workers={max(0, c.free - 1)}  # was {c.workers}"
             )
     if c.crowded or not lines:
         lines += [

@@ -8,7 +8,7 @@ import numpy as np
 
 from perfmagic.advise.card import Card, make_card
 from perfmagic.advise.fixes import dataloader_code
-from perfmagic.advise.host import contention
+from perfmagic.advise.host import contention, free_cpus
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.schema import COMPUTE_STAGES
@@ -146,8 +146,10 @@ def step_outliers(a: Analysis) -> Card | None:
     big = outliers[lost_by_step >= 0.5 * lost_by_step.max()] if len(outliers) else outliers
     period = _period(big)  # of the big ones: jitter between them does not hide a period
     cause = _off_step_cause(s, outliers)
-    if (cause == "waited" or (cause is None and period is None)) and contention(a) is not None:
-        return None  # slow steps that waited for a CPU: cpu_contention's
+    if cause != "worked" and (cause == "waited" or period is None) and contention(a) is not None:
+        # Slow steps on a machine where the thread waits for CPUs: cpu_contention's. Off-CPU time counts
+        # too: a thread of the process preempted while it holds the GIL stalls the training thread.
+        return None
     if where != "data" and cause in ("waited", "off_cpu"):
         period = None  # a step that did no extra work is no periodic work, whatever its spacing
     when = f", every {period} steps" if period else ""
@@ -311,9 +313,9 @@ def compute_bound(a: Analysis) -> Card | None:
             f"loader = DataLoader(dataset, batch_size={2 * int(ld['batch_size'])}, ...)  "
             f"# was {ld['batch_size']}; scale the learning rate with it"
         )
-    cpus = a.host.get("cpu_count")
-    if not on_gpu and cpus and t.get("num_threads") and t["num_threads"] < cpus:
-        levers.append(f"torch.set_num_threads({cpus})  # was {t['num_threads']}")
+    free = free_cpus(a)
+    if not on_gpu and free and t.get("num_threads") and t["num_threads"] < free:
+        levers.append(f"torch.set_num_threads({free})  # was {t['num_threads']}")
     shares = ", ".join(f"{n} {fmt_fraction(s.share(n))}" for n in COMPUTE_STAGES if n in s.stages)
     return make_card(
         "compute_bound",

@@ -6,7 +6,9 @@
   ``host.iowait`` (fraction of CPU time spent waiting for I/O);
 - ``host.mem_available_bytes``;
 - ``host.proc_cpu_cores``: CPU used by the profiled process and all its descendants
-  (DataLoader workers), in cores; ``host.children_cpu_cores``: the descendants' part; ``host.rss_bytes`` and ``host.uss_bytes`` summed over
+  (DataLoader workers), in cores; ``host.children_cpu_cores``: the descendants' part;
+  ``host.children_wait_cores``: the time the descendants were runnable but waited for
+  a CPU, in cores (Linux schedstat run delay; a worker starved of CPU, not waiting on I/O); ``host.rss_bytes`` and ``host.uss_bytes`` summed over
   that tree (RSS counts pages shared between processes once per process; USS does not);
 - ``host.read_bytes``, ``host.write_bytes``, ``host.read_ops``, ``host.write_ops``:
   the machine's block-device I/O (requests that reached a disk);
@@ -113,6 +115,8 @@ class HostSource:
         self._uss_interval = uss_interval
         self._tree: dict[int, psutil.Process] = {}
         self._stat_fds: dict[int, int] = {}  # pid -> open /proc/<pid>/stat
+        self._sched_fds: dict[int, int] = {}  # child pid -> open /proc/<pid>/schedstat
+        self._waits: dict[int, float] = {}  # child pid -> run delay seconds at the last tick
         self._pids: set[int] = set()
         self._last_pid: int | None = None
         self._cpu_fd: int | None = None  # /proc/stat
@@ -175,6 +179,8 @@ class HostSource:
             dt = now - self._tree_t
             add("host.proc_cpu_cores", now, max(0.0, cpu - self._tree_cpu) / dt)
             add("host.children_cpu_cores", now, max(0.0, children - self._children_cpu) / dt)
+            if self._sched_fds:
+                add("host.children_wait_cores", now, self._children_wait() / dt)
         self._tree_cpu, self._children_cpu, self._tree_t = cpu, children, now
         add("host.rss_bytes", now, float(rss))
         mono = time.monotonic()
@@ -191,11 +197,12 @@ class HostSource:
                 add("host.uss_bytes", now, float(uss))
 
     def close(self, timeline: Timeline) -> None:
-        for fd in [self._cpu_fd, self._loadavg_fd, *self._stat_fds.values()]:
+        for fd in [self._cpu_fd, self._loadavg_fd, *self._stat_fds.values(), *self._sched_fds.values()]:
             if fd is not None:
                 os.close(fd)
         self._cpu_fd = self._loadavg_fd = None
         self._stat_fds.clear()
+        self._sched_fds.clear()
         self._tree.clear()
 
     # -- pieces ------------------------------------------------------------
@@ -221,12 +228,32 @@ class HostSource:
         fd = _open_proc(f"/proc/{proc.pid}/stat")
         if fd is not None:
             self._stat_fds[proc.pid] = fd
+        if proc.pid != self._root_pid:
+            fd = _open_proc(f"/proc/{proc.pid}/schedstat")
+            if fd is not None:
+                self._sched_fds[proc.pid] = fd
 
     def _drop(self, pid: int) -> None:
         del self._tree[pid]
-        fd = self._stat_fds.pop(pid, None)
-        if fd is not None:
-            os.close(fd)
+        self._waits.pop(pid, None)
+        for fds in (self._stat_fds, self._sched_fds):
+            fd = fds.pop(pid, None)
+            if fd is not None:
+                os.close(fd)
+
+    def _children_wait(self) -> float:
+        """Seconds the children waited for a CPU since the last tick (each from its first tick on)."""
+        total = 0.0
+        for pid, fd in list(self._sched_fds.items()):
+            try:
+                wait = int(_pread(fd, 128).split()[1]) / 1e9
+            except (OSError, ValueError, IndexError):
+                continue  # gone: _tree_cpu_rss drops it
+            before = self._waits.get(pid)
+            self._waits[pid] = wait
+            if before is not None:
+                total += max(0.0, wait - before)
+        return total
 
     def _poll_cores(self, now: float, timeline: Timeline) -> None:
         cores = [cpu_times_of(t) for t in psutil.cpu_times(percpu=True)]
