@@ -185,6 +185,9 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         ],
         "advice": [card.to_dict() for card in advice.cards],
         "warnings": [*analysis.warnings, *advice.warnings],
+        "advice_minor": [
+            {"id": c.id, "saving_s": c.saving_s, "step_s": c.metrics.get("step_s")} for c in advice.minor
+        ],
         "step_table": {
             "boundary": b.boundary,
             "start": b.start.tolist(),

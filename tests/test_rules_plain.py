@@ -255,3 +255,25 @@ def test_plain_data_stands_for_what_analyze_measures(options: dict[str, Any]) ->
     saved = [(c["fn"], c["bytes"]) for c in measured.config.checkpoints]
     assert saved == [(c["fn"], c["bytes"]) for c in made.config.checkpoints]
     assert [c.id for c in advise(measured).cards] == [c.id for c in advise(made).cards]
+
+
+def test_steps_of_no_length_cost_no_rule() -> None:
+    """A trace whose step marks share one timestamp: every rule still runs, none fails."""
+    for analysis in (
+        plain(stages={"data": 0.0, "forward": 0.0}),
+        plain(stages={"forward": [0.0] * 29 + [0.01]}),
+    ):
+        advice = advise(analysis)
+        assert not [w for w in advice.warnings if "failed" in w]
+        assert all(c.saving_s is None or c.saving_s < c.metrics["step_s"] for c in advice.cards)
+
+
+def test_a_fix_worth_under_two_percent_of_a_step_is_listed_not_shown() -> None:
+    far = on_gpu(host=TWO_NODES, stages=stages(data=0.003))  # binding saves ~4% of the step: a card
+    near = on_gpu(host=TWO_NODES, stages=stages(data=0.0002))  # ~0.3%: listed only
+    assert host.numa_affinity(near) is not None  # the rule fires either way
+    assert "numa_affinity" in [c.id for c in advise(far).cards]
+    minor = advise(near)
+    assert "numa_affinity" not in [c.id for c in minor.cards]
+    assert [c.id for c in minor.minor] == ["numa_affinity"]
+    assert all(c.saving_s is not None and c.saving_s < 0.02 * c.metrics["step_s"] for c in minor.minor)

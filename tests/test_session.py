@@ -205,13 +205,15 @@ def test_report_json_contract(tmp_path: Path) -> None:
     assert data["schema"] == "perfmagic.report/1"
     assert (data["source"], data["framework"]) == ("live", "torch")
     assert data["wall_s"] > 0
-    assert set(data["steps"]) == {"count", "median_s", "p90_s", "first_s", "per_s"}
-    assert data["steps"]["count"] == 5
+    assert set(data["steps"]) == {"count", "median_s", "p90_s", "first_s", "per_s", "warmup"}
+    assert data["steps"]["count"] == 5 and data["steps"]["warmup"] == 1
     assert data["steps"]["first_s"] <= data["wall_s"]
-    assert data["steps"]["per_s"] == pytest.approx(5 / sum(s["total_s"] for s in data["stages"].values()))
+    # throughput, shares and stage times all over the same steady steps: the 4 after warm-up
+    assert data["steps"]["per_s"] == pytest.approx(4 / sum(s["total_s"] for s in data["stages"].values()))
     assert {"data", "forward", "backward", "optimizer", "checkpoint", "other"} <= set(data["stages"])
     for stage in data["stages"].values():
-        assert set(stage) == {"total_s", "fraction", "median_s"}
+        assert set(stage) == {"total_s", "fraction", "median_s", "mean_s"}
+        assert stage["mean_s"] == pytest.approx(stage["total_s"] / 4)
         assert 0.0 <= stage["fraction"] <= 1.0
     assert sum(s["fraction"] for s in data["stages"].values()) == pytest.approx(1.0, abs=1e-9)
     assert data["bottleneck"] in data["stages"]

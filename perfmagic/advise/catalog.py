@@ -11,6 +11,9 @@ from perfmagic.analyze import Analysis
 
 Rule = Callable[[Analysis], "Card | None"]
 
+MINOR_SAVING = 0.02
+"""A fix that would save less than this share of a step is not worth a card: the rule is listed instead."""
+
 RULES: list[Rule] = [
     data.input_bound,
     data.dataloader_workers,
@@ -39,6 +42,24 @@ RULES: list[Rule] = [
 ]
 """One rule per advice id; a rule's ``__name__`` is its id."""
 
+STAGE_OF = {
+    "input_bound": "data",
+    "dataloader_workers": "data",
+    "io_bound": "data",
+    "small_files": "data",
+    "pin_memory": "h2d",
+    "preprocess_in_loop": "other",
+    "sync_logging": "logging",
+    "checkpoint_frequency": "checkpoint",
+    "comm_bound": "comm",
+    "compute_bound": "forward backward optimizer",
+    "launch_bound": "forward backward optimizer",
+    "amp": "forward backward",
+    "tf32": "forward backward",
+    "jit_compile": "forward backward",
+}
+"""The stages an advice id is about (the others are about the machine or the whole step)."""
+
 _GPU_RULES = "low_gpu_util, gpu_memory_pressure, gpu_imbalance, launch_bound, amp, tf32, pin_memory"
 _GPU_TELEMETRY_RULES = "gpu_memory_pressure, gpu_imbalance, amp, tf32, pin_memory"
 _HOST_RULES = "cpu_contention, host_memory_pressure, io_bound, small_files, numa_affinity"
@@ -51,12 +72,14 @@ class Advice:
 
     cards: list[Card] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    minor: list[Card] = field(default_factory=list)  # fired, but would save under MINOR_SAVING of a step
 
 
 def advise(analysis: Analysis) -> Advice:
     """The cards of every rule that fired, by estimated saving (ties: severity, then catalog order).
 
-    ``compute_bound`` is kept only when no card of medium or high severity fired. Each
+    A card whose fix would save under ``MINOR_SAVING`` of a step is not shown, only listed
+    in ``minor``. ``compute_bound`` is kept only when no card of medium or high severity fired. Each
     rule runs on its own: one that fails costs its card, said in a warning, never the
     report. The warnings also say what the rules could not see.
     """
@@ -72,12 +95,22 @@ def advise(analysis: Analysis) -> Advice:
             continue
         if card is not None:
             cards.append(card)
+    minor = [c for c in cards if _minor(c)]
+    cards = [c for c in cards if not _minor(c)]
     if any(c.severity in ("high", "medium") for c in cards):
         cards = [c for c in cards if c.id != "compute_bound"]
     warnings += [w for w in missing(analysis) if w not in analysis.warnings]
     order = {c.id: i for i, c in enumerate(cards)}
     cards.sort(key=lambda c: (-(c.saving_s or 0.0), SEVERITIES.index(c.severity), order[c.id]))
-    return Advice(cards, warnings)
+    return Advice(cards, warnings, minor)
+
+
+def _minor(card: Card) -> bool:
+    """A per-step saving too small for a card (a one-time cost, ``metrics["one_time_s"]``, is weighed by its rule)."""
+    step = card.metrics.get("step_s")
+    if card.saving_s is None or not step or "one_time_s" in card.metrics:
+        return False
+    return bool(card.saving_s < MINOR_SAVING * step)
 
 
 def missing(analysis: Analysis) -> list[str]:

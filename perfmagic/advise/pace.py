@@ -81,6 +81,7 @@ def slow_startup(a: Analysis) -> Card | None:
         {
             "first_step_s": a.steps.first_s,
             "startup_excess_s": excess,
+            "one_time_s": excess,
             "where": where,
             "startup_share": excess / a.wall_s,
             "job_s": job,
@@ -123,8 +124,8 @@ def _startup_fix(a: Analysis, where: str, interpreter: bool) -> str:
 def step_outliers(a: Analysis) -> Card | None:
     """A few steps take far longer than the others, for a reason other cards do not cover."""
     s = a.steady
-    if s is None or s.count < 5:
-        return None
+    if s is None or s.count < 5 or s.median_s <= 0:
+        return None  # steps of no length (a trace whose step marks share a timestamp) have no outliers
     median = s.median_s
     stage_median = np.median(s.seconds, axis=0)
     extra = s.seconds - stage_median  # per step and stage, against the median step

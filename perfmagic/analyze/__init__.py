@@ -25,18 +25,24 @@ from perfmagic.timeline import Timeline
 
 @dataclass(frozen=True)
 class StageStats:
+    """One stage over the steady steps (the warm-up step left out)."""
+
     total_s: float
-    fraction: float
+    fraction: float  # of step time; the stages' fractions add up to 1
     median_s: float
+    mean_s: float  # per step: the stages' means add up to the mean step
 
 
 @dataclass(frozen=True)
 class StepStats:
+    """``count`` is every step; the others are over the steady steps, after ``warmup`` steps."""
+
     count: int
     median_s: float | None
     p90_s: float | None
     first_s: float | None  # from the window's start to the end of the first step
     per_s: float | None
+    warmup: int = 0  # steps left out of the figures as warm-up (the first, when there are three or more)
 
 
 @dataclass(frozen=True)
@@ -181,31 +187,36 @@ def bottleneck(stages: dict[str, StageStats]) -> str | None:
 
 
 def step_stats(breakdown: StepBreakdown) -> StepStats:
-    d = breakdown.durations
-    if not len(d):
+    """Step figures over the steady steps (warm-up left out), with the count of all steps."""
+    s = steady_of(breakdown)
+    if s is None:
         return StepStats(0, None, None, None, None)
-    total = float(d.sum())
+    total = float(s.durations.sum())
     return StepStats(
-        count=len(d),
-        median_s=float(np.median(d)),
-        p90_s=float(np.percentile(d, 90)),
+        count=breakdown.count,
+        median_s=s.median_s,
+        p90_s=float(np.percentile(s.durations, 90)),
         first_s=float(breakdown.end[0]),
-        per_s=len(d) / total if total > 0 else None,
+        per_s=s.count / total if total > 0 else None,
+        warmup=s.first,
     )
 
 
 def stage_stats(breakdown: StepBreakdown) -> dict[str, StageStats]:
-    if not breakdown.count:
+    """Each stage over the steady steps: its total, its share of step time, its mean and median per step."""
+    s = steady_of(breakdown)
+    if s is None:
         return {}
-    total_step = float(breakdown.durations.sum())
+    total_step = float(s.durations.sum())
     out: dict[str, StageStats] = {}
-    for j, name in enumerate(breakdown.stages):
-        col = breakdown.seconds[:, j]
+    for j, name in enumerate(s.stages):
+        col = s.seconds[:, j]
         total = float(col.sum())
         out[name] = StageStats(
             total_s=total,
             fraction=total / total_step if total_step > 0 else 0.0,
             median_s=float(np.median(col)),
+            mean_s=float(col.mean()),
         )
     return out
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from perfmagic.render.text import minor_line, most_to_gain, saving_words
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
@@ -107,6 +108,9 @@ def report_fragment(report: dict[str, Any], links: Sequence[tuple[str, str]] = (
     parts.append(
         cards_html(report.get("advice") or [], note="" if report["steps"].get("count") else no_steps)
     )
+    minor = minor_line(report)
+    if minor:
+        parts.append(f'<p class="pm-minor">{html.escape(minor[0].upper() + minor[1:])}.</p>')
     if report.get("warnings"):
         items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
         parts.append(
@@ -200,6 +204,10 @@ def _header(report: dict[str, Any]) -> str:
     color = _bottleneck_color(report)
     if steps.get("count"):
         verdict = f"<b>Bottleneck:</b> {html.escape(headline(report))}"
+        gain = most_to_gain(report)
+        if gain:
+            verdict += f'<br><span class="pm-gain">{html.escape(gain[0].upper() + gain[1:])}</span>'
+
     else:
         verdict = f"<b>No training steps were seen.</b> {_NO_STEPS}"
     return (
@@ -222,7 +230,7 @@ def cards_html(cards: Sequence[dict[str, Any]], note: str = "") -> str:
     out = ['<div class="pm-cards">']
     for card in cards:
         color = SEVERITY_COLORS.get(card.get("severity", "info"), "#4e79a7")
-        saving = _saving(card)
+        saving = saving_words(card)
         fix = card.get("fix") or ""
         out.append(
             f'<div class="pm-card" style="border-left-color:{color}" data-advice-id="{html.escape(str(card.get("id")))}">'
@@ -241,12 +249,3 @@ def cards_html(cards: Sequence[dict[str, Any]], note: str = "") -> str:
         )
     out.append("</div>")
     return "".join(out)
-
-
-def _saving(card: dict[str, Any]) -> str:
-    parts = []
-    if card.get("saving_s"):
-        parts.append(f"saves ~{fmt_seconds(card['saving_s'])} per step")
-    if card.get("speedup"):
-        parts.append(f"~{card['speedup']:.2g}× faster")
-    return ", ".join(parts)

@@ -9,6 +9,47 @@ from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 _BAR_WIDTH = 30
 
 
+def most_to_gain(report: dict[str, Any]) -> str | None:
+    """Why the first card is not about the largest stage, when it is not: it saves the most."""
+    from perfmagic.advise.catalog import STAGE_OF
+
+    advice, bottleneck = report.get("advice") or [], report.get("bottleneck")
+    if not advice or not bottleneck or not advice[0].get("saving_s"):
+        return None
+    top = advice[0]
+    if bottleneck in STAGE_OF.get(str(top.get("id")), "").split():
+        return None
+    return f"most to gain elsewhere: {top.get('title')} (saves ~{fmt_seconds(top['saving_s'])} per step)"
+
+
+def saving_words(card: dict[str, Any]) -> str:
+    """What fixing a card gains, in words: per step and as a speed-up, or once."""
+    once = (card.get("metrics") or {}).get("one_time_s")
+    if once:
+        return f"one-time cost ~{fmt_seconds(once)}"
+    parts = []
+    if card.get("saving_s"):
+        parts.append(f"saves ~{fmt_seconds(card['saving_s'])} per step")
+    speedup = card.get("speedup")
+    if speedup:
+        parts.append(f"~{speedup:.2g}× faster" if speedup >= 1.1 else f"~{(speedup - 1) * 100:.0f}% faster")
+    return ", ".join(parts)
+
+
+def minor_line(report: dict[str, Any]) -> str | None:
+    """The rules that fired with too little to gain for a card, on one line."""
+    minor = report.get("advice_minor") or []
+    if not minor:
+        return None
+    parts = [
+        f"{m['id']} ({fmt_seconds(m['saving_s'])}, {m['saving_s'] / m['step_s'] * 100:.1f}%)"
+        if m.get("step_s") and m.get("saving_s") is not None
+        else str(m["id"])
+        for m in minor
+    ]
+    return "also checked, each under 2% of a step to gain: " + ", ".join(parts)
+
+
 def render_text(report: dict[str, Any]) -> str:
     lines: list[str] = []
     steps = report["steps"]
@@ -23,21 +64,28 @@ def render_text(report: dict[str, Any]) -> str:
             f"p90 {fmt_seconds(steps['p90_s'])}, {steps['per_s']:.2f} steps/s, "
             f"first step done after {fmt_seconds(steps['first_s'])}"
         )
+        if steps.get("warmup"):
+            lines.append(
+                f"figures below: the {steps['count'] - steps['warmup']} steps after the first (warm-up)"
+            )
     else:
         lines.append("steps: none seen")
     if report.get("bottleneck"):
         share = report["stages"].get(report["bottleneck"], {}).get("fraction")
         tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""
         lines.append(f"bottleneck: {report['bottleneck']}{tail}")
+        gain = most_to_gain(report)
+        if gain:
+            lines.append(gain)
 
     if report["stages"]:
-        lines += ["", "stage breakdown (share of step time, median per step):"]
+        lines += ["", "stage breakdown (share of step time, mean per step):"]
         width = max(len(n) for n in report["stages"])
         for name, s in sorted(report["stages"].items(), key=lambda kv: -kv[1]["total_s"]):
             bar = "█" * round(s["fraction"] * _BAR_WIDTH)
             lines.append(
                 f"  {name:<{width}}  {fmt_fraction(s['fraction']):>4}  {bar:<{_BAR_WIDTH}}  "
-                f"{fmt_seconds(s['median_s'])}"
+                f"{fmt_seconds(s.get('mean_s', s['median_s']))}"
             )
 
     if report.get("gpu"):
@@ -73,11 +121,16 @@ def render_text(report: dict[str, Any]) -> str:
     if report["advice"]:
         lines += ["", "advice:"]
         for card in report["advice"]:
-            saving = f" — saves ~{fmt_seconds(card['saving_s'])}/step" if card.get("saving_s") else ""
+            words = saving_words(card)
+            saving = f" — {words}" if words else ""
             lines.append(f"  [{card['severity']}] {card['title']}{saving}")
             lines.append(f"      {card['evidence']}")
             for fix_line in card["fix"].splitlines():
                 lines.append(f"      | {fix_line}")
+
+    minor = minor_line(report)
+    if minor:
+        lines += ["", minor]
 
     if report["warnings"]:
         lines += ["", "not measured:"]

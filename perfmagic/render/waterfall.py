@@ -156,7 +156,7 @@ def waterfall_figure(table: dict[str, Any]) -> Figure:
 
 
 def breakdown_figure(stages: dict[str, dict[str, Any]]) -> Figure | None:
-    """Share of step time per stage over all steps (hover: total and median per step)."""
+    """Share of step time per stage over the steady steps (hover: total and mean per step)."""
     if not stages:
         return None
     from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d
@@ -171,7 +171,7 @@ def breakdown_figure(stages: dict[str, dict[str, Any]]) -> Figure | None:
             "label": [f"{f:.0%}" for f in frac],
             "color": [stage_color(n) for n in order],
             "total": [fmt_seconds(stages[n].get("total_s")) for n in order],
-            "median": [fmt_seconds(stages[n].get("median_s")) for n in order],
+            "mean": [fmt_seconds(stages[n].get("mean_s", stages[n].get("median_s"))) for n in order],
         }
     )
     fig = figure(
@@ -194,7 +194,7 @@ def breakdown_figure(stages: dict[str, dict[str, Any]]) -> Figure | None:
                 ("stage", "@stage"),
                 ("share", "@label"),
                 ("total", "@total"),
-                ("median/step", "@median"),
+                ("mean/step", "@mean"),
             ]
         )
     )

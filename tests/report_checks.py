@@ -1,0 +1,29 @@
+"""What every report must say of itself, checked on every report the tests build (see conftest)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+PLACEHOLDER = re.compile(r"\?|<[a-z][a-z ]*>|\bNone\b|\bnan\b")
+"""What a fix must never show: an unknown (``?``, ``<cpus of node>``), or a value nobody measured."""
+
+
+def assert_consistent(report: dict[str, Any]) -> None:
+    """No saving larger than its step, no placeholder in a fix, a headline that agrees with the stage table."""
+    for card in report.get("advice") or []:
+        saving, step = card.get("saving_s"), (card.get("metrics") or {}).get("step_s")
+        if saving is not None and step:
+            assert 0 < saving < step, f"{card['id']}: saving {saving} of a {step} s step"
+        code = "\n".join(line.split("#", 1)[0] for line in (card.get("fix") or "").splitlines())
+        comments = "\n".join(line.partition("#")[2] for line in (card.get("fix") or "").splitlines())
+        assert not PLACEHOLDER.search(code), f"{card['id']}: placeholder in the fix code:\n{card['fix']}"
+        assert "?" not in comments, f"{card['id']}: unknown in the fix's comments:\n{card['fix']}"
+    stages = report.get("stages") or {}
+    if stages:
+        assert abs(sum(s["fraction"] for s in stages.values()) - 1) < 1e-6, stages
+        biggest = max(stages, key=lambda n: stages[n]["total_s"])
+        bottleneck = report.get("bottleneck")
+        assert bottleneck == biggest or stages[bottleneck]["total_s"] == stages[biggest]["total_s"], (
+            f"headline {bottleneck} but the largest stage is {biggest}"
+        )

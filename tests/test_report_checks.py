@@ -1,0 +1,44 @@
+"""The checks every report in the test suite passes catch what they promise to catch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from analysis_builder import HEALTHY, plain
+from report_checks import assert_consistent
+
+from perfmagic.report import Report, build_report
+
+
+def _report() -> dict[str, Any]:
+    return build_report(plain(stages={**HEALTHY, "data": 0.02})).to_dict()
+
+
+def test_a_pipeline_report_passes() -> None:
+    assert_consistent(_report())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r["advice"][0].update(saving_s=r["advice"][0]["metrics"]["step_s"] * 1.5), "saving"),
+        (lambda r: r["advice"][0].update(fix="if step % N == 0:  # was every ? steps"), "unknown"),
+        (lambda r: r["advice"][0].update(fix="num_workers=None"), "placeholder"),
+        (lambda r: r.update(bottleneck="optimizer"), "headline"),
+    ],
+    ids=["saving-over-step", "unknown-in-comment", "none-in-code", "headline"],
+)
+def test_each_inconsistency_is_caught(change: Callable[[dict[str, Any]], None], message: str) -> None:
+    report = _report()
+    change(report)
+    with pytest.raises(AssertionError, match=message):
+        assert_consistent(report)
+
+
+def test_every_report_built_in_the_tests_is_checked() -> None:
+    data = _report()
+    data["bottleneck"] = "optimizer"
+    with pytest.raises(AssertionError, match="headline"):
+        Report(data)
