@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfmagic.advise import advise
 from perfmagic.analyze import Analysis, analyze
+from perfmagic.schema import TORCH_TRACE_MARK
 from perfmagic.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -201,8 +202,28 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
 
 
 def report_from_timelines(timelines: Sequence[Timeline], source: str = "live") -> Report:
-    """Analyze the timelines of one window (one per process) and build its report."""
-    return build_report(analyze(list(timelines)), source, timelines)
+    """Analyze the timelines of one window (one per process) and build its report.
+
+    A window profiled with ``--trace`` wrote a torch.profiler trace: its GPU figures
+    (busy, idle and why) feed the report as a trace's would.
+    """
+    return build_report(analyze(list(timelines), gpu=traced_gpu(timelines)), source, timelines)
+
+
+def traced_gpu(timelines: Sequence[Timeline]) -> dict[str, Any] | None:
+    """The GPU figures of the first torch.profiler trace written in the window that has GPU events."""
+    from perfmagic.analyze.gpu import trace_gpu
+    from perfmagic.traces.kineto import TraceFormatError, read_trace
+
+    for timeline in timelines:
+        for mark in timeline.marks(TORCH_TRACE_MARK):
+            try:
+                gpu = trace_gpu(read_trace(mark.data["path"]))
+            except (KeyError, OSError, TraceFormatError):
+                continue  # moved, deleted or cut short: the report goes on without it
+            if gpu is not None:
+                return gpu
+    return None
 
 
 def _clean(value: Any) -> Any:

@@ -168,6 +168,29 @@ def test_checkpoint_every_few_steps(tmp_path: Path) -> None:
     assert card["metrics"]["recommended_interval_steps"] > 4
 
 
+def test_checkpoint_fix_keeps_everything_the_user_saved(tmp_path: Path) -> None:
+    """Seen by a new user: the fix saved only model.state_dict() where the loop saved the optimizer too,
+    sized one save call instead of the checkpoint, and said "about every 6 steps" for every 5."""
+    model = _mlp(width=1024)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sizes: list[int] = []
+
+    def save(step: int) -> None:
+        if step % 5 == 4:
+            torch.save(
+                {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp_path / "a.pt"
+            )
+            torch.save(model.state_dict(), tmp_path / "ema.pt")
+            sizes.append((tmp_path / "a.pt").stat().st_size + (tmp_path / "ema.pt").stat().st_size)
+
+    report = _profile(tmp_path, lambda: _train(model, _loader(40), after_step=save))
+    card = next(c for c in report.advice if c["id"] == "checkpoint_frequency")
+    assert card["metrics"]["interval_steps"] == 5, card["evidence"]
+    assert card["metrics"]["bytes_per_checkpoint"] == pytest.approx(sizes[-1], rel=0.01)
+    assert "{'model': ..., 'optimizer': ..., 'step': ...}" in card["fix"]
+    assert card["fix"].count("torch.save(") == 2 and "model.state_dict(), path" in card["fix"]
+
+
 def test_logging_every_step(tmp_path: Path) -> None:
     model = _mlp()
     log = logging.getLogger("perfmagic-e2e-train")

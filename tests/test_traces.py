@@ -315,3 +315,24 @@ def test_a_trace_recorded_here_on_cpu(tmp_path: Path) -> None:
     assert "forward" not in report["stages"]
     assert any("does not show the forward pass" in w for w in report["warnings"])
     assert report["gpu"] is None
+
+
+def test_a_traced_window_reports_the_gpu_of_its_own_trace(tmp_path: Path) -> None:
+    """``--trace`` writes a torch.profiler trace: the live report reads its GPU figures, so launch_bound
+    and the other trace rules can speak (here with a real GPU trace standing for the one written)."""
+    from analysis_builder import timeline
+
+    from perfmagic.report import report_from_timelines
+    from perfmagic.schema import TORCH_TRACE_MARK
+
+    written = tmp_path / "torch_trace.json.gz"
+    written.write_bytes(real("v100_ns_resolution.json.gz").read_bytes())
+    tl = timeline(samples={"host.cpu_util": 0.3, "host.proc_cpu_cores": 1.0})
+    tl.add_mark(0.0, TORCH_TRACE_MARK, path=str(written), clock_name="perfmagic.clock", steps=3)
+    report = report_from_timelines([tl])
+    expected = trace_gpu(read_trace(written))
+    assert expected is not None and report["gpu"]["busy_fraction"] == pytest.approx(expected["busy_fraction"])
+    assert not any(w.startswith("launch_bound stayed silent") for w in report.warnings)
+
+    written.write_bytes(b'{"traceEvents": [')  # cut short: the report goes on without it
+    assert report_from_timelines([tl])["gpu"] is None

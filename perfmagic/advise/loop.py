@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -69,28 +70,37 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
     if s is None or "checkpoint" not in s.stages or s.share("checkpoint") < CHECKPOINT_SHARE:
         return None
     col = s.seconds[:, s.stages.index("checkpoint")]
-    saves = int(np.count_nonzero(col > 0))
+    saved_in = np.flatnonzero(col > 0)  # steady steps that saved a checkpoint
+    saves = len(saved_in)
     step, spent = s.step_s, s.stage_s("checkpoint")
     per_save = float(col.sum()) / saves
-    interval = s.count / saves
+    interval = float(np.median(np.diff(saved_in))) if saves > 1 else float(s.count)
+    every = f"every {interval:g} steps" if saves > 1 else f"once in {s.count} steps"
     train_step = step - spent
     new_interval = max(nice_interval(per_save / (CHECKPOINT_TARGET * train_step)), math.ceil(interval) + 1)
-    sizes = [c["bytes"] for c in a.config.checkpoints if c.get("bytes")]
-    size = f" ({fmt_bytes(float(np.mean(sizes)))})" if sizes else ""
-    fn = a.config.checkpoints[0].get("fn", "torch.save") if a.config.checkpoints else "torch.save"
+    calls = _calls_by_checkpoint(a, s.first)
+    sizes = [
+        sum(c.get("bytes") or 0 for c in group)
+        for group in calls.values()
+        if all(c.get("bytes") for c in group)
+    ]
+    size = f" ({fmt_bytes(float(np.median(sizes)))} each)" if sizes else ""
+    group = next(iter(calls.values()), [])
     fix = "\n".join(
         [
-            f"CHECKPOINT_EVERY = {new_interval}  # steps; now about every {interval:.0f}",
+            f"CHECKPOINT_EVERY = {new_interval}  # steps; now {every}",
             "if step % CHECKPOINT_EVERY == 0:",
-            f"    {fn}(model.state_dict(), path)",
+            *(f"    {_save_line(c)}" for c in group),
+            *([] if group else ["    torch.save(checkpoint, path)  # your save, unchanged"]),
             "# or save in the background: torch.distributed.checkpoint.async_save(state_dict, checkpoint_id=path)",
         ]
     )
     return make_card(
         "checkpoint_frequency",
         f"Checkpoints take {fmt_fraction(s.share('checkpoint'))} of training time: save every {new_interval} steps",
-        f"{saves} saves in {s.count} steps after warm-up (about every {interval:.0f} steps), "
-        f"{fmt_seconds(per_save)} each{size}: {fmt_fraction(s.share('checkpoint'))} of training time.",
+        f"{saves} checkpoints in {s.count} steps after warm-up ({every}), {fmt_seconds(per_save)} each{size}, "
+        f"{len(group) or 1} save call{'s' if len(group) > 1 else ''} per checkpoint: "
+        f"{fmt_fraction(s.share('checkpoint'))} of training time.",
         fix,
         {
             "saves": saves,
@@ -98,8 +108,31 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
             "interval_steps": interval,
             "recommended_interval_steps": new_interval,
             "checkpoint_share": s.share("checkpoint"),
+            "bytes_per_checkpoint": float(np.median(sizes)) if sizes else None,
         },
         saving_s=spent - per_save / new_interval,
         step_s=step,
-        model=f"a save every {new_interval} steps instead of every {interval:.0f}",
+        model=f"a checkpoint every {new_interval} steps instead of {every}",
     )
+
+
+def _calls_by_checkpoint(a: Analysis, first: int) -> dict[int, list[dict[str, Any]]]:
+    """The save calls of each steady step that saved, by step index (several calls make one checkpoint)."""
+    ends = a.breakdown.end
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for call in a.config.checkpoints:
+        k = int(np.searchsorted(ends, call.get("t", 0.0)))
+        if first <= k < len(ends):
+            groups.setdefault(k, []).append(call)
+    return groups
+
+
+def _save_line(call: dict[str, Any]) -> str:
+    """The user's save call, unchanged, with what it saves: the fix changes when, never what."""
+    fn = call.get("fn") or "torch.save"
+    keys = call.get("keys")
+    if keys:
+        what = "{" + ", ".join(f"{k!r}: ..." for k in keys) + "}"
+        return f"{fn}(checkpoint, path)  # unchanged: {what}"
+    thing = "model.state_dict()" if call.get("what") == "state_dict" else "obj"
+    return f"{fn}({thing}, path)  # unchanged"

@@ -506,7 +506,7 @@ class TorchStages:
             except ImportError:
                 return
             for name in ("save_file", "save_model"):
-                p.set(st, name, self._timed_save(getattr(st, name), f"safetensors.{name}"))
+                p.set(st, name, self._timed_save(getattr(st, name), f"safetensors.torch.{name}"))
 
     def _timed_save(self, orig: Any, label: str) -> Any:
         rec = self.recorder
@@ -526,6 +526,7 @@ class TorchStages:
                     fn=label,
                     seconds=self._now() - start,
                     bytes=_saved_size(args, kwargs),
+                    **_saved_what(args, kwargs),
                 )
 
         save.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -591,6 +592,16 @@ def _is_compiling(torch: Any) -> Callable[[], bool]:
     """``torch.compiler.is_compiling`` (True while dynamo traces); torch < 2.3 has none."""
     compiler = getattr(torch, "compiler", None)
     return getattr(compiler, "is_compiling", None) or (lambda: False)
+
+
+def _saved_what(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What a save wrote: ``state_dict`` (tensors by name), a checkpoint dict's top-level keys, or its type."""
+    obj = kwargs.get("obj", kwargs.get("tensors", kwargs.get("model", args[0] if args else None)))
+    if isinstance(obj, dict) and obj and all(isinstance(k, str) for k in obj):
+        if all(type(v).__name__ in ("Tensor", "Parameter") for v in obj.values()):
+            return {"what": "state_dict"}
+        return {"what": "dict", "keys": list(obj)[:32]}
+    return {"what": type(obj).__name__}
 
 
 def _saved_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
