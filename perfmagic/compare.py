@@ -63,10 +63,8 @@ class Comparison:
     def __str__(self) -> str:
         head = "perfmagic comparison: before → after"
         lines = [head, "=" * len(head)]
-        speed = self.speedup
-        verdict = ""
-        if speed is not None:  # "1.25x slower", not "0.80x slower"
-            verdict = f"  ({speed:.2f}x faster)" if speed >= 1 else f"  ({1 / speed:.2f}x slower)"
+        words = speed_words(self.speedup)
+        verdict = f"  ({words})" if words else ""
         lines.append(
             f"step (mean after warm-up): {fmt_seconds(self.step_before_s)} → {fmt_seconds(self.step_after_s)}{verdict}"
         )
@@ -80,7 +78,8 @@ class Comparison:
         if self.stages:
             width = max(len(c.name) for c in self.stages)
             lines += ["", f"  {'stage':<{width}}  {'before':>9}  {'after':>9}  {'change':>10}"]
-            for c in sorted(self.stages, key=lambda c: -max(c.before_s, c.after_s)):
+            shown = [c for c in self.stages if max(c.before_s, c.after_s) >= 5e-7]  # not stages of no time
+            for c in sorted(shown, key=lambda c: -max(c.before_s, c.after_s)):
                 small = abs(c.delta_s) < 5e-7  # below what the table can show
                 sign = " " if small else "+" if c.delta_s > 0 else "−"
                 lines.append(
@@ -90,20 +89,21 @@ class Comparison:
         lines.append("")
         for label, cards in (("resolved", self.resolved), ("new", self.new)):
             for c in cards:
+                once = (c.get("metrics") or {}).get("one_time_s")
                 predicted = (
-                    f" (predicted saving {fmt_seconds(c['saving_s'])}/step)" if c.get("saving_s") else ""
+                    f" (one-time cost {fmt_seconds(once)})"
+                    if once
+                    else f" (predicted saving {fmt_seconds(c['saving_s'])}/step)"
+                    if c.get("saving_s")
+                    else ""
                 )
                 lines.append(f"advice {label}: [{c['severity']}] {c['id']}{predicted}")
         for c, now in self.remaining:
             severity = (
                 c["severity"] if c["severity"] == now["severity"] else f"{c['severity']} → {now['severity']}"
             )
-            savings = (
-                f" (saving {fmt_seconds(c['saving_s'])} → {fmt_seconds(now['saving_s'])}/step)"
-                if c.get("saving_s") and now.get("saving_s")
-                else ""
-            )
-            lines.append(f"advice remaining: [{severity}] {c['id']}{savings}")
+            savings = saving_change(c, now)
+            lines.append(f"advice remaining: [{severity}] {c['id']}{f' ({savings})' if savings else ''}")
         if not (self.resolved or self.new or self.remaining):
             lines.append("advice: none before or after")
         return "\n".join(lines)
@@ -132,5 +132,19 @@ def _per_step(report: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
     }
 
 
+def speed_words(speedup: float | None) -> str:
+    """``1.35x faster`` or ``1.25x slower`` (never ``0.80x``), the same in text and HTML."""
+    if speedup is None:
+        return ""
+    return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
+
+
+def saving_change(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A still-open card's saving before and after the change."""
+    if not before.get("saving_s") or not after.get("saving_s"):
+        return ""
+    return f"saving {fmt_seconds(before['saving_s'])} → {fmt_seconds(after['saving_s'])}/step"
+
+
 def _brief(card: dict[str, Any]) -> dict[str, Any]:
-    return {k: card.get(k) for k in ("id", "severity", "title", "saving_s")}
+    return {k: card.get(k) for k in ("id", "severity", "title", "saving_s", "metrics")}

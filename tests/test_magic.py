@@ -6,6 +6,7 @@ import builtins
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -321,6 +322,9 @@ def test_compare_renders_side_by_side(ip: InteractiveShell, tmp_path: Path) -> N
     result, cap = run(ip, f"%gpuprofile --compare slow {path}")
     assert result.success
     (out,) = cap.outputs
-    assert "speedup" in out.data["text/html"] and "perfmagic comparison" in out.data["text/plain"]
+    assert "perfmagic comparison" in out.data["text/plain"]
+    # the same verdict, in the same words, in the text and the HTML
+    verdict = re.search(r"\(([\d.]+x (faster|slower))\)", out.data["text/plain"])
+    assert verdict and verdict.group(1) in out.data["text/html"], out.data["text/plain"]
     result, _ = run(ip, "%gpuprofile --compare slow nowhere")
     assert isinstance(result.error_in_exec, UsageError)

@@ -10,6 +10,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from perfmagic.compare import saving_change, speed_words
 from perfmagic.render.html import CSS, cards_html, charts_html, headline, report_fragment
 from perfmagic.render.text import render_text
 from perfmagic.units import fmt_seconds
@@ -53,9 +54,9 @@ def comparison_bundle(
     speedup = step.get("speedup")
     a, b = (html.escape(x) for x in labels)
     kpis = (
-        (f"step, {labels[0]}", fmt_seconds(step.get("before_s"))),
-        (f"step, {labels[1]}", fmt_seconds(step.get("after_s"))),
-        ("speedup", f"{speedup:.2f}×" if speedup else "n/a"),
+        (f"mean step, {labels[0]}", fmt_seconds(step.get("before_s"))),
+        (f"mean step, {labels[1]}", fmt_seconds(step.get("after_s"))),
+        ("change", speed_words(speedup) or "n/a"),
     )
     boxes = "".join(
         f'<div class="pm-kpi"><span>{html.escape(k)}</span><b>{html.escape(v)}</b></div>' for k, v in kpis
@@ -69,7 +70,16 @@ def comparison_bundle(
         f'<table class="pm-cmp"><tr><th>stage (mean per step)</th><th>{a}</th><th>{b}</th><th>change</th></tr>'
         f"{rows}</table>"
     )
-    advice = comparison.get("advice") or {}
+    advice = dict(comparison.get("advice") or {})
+    advice["remaining"] = [  # a still-open card with its saving before and after, as the text says it
+        {
+            **c,
+            "title": f"{c.get('title')} ({change})"
+            if (change := saving_change(c, {"saving_s": c.get("saving_after_s")}))
+            else c.get("title"),
+        }
+        for c in advice.get("remaining") or []
+    ]
     sections = "".join(
         f"<h4>{title} ({len(advice.get(key) or [])})</h4>{cards_html(advice.get(key) or [], note=empty)}"
         for key, title, empty in (
