@@ -196,6 +196,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
             "stages": {name: b.seconds[:, j].tolist() for j, name in enumerate(b.stages)},
         },
         "timeseries": analysis.timeseries,
+        "hotspots": analysis.hotspots,
         "torch_traces": analysis.torch_traces,
     }
     return Report(_clean(data), analysis, timelines)

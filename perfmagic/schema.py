@@ -84,6 +84,10 @@ THREAD_WAIT = "thread.wait_s"
 THREAD_DATA_CPU = "thread.data_cpu_s"
 """Cumulative CPU seconds the profiled thread spent getting batches (in ``data``), sampled after each."""
 
+STACK_SAMPLES = "stack_samples"
+"""``timeline.meta`` key: where the training thread was at each sampler tick, ``[{"stage", "where",
+"count"}, ...]`` (``where``: the innermost frame of the user's code, ``function (file:line)``)."""
+
 # -- marks -------------------------------------------------------------------
 
 TORCH_TRACE_MARK = "torch_trace"

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.recorder import NO_RECORDER, StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
+from perfmagic.collect.stacks import StackSource
 from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
 
 if TYPE_CHECKING:
@@ -137,7 +138,12 @@ class Session:
             self.recorder = StageRecorder(self.timeline, self._origin)
             self._start_framework_hooks()
         if self.sample:
-            sources = self._sources if self._sources is not None else default_sources()
+            sources = list(self._sources if self._sources is not None else default_sources())
+            recorder = self.recorder
+            if recorder is not None:  # where the training thread is, by stage: what fills "other"
+                # first in each tick: the sampler has just won the GIL from the training thread, before
+                # other sources' I/O hands it back and forth (which would favour moments in torch calls)
+                sources.insert(0, StackSource(recorder.thread_id, lambda: recorder.current_stage))
             self._sampler = Sampler(self.timeline, sources, self.interval, self._clock, self._on_tick)
         else:  # no metrics, but the thread still spools: a killed process keeps its record
             self._sampler = Sampler(self.timeline, [], _SPOOL_EVERY_S, self._clock, self._on_tick)

@@ -19,7 +19,7 @@ from perfmagic.analyze.samples import window_means
 from perfmagic.analyze.steady import Steady, steady_of
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
 from perfmagic.analyze.timeseries import profiler_traces, timeseries
-from perfmagic.schema import STEP_BOUNDARY_PREFIX
+from perfmagic.schema import STACK_SAMPLES, STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
 
 
@@ -107,10 +107,11 @@ class Analysis:
     loop: LoopFacts = field(default_factory=LoopFacts)
     whole_process: bool = False  # the window starts with the interpreter (perfmagic run)
     argv: list[str] | None = None  # the primary process's command line, where known
-    timeseries: dict[str, Any] = field(
-        default_factory=dict
-    )  # compact sampled series (see analyze.timeseries)
+    # compact sampled series (see analyze.timeseries)
+    timeseries: dict[str, Any] = field(default_factory=dict)
     torch_traces: list[dict[str, Any]] = field(default_factory=list)  # torch.profiler traces of the window
+    # per stage: the code the training thread was sampled in most (see hotspots)
+    hotspots: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def steady_mean(self, metric: str) -> float | None:
         """A sampled metric's mean over the steady steps (the whole window when too few samples fall there)."""
@@ -175,6 +176,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         whole_process=tl.meta.get("source") == "run",
         argv=list(argv) if argv else None,
         timeseries=timeseries(sampled),
+        hotspots=hotspots(tl),
         torch_traces=profiler_traces(timelines),
     )
 
@@ -235,6 +237,22 @@ def training_config(timeline: Timeline) -> TrainingConfig:
         torch=torch,
         counters=counters,
     )
+
+
+def hotspots(timeline: Timeline, top: int = 5) -> dict[str, list[dict[str, Any]]]:
+    """Per stage, the code the training thread was sampled in most: ``where``, ``samples``, ``share``
+    of that stage's samples (the shares of the listed places need not reach 1)."""
+    by_stage: dict[str, list[dict[str, Any]]] = {}
+    for row in timeline.meta.get(STACK_SAMPLES) or []:
+        by_stage.setdefault(row["stage"], []).append(row)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for stage, rows in by_stage.items():
+        total = sum(r["count"] for r in rows)
+        ranked = sorted(rows, key=lambda r: -r["count"])[:top]
+        out[stage] = [
+            {"where": r["where"], "samples": r["count"], "share": r["count"] / total} for r in ranked
+        ]
+    return out
 
 
 def _rank(index: int, timeline: Timeline) -> RankAnalysis:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfmagic.render.text import minor_line, most_to_gain, saving_words
+from perfmagic.render.text import hotspot_lines, minor_line, most_to_gain, saving_words
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
@@ -104,6 +104,8 @@ def report_fragment(report: dict[str, Any], links: Sequence[tuple[str, str]] = (
 
     parts = [f"<style>{CSS}</style>", '<div class="pm-report">', _header(report)]
     parts.append(charts_html(report_layout(report)))
+    for line in hotspot_lines(report):
+        parts.append(f'<p class="pm-hotspot">{html.escape(line[0].upper() + line[1:])}</p>')
     no_steps = "No advice: most rules weigh stages within steps, and no step was seen."
     parts.append(
         cards_html(report.get("advice") or [], note="" if report["steps"].get("count") else no_steps)

@@ -36,6 +36,30 @@ def saving_words(card: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+EXPLAINED_STAGES = ("other", "data")
+"""Stages whose code the report names from stack samples: the rest is named by the stage itself."""
+EXPLAIN_SHARE = 0.10
+"""Share of the step from which those stages are explained."""
+
+
+def hotspot_lines(report: dict[str, Any]) -> list[str]:
+    """Where the training thread was while a large ``other`` or in-process ``data`` ran, from stack samples."""
+    lines: list[str] = []
+    stages, spots = report.get("stages") or {}, report.get("hotspots") or {}
+    for stage in EXPLAINED_STAGES:
+        share = (stages.get(stage) or {}).get("fraction") or 0.0
+        places = spots.get(stage) or []
+        if share < EXPLAIN_SHARE or not places:
+            continue
+        samples = sum(p["samples"] for p in places)
+        listed = ", ".join(f"{p['where']} {fmt_fraction(p['share'])}" for p in places[:3])
+        lines.append(
+            f"{stage} ({fmt_fraction(share)} of the step) was mostly in: {listed} "
+            f"(of {samples} samples of the training thread's stack; name it with perfmagic.stage('...'))"
+        )
+    return lines
+
+
 def minor_line(report: dict[str, Any]) -> str | None:
     """The rules that fired with too little to gain for a card, on one line."""
     minor = report.get("advice_minor") or []
@@ -87,6 +111,10 @@ def render_text(report: dict[str, Any]) -> str:
                 f"  {name:<{width}}  {fmt_fraction(s['fraction']):>4}  {bar:<{_BAR_WIDTH}}  "
                 f"{fmt_seconds(s.get('mean_s', s['median_s']))}"
             )
+
+    spots = hotspot_lines(report)
+    if spots:
+        lines += ["", *spots]
 
     if report.get("gpu"):
         g = report["gpu"]

@@ -1,0 +1,82 @@
+"""Where the training thread is, sampled at each sampler tick: what fills ``other`` and ``data``.
+
+The stage breakdown says how long the step spends outside any known stage
+(``other``) or getting batches in the training process (``data``); a sample of the
+training thread's stack, taken with the stage it is in (as pyinstrument and
+Scalene sample), says which code that is. Each tick reads the thread's frame
+(``sys._current_frames``) and counts the innermost frame of the user's own code,
+not the libraries' (site-packages, the standard library, perfmagic): that is the
+line the user can change or wrap in ``perfmagic.stage``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from collections import Counter
+from collections.abc import Callable
+from types import FrameType
+
+from perfmagic.schema import STACK_SAMPLES
+from perfmagic.timeline import Timeline
+
+_LIBRARY_DIRS = tuple(
+    os.path.normcase(os.path.realpath(p)) + os.sep
+    for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # perfmagic itself
+)
+
+
+class StackSource:
+    """A sampler source that counts where the training thread is, by stage."""
+
+    name = "stacks"
+
+    def __init__(self, thread_id: int, current_stage: Callable[[], str | None]) -> None:
+        self.warnings: list[str] = []
+        self._thread_id = thread_id
+        self._current_stage = current_stage
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._user_file: dict[str, bool] = {}
+
+    def open(self, timeline: Timeline) -> None:
+        pass
+
+    def poll(self, now: float, timeline: Timeline) -> None:
+        frame = sys._current_frames().get(self._thread_id)
+        if frame is None:
+            return
+        stage = self._current_stage() or "other"
+        self._counts[(stage, self._where(frame))] += 1
+
+    def close(self, timeline: Timeline) -> None:
+        timeline.meta[STACK_SAMPLES] = [
+            {"stage": stage, "where": where, "count": n}
+            for (stage, where), n in self._counts.most_common(200)
+        ]
+
+    def _where(self, frame: FrameType) -> str:
+        """The innermost frame of user code (else the innermost frame), as ``function (file:line)``."""
+        innermost = frame
+        f: FrameType | None = frame
+        while f is not None:
+            if self._is_user(f.f_code.co_filename):
+                return _describe(f)
+            f = f.f_back
+        return _describe(innermost)
+
+    def _is_user(self, filename: str) -> bool:
+        known = self._user_file.get(filename)
+        if known is None:
+            path = os.path.normcase(os.path.realpath(filename)) if not filename.startswith("<") else filename
+            known = self._user_file[filename] = not (
+                path.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen")
+            )
+        return known
+
+
+def _describe(frame: FrameType) -> str:
+    code = frame.f_code
+    name = os.path.basename(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename
+    return f"{code.co_name} ({name}:{frame.f_lineno})"
