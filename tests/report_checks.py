@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+SHELL = re.compile(
+    r"^([A-Z_]+=\S+ )*(ps|numactl|python|renice|py-spy|nsys|nvidia-smi|torchrun|perfmagic|pip)\s"
+)
+"""Fix lines that are shell commands; every other line of a fix is Python and must compile."""
 PLACEHOLDER = re.compile(r"\?|<[a-z][a-z ]*>|\bNone\b|\bnan\b")
 """What a fix must never show: an unknown (``?``, ``<cpus of node>``), or a value nobody measured."""
 
@@ -19,6 +23,13 @@ def assert_consistent(report: dict[str, Any]) -> None:
         comments = "\n".join(line.partition("#")[2] for line in (card.get("fix") or "").splitlines())
         assert not PLACEHOLDER.search(code), f"{card['id']}: placeholder in the fix code:\n{card['fix']}"
         assert "?" not in comments, f"{card['id']}: unknown in the fix's comments:\n{card['fix']}"
+        python = "\n".join(
+            line for line in (card.get("fix") or "").splitlines() if not SHELL.match(line.strip())
+        )
+        try:
+            compile(python, f"<fix of {card['id']}>", "exec")
+        except SyntaxError as e:
+            raise AssertionError(f"{card['id']}: the fix is not Python ({e.msg}):\n{card['fix']}") from e
     stages = report.get("stages") or {}
     if stages:
         assert abs(sum(s["fraction"] for s in stages.values()) - 1) < 1e-6, stages

@@ -42,3 +42,12 @@ def test_every_report_built_in_the_tests_is_checked() -> None:
     data["bottleneck"] = "optimizer"
     with pytest.raises(AssertionError, match="headline"):
         Report(data)
+
+
+def test_a_fix_that_is_not_python_is_caught() -> None:
+    report = _report()
+    report["advice"][0]["fix"] = "loader = DataLoader(dataset, num_workers=4"
+    with pytest.raises(AssertionError, match="not Python"):
+        assert_consistent(report)
+    report["advice"][0]["fix"] = "ps -eo pid,pcpu --sort=-pcpu | head\ntorch.set_num_threads(1)"
+    assert_consistent(report)  # shell lines are shell

@@ -25,6 +25,7 @@ from analysis_builder import (
     build,
     plain,
 )
+from report_checks import assert_consistent
 
 from perfmagic.advise import Card, advise, catalog, data, distributed, gpu, host, loop, pace
 from perfmagic.advise.catalog import RULES
@@ -214,6 +215,7 @@ def test_rule_on_plain_analysis(rule_id: str) -> None:
     assert card.id == rule_id and card.evidence and card.fix
     if card.saving_s is not None:
         assert 0 < card.saving_s < card.metrics["step_s"]
+    assert_consistent({"advice": [card.to_dict()]})  # a fix that compiles, with nothing left unknown
     assert rule(silent()) is None, f"{rule_id} fired across its threshold"
 
 

@@ -30,7 +30,7 @@ _DDP_FIX = "\n".join(
         "torch.cuda.set_device(local_rank)",
         "model = torch.nn.parallel.DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])",
         "sampler = torch.utils.data.distributed.DistributedSampler(dataset, drop_last=True)",
-        "loader = DataLoader(dataset, batch_size=per_gpu_batch, sampler=sampler, ...)",
+        "loader = DataLoader(dataset, batch_size=per_gpu_batch, sampler=sampler)  # your other arguments as before",
     ]
 )
 

@@ -311,7 +311,7 @@ def compute_bound(a: Analysis) -> Card | None:
     )
     if ld and ld.get("batch_size") and (not on_gpu or (peak is not None and peak < 0.5)):
         levers.append(
-            f"loader = DataLoader(dataset, batch_size={2 * int(ld['batch_size'])}, ...)  "
+            f"loader = DataLoader(dataset, batch_size={2 * int(ld['batch_size'])})  "
             f"# was {ld['batch_size']}; scale the learning rate with it"
         )
     free = free_cpus(a)
