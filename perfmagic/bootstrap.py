@@ -11,9 +11,13 @@ the process until it exits, then hands over to the user's own
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -78,6 +82,21 @@ def start_from_env() -> None:
     )
     session.start()
     atexit.register(_finish, session)
+    for sig in ENDING_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:  # the program's own handlers stay its own
+            signal.signal(sig, _ended_by(session))
+
+
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end a process by default: its record is finished first, then it ends as it would have."""
+
+
+def _ended_by(session: Session) -> Callable[[int, FrameType | None], None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        _finish(session)
+        _die(signum)
+
+    return handler
 
 
 def _finish(session: Session) -> None:
@@ -85,3 +104,16 @@ def _finish(session: Session) -> None:
         session.stop()
     except Exception as e:
         sys.stderr.write(f"perfmagic: could not finish this process's profile ({e!r}); its spool is kept\n")
+    if getattr(sys, "last_type", None) is KeyboardInterrupt:
+        # An uncaught Ctrl-C ends Python with SIGINT (exit status 130), but only if no code ran after it:
+        # finishing the record did, so end the way Python would have.
+        _die(signal.SIGINT)
+
+
+def _die(signum: int) -> None:
+    """End this process by the signal ``signum``, as its default action does (the last atexit step)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "run":
-        if not args.cmd:
+        if not args.cmd or args.cmd == ["--"]:
             parser.error("run: give the command to profile after --, e.g. perfmagic run -- python train.py")
         return run(args)
     if args.command == "report":
@@ -51,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         "--trace",
         nargs="?",
         const=5,
-        type=int,
+        type=_positive_int,
         metavar="STEPS",
         help="also run torch.profiler in each process for STEPS training steps (default 5)",
     )
@@ -104,17 +105,66 @@ def _write_outputs(report: Report, args: argparse.Namespace, command: str) -> bo
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    """A sampling interval: a positive, finite number of seconds, at most a minute."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 60 seconds, got {text}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of steps, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 step, got {text}")
+    return value
+
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+"""Signals ``perfmagic run`` passes on to the command (as torchrun does to its workers)."""
+_SI_USER = 0
+"""``si_code`` of a signal another process sent with kill(); a terminal's Ctrl-C comes from the kernel
+and reaches the command too (the same process group), so it is not sent again."""
+
+
+def _exit_code(returncode: int) -> int:
+    """The shell's convention: 128 + N for a command a signal N ended."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _wait_forwarding(child: subprocess.Popen[bytes]) -> int:
+    """Wait for the command, passing on every signal sent to perfmagic; its exit code, shell-style."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        while child.poll() is None:
+            info = signal.sigtimedwait(FORWARDED, 0.2)
+            if info is not None and info.si_code == _SI_USER and child.poll() is None:
+                child.send_signal(info.si_signo)
+        while signal.sigtimedwait(FORWARDED, 0) is not None:
+            pass  # a Ctrl-C that came with the command's end was the command's: not ours to act on
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    return _exit_code(child.wait())
 
 
 def run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
-    outdir = Path(args.outdir) if args.outdir else Path("perfmagic-out") / time.strftime("run-%Y%m%d-%H%M%S")
-    outdir.mkdir(parents=True, exist_ok=True)
-    boot = write_sitecustomize(outdir / "boot").parent
+    wanted = Path(args.outdir) if args.outdir else Path("perfmagic-out") / time.strftime("run-%Y%m%d-%H%M%S")
+    try:
+        wanted.mkdir(parents=True, exist_ok=True)
+        boot = write_sitecustomize(wanted / "boot").parent
+        outdir = wanted
+    except OSError as e:  # the command runs all the same, recorded elsewhere
+        outdir = Path(tempfile.mkdtemp(prefix="perfmagic-run-"))
+        print(
+            f"perfmagic run: cannot write to {wanted} ({e.strerror}); recording in {outdir}", file=sys.stderr
+        )
+        boot = write_sitecustomize(outdir / "boot").parent
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(boot.resolve()), *filter(None, [env.get("PYTHONPATH")])])
     env[RUN_DIR_ENV] = str(outdir.resolve())
@@ -124,9 +174,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         child = subprocess.Popen(cmd, env=env)
-    except OSError as e:
+    except OSError as e:  # the shell's codes: 126 found but not runnable, 127 not found
         print(f"perfmagic run: cannot start {cmd[0]!r}: {e.strerror}", file=sys.stderr)
-        return 127
+        return 126 if isinstance(e, PermissionError) or os.path.exists(cmd[0]) else 127
     from perfmagic.collect.host import HostSource
     from perfmagic.collect.nvml import NvmlSource
 
@@ -137,16 +187,13 @@ def run(args: argparse.Namespace) -> int:
         sources=[NvmlSource(), HostSource(root_pid=child.pid)],
         source="run",
     )
-    # Ctrl-C reaches the whole process group: the command handles it; we wait for it to end.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         try:
             sampler.start()
         except Exception as e:  # the command runs on, profiled by its own processes
             print(f"perfmagic run: no hardware sampling ({e})", file=sys.stderr)
-        code = child.wait()
+        code = _wait_forwarding(child)
     finally:
-        signal.signal(signal.SIGINT, previous)
         with contextlib.suppress(RuntimeError):  # "never started" when the start above failed
             sampler.stop()
 
@@ -156,8 +203,11 @@ def run(args: argparse.Namespace) -> int:
         if epoch is not None and timeline.meta.get("epoch") is not None:
             timeline.rebase(epoch)
     report = report_from_timelines([sampler.timeline, *processes], source="run")
-    report.save(outdir / "report.json")
-    written = _write_outputs(report, args, "run")
+    written = _write_outputs(report, args, "run")  # before anything is printed: a broken pipe loses nothing
+    try:
+        report.save(outdir / "report.json")
+    except OSError as e:
+        print(f"perfmagic run: cannot write {outdir / 'report.json'}: {e.strerror}", file=sys.stderr)
     if not args.quiet:
         print(report)
         print(f"\nrecords and report.json in {outdir}", file=sys.stderr)

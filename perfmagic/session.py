@@ -86,6 +86,7 @@ class Session:
         self._report: Report | None = None
         self._tick_listeners: list[Callable[[], None]] = []
         self._running = False
+        self._forked = False  # this is a copy of the session in a forked child: it writes nothing
 
     # -- lifecycle -------------------------------------------------------
 
@@ -105,16 +106,13 @@ class Session:
             try:
                 self._teardown()
             finally:
-                if self._spool_file is not None:
-                    self._spool_file.close()
-                    self._spool_file = None
+                self._drop_spool()
                 with _active_lock:
                     _active = None
             raise
         return self
 
     def _start(self) -> None:
-        self.outdir.mkdir(parents=True, exist_ok=True)
         self._origin = time.perf_counter()
         self.timeline.meta.update(
             {
@@ -130,9 +128,7 @@ class Session:
                 "interval": self.interval,
             }
         )
-        self._spool_file = open(self.outdir / SPOOL_NAME, "w", encoding="utf-8")  # noqa: SIM115
-        self._spooler = Spooler(self.timeline, self._spool_file)
-        self._spooler.flush()
+        self._open_spool()
         self._running = True
         if self.hooks:
             self.recorder = StageRecorder(self.timeline, self._origin)
@@ -148,6 +144,42 @@ class Session:
         else:  # no metrics, but the thread still spools: a killed process keeps its record
             self._sampler = Sampler(self.timeline, [], _SPOOL_EVERY_S, self._clock, self._on_tick)
         self._sampler.start()
+
+    def _open_spool(self) -> None:
+        """Open the spool in ``outdir``; where that fails, in a temporary directory; else keep it in memory.
+
+        The training must run whatever the disk says: each fallback is a warning.
+        """
+        for attempt in range(2):
+            try:
+                self.outdir.mkdir(parents=True, exist_ok=True)
+                self._spool_file = open(self.outdir / SPOOL_NAME, "w", encoding="utf-8")  # noqa: SIM115
+                self._spooler = Spooler(self.timeline, self._spool_file)
+                self._spooler.flush()
+                return
+            except OSError as e:
+                self._drop_spool()
+                if attempt == 0:
+                    wanted, self.outdir = self.outdir, Path(tempfile.mkdtemp(prefix="perfmagic-"))
+                    self.warnings.append(
+                        f"cannot write to {wanted} ({e.strerror or e}): the record and report are in "
+                        f"{self.outdir} instead"
+                    )
+                else:
+                    self._spool_failed(e)
+
+    def _spool_failed(self, error: OSError) -> None:
+        self._drop_spool()
+        self.warnings.append(
+            f"the record could not be written to {self.outdir} ({error.strerror or error}): profiling went on "
+            "in memory only, so a process killed before the end would have left no record"
+        )
+
+    def _drop_spool(self) -> None:
+        file, self._spool_file, self._spooler = self._spool_file, None, None
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
 
     def _start_framework_hooks(self) -> None:
         from perfmagic.collect import torch_hooks
@@ -199,6 +231,10 @@ class Session:
     def stop(self) -> Report:
         """Turn every collector off, write the final record, build the report."""
         global _active
+        if self._forked:  # the parent's record is the parent's: report what was seen, write nothing
+            if self._report is None:
+                self._report = self._build_report()
+            return self._report
         if not self._running:
             if self._report is None:
                 raise RuntimeError("session was never started")
@@ -212,12 +248,31 @@ class Session:
                 _active = None
             self._tick_listeners = []
             self.timeline.meta["warnings"] = list(self.warnings)
-            self._finish_spool()
+            try:
+                self._finish_spool()
+            except OSError as e:
+                self._spool_failed(e)
+                self.timeline.meta["warnings"] = list(self.warnings)
+        self._report = self._build_report()
+        try:
+            self._report.save(self.outdir / REPORT_NAME)
+        except OSError as e:
+            self.warnings.append(f"report.json could not be written to {self.outdir} ({e.strerror or e})")
+            self._report = self._build_report()  # the report says so itself
+        return self._report
+
+    def _build_report(self) -> Report:
+        """The report of the window; if the analysis fails, a report that says so and keeps the record's place."""
         from perfmagic.report import report_from_timelines
 
-        self._report = report_from_timelines([self.timeline], source=self.source)
-        self._report.save(self.outdir / REPORT_NAME)
-        return self._report
+        self.timeline.meta["warnings"] = list(self.warnings)
+        try:
+            return report_from_timelines([self.timeline], source=self.source)
+        except Exception as e:  # a bug in perfmagic must not cost the user the block's results
+            bare = Timeline(
+                {**self.timeline.meta, "warnings": [*self.warnings, _analysis_failed(e, self.outdir)]}
+            )
+            return report_from_timelines([bare], source=self.source)
 
     def _teardown(self) -> None:
         """Remove every hook and stop the sampler (each part only if it started, even if another failed)."""
@@ -260,6 +315,15 @@ class Session:
             os.replace(tmp, self.outdir / SPOOL_NAME)
         self._spool_file = None
 
+    def _forget_in_child(self) -> None:
+        """After ``fork``: the child shares the parent's spool file but none of its threads; it records nothing."""
+        self._forked = True
+        self._running = False
+        if self.recorder is not None:
+            self.recorder.stop_recording()
+        self._spool_file = self._spooler = None  # not closed: closing could flush into the parent's file
+        self._sampler = None
+
     def _clock(self) -> float:
         return time.perf_counter() - self._origin
 
@@ -272,9 +336,13 @@ class Session:
 
     def _on_tick(self) -> None:
         now = time.perf_counter()
-        if self._spooler is not None and now - self._last_spool >= _SPOOL_EVERY_S and self._running:
+        spooler = self._spooler
+        if spooler is not None and now - self._last_spool >= _SPOOL_EVERY_S and self._running:
             self._last_spool = now
-            self._spooler.flush()
+            try:
+                spooler.flush()
+            except OSError as e:  # a full or lost disk: go on in memory
+                self._spool_failed(e)
         for fn in self._tick_listeners:
             try:
                 fn()
@@ -302,13 +370,35 @@ class Session:
         tb: TracebackType | None,
     ) -> None:
         if exc_type is None:
-            self.stop()
+            try:
+                self.stop()
+            except Exception as e:  # perfmagic's failure is not the training's: the code after the block runs
+                warnings.warn(f"perfmagic could not finish the profile ({e!r})", RuntimeWarning, stacklevel=2)
             return
         self.warnings.append(f"the profiled block ended with {exc_type.__name__}: the report covers what ran")
         try:
             self.stop()
         except Exception as e:  # the block's own exception is the one to propagate, not ours
             warnings.warn(f"perfmagic could not finish the profile ({e!r})", RuntimeWarning, stacklevel=2)
+
+
+def _after_fork_in_child() -> None:
+    global _active
+    session, _active = _active, None
+    if session is not None:
+        session._forget_in_child()
+
+
+# A child forked while profiling (multiprocessing's fork start method, os.fork) must not write into the
+# parent's record. Registered once, on import: it does nothing unless a session is active.
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _analysis_failed(error: Exception, outdir: Path) -> str:
+    return (
+        f"the analysis failed ({error!r}): this report has no figures; the record is in {outdir} "
+        "(perfmagic.load() rebuilds the report once the bug is fixed)"
+    )
 
 
 def profile(**options: Any) -> Session:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +173,85 @@ def test_run_profiles_ranks_started_by_torch_multiprocessing_spawn(tmp_path: Pat
     report = json.loads(out.read_text())
     assert len(report["ranks"]) == 2  # the spawned ranks; the launching parent trains nothing
     assert all(r["steps"]["count"] == 10 for r in report["ranks"])
+
+
+LONG_TRAINING = """
+import os, sys, time, torch
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+for _ in range(100_000):  # long enough to be stopped from outside
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    time.sleep(0.005)
+"""
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_a_signal_to_run_reaches_the_command_and_the_report_is_written(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """kill, docker stop, a scheduler's preemption or timeout signal perfmagic, not the training."""
+    script, pid_file, out = tmp_path / "train.py", tmp_path / "pid", tmp_path / "out.json"
+    script.write_text(LONG_TRAINING)
+    cmd = [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--outdir", str(tmp_path / "run")]
+    proc = subprocess.Popen(
+        [*cmd, "--json", str(out), "--", sys.executable, str(script), str(pid_file)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # some steps
+    os.kill(proc.pid, sig)  # to perfmagic alone, as kill and docker stop do
+    _, stderr = proc.communicate(timeout=60)
+    child = int(pid_file.read_text())
+    assert proc.returncode == code, stderr
+    assert not Path(f"/proc/{child}").exists(), "the training was left running"
+    report = json.loads(out.read_text())
+    assert report["steps"]["count"] > 10 and (tmp_path / "run" / "report.json").exists()
+
+
+def test_run_exit_codes_follow_the_shell(tmp_path: Path) -> None:
+    script = tmp_path / "not-executable.sh"
+    script.write_text("echo hi\n")
+    assert run_cli("run", "--", str(script), cwd=tmp_path).returncode == 126
+    assert run_cli("run", "--", "no-such-program-xyz", cwd=tmp_path).returncode == 127
+    assert run_cli("run", "--", cwd=tmp_path).returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--interval", "inf"], "at most 60 seconds"),
+        (["--interval", "0"], "more than 0"),
+        (["--trace", "-1"], "at least 1"),
+    ],
+)
+def test_run_refuses_bad_options_in_one_line(tmp_path: Path, option: list[str], says: str) -> None:
+    result = run_cli("run", *option, "--", sys.executable, "-c", "pass", cwd=tmp_path)
+    assert result.returncode == 2 and says in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_run_with_an_unwritable_outdir_still_runs_the_command(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = run_cli(
+        "run",
+        "--quiet",
+        "--outdir",
+        str(blocker / "run"),
+        "--",
+        sys.executable,
+        "-c",
+        "print('ran')",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0 and "ran" in result.stdout
+    assert f"cannot write to {blocker / 'run'}" in result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import builtins
 import contextlib
 import io
@@ -26,6 +27,7 @@ from torchloops import SlowPickle, train
 
 import perfmagic
 import perfmagic.report
+from perfmagic.collect.sampler import SourceUnavailable
 from perfmagic.timeline import SPOOL_NAME, Timeline
 
 CONTRACT_KEYS = (
@@ -131,7 +133,9 @@ class _InterruptedSource:
     warnings: list[str] = []
 
     def open(self, timeline: Timeline) -> None:
-        raise KeyboardInterrupt
+        _thread.interrupt_main()  # Ctrl-C reaches the main thread while it starts the session
+        time.sleep(0.2)
+        raise SourceUnavailable("interrupted")
 
     def poll(self, now: float, timeline: Timeline) -> None:
         raise AssertionError("never polled")
@@ -370,3 +374,162 @@ def test_a_part_that_fails_to_stop_does_not_keep_the_others_installed(
         train(2)
     assert_all_restored(before)
     assert any("torch.profiler failed to stop" in w for w in session.report.warnings)
+
+
+@pytest.fixture
+def full_dir(tmp_path: Path) -> Any:
+    """A directory on a full disk: a 64 KiB tmpfs where mounting works, else files that are /dev/full."""
+    path = tmp_path / "full"
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True
+    )
+    if mounted.returncode != 0:  # ENOSPC on every write, as a full disk answers
+        for name in ("timeline.jsonl", "report.json.tmp"):
+            (path / name).symlink_to("/dev/full")
+    try:
+        yield path
+    finally:
+        if mounted.returncode == 0:
+            subprocess.run(["umount", str(path)], check=False)
+
+
+def test_a_full_disk_costs_the_record_not_the_training(full_dir: Path) -> None:
+    after_block = []
+    with perfmagic.profile(outdir=full_dir, interval=0.02) as session:
+        train(120)  # the spool outgrows 64 KiB within the first seconds
+    after_block.append("ran")
+    report = session.report
+    assert after_block == ["ran"] and report.steps["count"] == 120
+    warnings = " ".join(report.warnings)
+    assert "in memory only" in warnings and "No space left on device" in warnings, report.warnings
+    assert "report.json could not be written" in warnings
+
+
+def test_an_unwritable_outdir_costs_the_chosen_place_not_the_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with perfmagic.profile(outdir=blocker / "runs", sources=[]) as session:
+        train(4)
+    report = session.report
+    assert report.steps["count"] == 4
+    assert any(w.startswith(f"cannot write to {blocker / 'runs'}") for w in report.warnings), report.warnings
+    assert (session.outdir / "report.json").exists() and session.outdir != blocker / "runs"
+
+
+def test_an_analysis_bug_leaves_a_report_that_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import perfmagic.report
+
+    real = perfmagic.report.analyze
+
+    def broken(timelines: Any, gpu: Any = None) -> Any:
+        if timelines[0].span_count:  # the real record: fail; the bare one that says so: analyze
+            raise ZeroDivisionError("a bug")
+        return real(timelines, gpu)
+
+    monkeypatch.setattr(perfmagic.report, "analyze", broken)
+    with perfmagic.profile(outdir=tmp_path, sources=[]) as session:
+        train(3)
+    (failed,) = [w for w in session.report.warnings if w.startswith("the analysis failed")]
+    assert "ZeroDivisionError('a bug')" in failed and str(tmp_path) in failed
+    monkeypatch.setattr(perfmagic.report, "analyze", real)
+    assert perfmagic.load(tmp_path / "timeline.jsonl").steps["count"] == 3  # the record is whole
+
+
+def test_a_forked_child_does_not_write_into_the_parents_record(tmp_path: Path) -> None:
+    """Children that fork and exit normally used to add their copy of the spans to the parent's spool."""
+    script = textwrap.dedent(
+        f"""
+        import os, sys, torch, perfmagic
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with perfmagic.profile(outdir={str(tmp_path)!r}, sample=False) as session:
+            for step in range(60):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                if step % 20 == 10:
+                    pid = os.fork()
+                    if pid == 0:  # the child trains a little and leaves the block normally
+                        for _ in range(5):
+                            opt.zero_grad(); model(torch.randn(4, 8)).sum().backward(); opt.step()
+                        sys.exit(0)
+                    os.waitpid(pid, 0)
+        print(session.report.steps["count"])
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "60"
+    assert perfmagic.load(tmp_path / "timeline.jsonl").steps["count"] == 60
+    assert json.loads((tmp_path / "report.json").read_text())["steps"]["count"] == 60
+
+
+class _HungSource:
+    """A source that stalls like a stuck GPU driver: in ``open`` or in ``poll``, for ``stall_s``."""
+
+    name = "nvml"
+    warnings: list[str] = []
+
+    def __init__(self, where: str, stall_s: float = 8.0) -> None:
+        self.where, self.stall_s = where, stall_s
+
+    def open(self, timeline: Timeline) -> None:
+        if self.where == "open":
+            time.sleep(self.stall_s)
+
+    def poll(self, now: float, timeline: Timeline) -> None:
+        if self.where == "poll":
+            time.sleep(self.stall_s)
+
+    def close(self, timeline: Timeline) -> None:
+        pass
+
+
+@pytest.mark.parametrize("where", ["open", "poll"])
+def test_a_hung_source_delays_the_training_by_at_most_seconds(tmp_path: Path, where: str) -> None:
+    """8 s stalls made a 0.4 s block take 24 s; a hung driver would block forever."""
+    session = perfmagic.profile(sources=[_HungSource(where)], outdir=tmp_path, interval=0.05)
+    begin = time.monotonic()
+    session.start()
+    started = time.monotonic()
+    time.sleep(0.4)
+    train(3)
+    ended = time.monotonic()
+    session.stop()
+    stopped = time.monotonic()
+    # start and stop each wait for the sampler 2 s at most (stop also builds the report)
+    assert started - begin < 2.5 and stopped - ended < 3.0, (started - begin, stopped - ended)
+    assert session.report.steps["count"] == 3
+    assert any(w.startswith("nvml: ") and "2 s" in w for w in session.report.warnings), (
+        session.report.warnings
+    )
+
+
+class _FlakySource:
+    """Fails one tick in three: one bad read is not a broken source."""
+
+    name = "flaky"
+    warnings: list[str] = []
+    ticks = 0
+
+    def open(self, timeline: Timeline) -> None:
+        pass
+
+    def poll(self, now: float, timeline: Timeline) -> None:
+        self.ticks += 1
+        if self.ticks % 3 == 0:
+            raise ValueError("odd reading")
+        timeline.add_sample("host.cpu_util", now, 0.5)
+
+    def close(self, timeline: Timeline) -> None:
+        pass
+
+
+def test_a_source_that_fails_now_and_then_keeps_sampling(tmp_path: Path) -> None:
+    with perfmagic.profile(sources=[_FlakySource()], outdir=tmp_path, interval=0.02) as session:
+        time.sleep(0.4)
+    t, _ = session.timeline.series("host.cpu_util")
+    assert len(t) >= 10 and not any("disabled" in w for w in session.report.warnings)

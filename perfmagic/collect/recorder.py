@@ -205,6 +205,11 @@ class StageRecorder:
             if recorded:
                 self.exit()
 
+    def stop_recording(self) -> None:
+        """Record nothing more from now on (a forked child's copy of the recorder)."""
+        self.thread_id = _CLOSED
+        self._stack.clear()
+
     def close(self) -> list[str]:
         """Close stages left open (an interrupted block), stop recording, apply device times.
 

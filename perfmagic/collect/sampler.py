@@ -9,6 +9,13 @@ from typing import Protocol
 
 from perfmagic.timeline import Timeline
 
+START_TIMEOUT_S = 2.0
+"""How long ``start`` waits for the sources to open and give a first tick."""
+STOP_TIMEOUT_S = 2.0
+"""How long ``stop`` waits for the last tick and the sources' closing."""
+MAX_FAILURES = 3
+"""Failed ticks in a row after which a source is turned off (one bad read is not a broken source)."""
+
 
 class SourceUnavailable(Exception):
     """A source cannot run here; the message says why, for the report's warnings."""
@@ -60,14 +67,68 @@ class Sampler:
         self._sources: list[Source] = []
         self._candidates = list(sources)
         self._stop = threading.Event()
+        self._opened = threading.Event()
         self._thread: threading.Thread | None = None
+        self._busy_with: str | None = None  # the source being opened, polled or closed (names a hang)
+        self._failures: dict[str, int] = {}  # failed ticks in a row, by source
+        self._abandoned = False  # stop() gave up waiting: the thread must not close sources late
 
     @property
     def sources(self) -> list[Source]:
         return list(self._sources)
 
     def start(self) -> None:
+        """Open the sources and take the first tick on the sampler thread, waiting for that at most
+        ``START_TIMEOUT_S``: a source that hangs (a stuck GPU driver) must not hold up the training."""
+        self._thread = threading.Thread(target=self._run, name="perfmagic-sampler", daemon=True)
+        self._thread.start()
+        if not self._opened.wait(START_TIMEOUT_S):
+            self.warnings.append(
+                f"{self._busy_with or 'a source'}: took longer than {START_TIMEOUT_S:g} s to start; "
+                "profiling began without waiting for it"
+            )
+
+    def stop(self) -> None:
+        """Stop sampling: the last tick and the sources' closing run on the sampler thread, waited for
+        at most ``STOP_TIMEOUT_S``; a source that hangs then loses its last samples, not the training."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(STOP_TIMEOUT_S)
+            if thread.is_alive():
+                self._abandoned = True
+                self.warnings.append(
+                    f"{self._busy_with or 'a source'}: did not answer within {STOP_TIMEOUT_S:g} s at the end "
+                    "(a hung driver?): its last samples are missing"
+                )
+                return
+        for source in self._sources:
+            self.warnings.extend(source.warnings)
+        self._sources = []
+
+    def poll_once(self) -> None:
+        begin = time.perf_counter()
+        now = self._clock()
+        for source in list(self._sources):
+            self._busy_with = source.name
+            try:
+                source.poll(now, self.timeline)
+            except Exception as e:
+                failures = self._failures[source.name] = self._failures.get(source.name, 0) + 1
+                if failures >= MAX_FAILURES:
+                    self._sources.remove(source)
+                    self.warnings.append(
+                        f"{source.name}: disabled mid-run after {failures} failed ticks in a row ({e!r})"
+                    )
+            else:
+                self._failures[source.name] = 0
+        self._busy_with = None
+        self.ticks += 1
+        self.busy_s += time.perf_counter() - begin
+
+    def _open(self) -> None:
         for source in self._candidates:
+            self._busy_with = source.name
             try:
                 source.open(self.timeline)
             except SourceUnavailable as e:
@@ -76,37 +137,24 @@ class Sampler:
                 self.warnings.append(f"{source.name}: disabled, failed to start ({e!r})")
             else:
                 self._sources.append(source)
+        self._busy_with = None
         self.poll_once()
-        self._thread = threading.Thread(target=self._run, name="perfmagic-sampler", daemon=True)
-        self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+    def _close(self) -> None:
         self.poll_once()
         for source in self._sources:
+            self._busy_with = source.name
             try:
                 source.close(self.timeline)
             except Exception as e:
                 self.warnings.append(f"{source.name}: failed to finish ({e!r})")
-            self.warnings.extend(source.warnings)
-        self._sources = []
-
-    def poll_once(self) -> None:
-        begin = time.perf_counter()
-        now = self._clock()
-        for source in list(self._sources):
-            try:
-                source.poll(now, self.timeline)
-            except Exception as e:
-                self._sources.remove(source)
-                self.warnings.append(f"{source.name}: disabled mid-run after an error ({e!r})")
-        self.ticks += 1
-        self.busy_s += time.perf_counter() - begin
+        self._busy_with = None
 
     def _run(self) -> None:
+        try:
+            self._open()
+        finally:
+            self._opened.set()
         next_tick = time.perf_counter() + self.interval
         while not self._stop.wait(max(0.0, next_tick - time.perf_counter())):
             self.poll_once()
@@ -120,3 +168,5 @@ class Sampler:
             late = time.perf_counter() - next_tick
             if late > self.interval:  # skip missed ticks instead of bursting
                 next_tick += self.interval * (late // self.interval + 1)
+        if not self._abandoned:
+            self._close()
