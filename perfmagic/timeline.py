@@ -129,10 +129,9 @@ class Timeline:
     def span_times(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(starts, ends) of the spans at ``index``, without copying the others."""
         n = self.span_count
-        return (
-            np.frombuffer(self._span_start, dtype=np.float64, count=n)[index],
-            np.frombuffer(self._span_end, dtype=np.float64, count=n)[index],
-        )
+        return _snapshot(self._span_start, n, np.float64)[index], _snapshot(self._span_end, n, np.float64)[
+            index
+        ]
 
     @property
     def span_names(self) -> list[str]:
@@ -144,10 +143,10 @@ class Timeline:
         n = self.span_count
         return Spans(
             names=list(self._names),
-            name_id=np.frombuffer(self._span_name, dtype=np.int32, count=n).copy(),
-            start=np.frombuffer(self._span_start, dtype=np.float64, count=n).copy(),
-            end=np.frombuffer(self._span_end, dtype=np.float64, count=n).copy(),
-            depth=np.frombuffer(self._span_depth, dtype=np.int8, count=n).copy(),
+            name_id=_snapshot(self._span_name, n, np.int32),
+            start=_snapshot(self._span_start, n, np.float64),
+            end=_snapshot(self._span_end, n, np.float64),
+            depth=_snapshot(self._span_depth, n, np.int8),
         )
 
     @property
@@ -162,10 +161,7 @@ class Timeline:
             empty = np.zeros(0)
             return empty, empty
         n = min(len(s.t), len(s.v))
-        return (
-            np.frombuffer(s.t, dtype=np.float64, count=n).copy(),
-            np.frombuffer(s.v, dtype=np.float64, count=n).copy(),
-        )
+        return _snapshot(s.t, n, np.float64), _snapshot(s.v, n, np.float64)
 
     def last(self, metric: str, n: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """The last ``n`` samples of a metric, without copying its history (live views poll this)."""
@@ -341,3 +337,13 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     return repr(value)
+
+
+def _snapshot(column: array[Any], n: int, dtype: type[np.generic]) -> np.ndarray:
+    """The first ``n`` values of a column another thread may be appending to, as a new numpy array.
+
+    A slice copies the column while holding the GIL, so no buffer of the live column is ever
+    exported: a numpy view of it (``np.frombuffer``) would make the writer's next append raise
+    ``BufferError`` in the training thread.
+    """
+    return np.frombuffer(column[:n], dtype=dtype)

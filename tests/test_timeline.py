@@ -155,3 +155,32 @@ def test_last_reads_the_newest_samples() -> None:
     assert t.tolist() == [3.0, 4.0] and v.tolist() == [0.3, 0.4]
     assert tl.last("host.cpu_util", 9)[0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert len(tl.last("no.such.metric")[0]) == 0
+
+
+def test_reading_while_another_thread_records_never_breaks_the_recording_thread() -> None:
+    """The live panel reads spans and samples while the training thread adds them: the writer's append
+    used to raise BufferError when a reader held a numpy view of the column."""
+    import threading
+
+    tl = Timeline()
+    sid = tl.name_id("forward")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                tl.spans, tl.series("thread.cpu_s"), tl.span_times(np.arange(min(tl.span_count, 10)))
+            except BaseException as e:  # pragma: no cover - what the test looks for
+                errors.append(e)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(20_000):
+            tl.add_span(sid, float(i), float(i) + 0.5, 0)
+            tl.add_sample("thread.cpu_s", float(i), float(i))
+    finally:
+        stop.set()
+        reader.join()
+    assert not errors and tl.span_count == 20_000
