@@ -223,8 +223,9 @@ def report_traces(args: argparse.Namespace) -> int:
     except TraceFormatError as e:
         print(f"perfmagic report: {e}", file=sys.stderr)
         return 2
+    written = _write_outputs(report, args, "report")  # before printing: a broken pipe loses nothing
     print(report)
-    return 0 if _write_outputs(report, args, "report") else 1
+    return 0 if written else 1
 
 
 def _process_timelines(outdir: Path) -> list[Timeline]:

@@ -32,6 +32,11 @@ def report_from_traces(paths: Sequence[str | os.PathLike[str]]) -> Report:
     timelines = []
     for trace, rank in zip(traces, ranks, strict=True):
         timeline = trace_timeline(trace, rank)
+        if trace.dropped:
+            reasons = ", ".join(f"{why}: {n}" for why, n in trace.dropped.items())
+            timeline.meta["warnings"].append(
+                f"{trace.path.name}: {sum(trace.dropped.values())} events left out, their fields unreadable ({reasons})"
+            )
         gpu = trace_gpu(trace)
         if gpu is None:
             timeline.meta["warnings"].append(

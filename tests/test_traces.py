@@ -336,3 +336,66 @@ def test_a_traced_window_reports_the_gpu_of_its_own_trace(tmp_path: Path) -> Non
 
     written.write_bytes(b'{"traceEvents": [')  # cut short: the report goes on without it
     assert report_from_timelines([tl])["gpu"] is None
+
+
+def _clean_events() -> list[dict[str, Any]]:
+    events = []
+    for k in range(5):
+        t0 = k * 1000.0
+        events += [
+            _event(f"ProfilerStep#{k}", t0, 1000),
+            _event("## forward ##", t0 + 100, 400),
+            _event("cudaLaunchKernel", t0 + 150, 10, cat="cuda_runtime", correlation=k + 1),
+            _event("gemm", t0 + 200, 300, cat="kernel", device=0, stream=7, correlation=k + 1),
+        ]
+    return events
+
+
+ODD_EVENTS = {
+    "NaN dur": {"dur": float("nan")},
+    "null dur": {"dur": None},
+    "negative dur": {"dur": -5000},
+    "infinite ts": {"ts": float("inf")},
+    "a number for a name": {"name": 123},
+    "a list for a pid": {"pid": [1, 2]},
+    "a correlation above int64": {"args": {"correlation": 2**70}},
+    "a string for a stream": {"cat": "kernel", "args": {"stream": "seven", "device": 0}},
+}
+
+
+@pytest.mark.parametrize("case", list(ODD_EVENTS))
+def test_an_odd_value_costs_its_event_not_the_report(case: str, tmp_path: Path) -> None:
+    clean = tmp_path / "clean.json"
+    clean.write_text(json.dumps({"traceEvents": _clean_events()}))
+    odd = _event("## forward ##", 2600, 100)
+    odd.update(ODD_EVENTS[case])
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"traceEvents": [*_clean_events(), odd]}))
+    out = tmp_path / "out.json"
+    assert main(["report", "--json", str(out), str(path)]) == 0
+    report = json.loads(out.read_text())
+    expected = report_from_traces([clean]).to_dict()
+    assert report["steps"] == expected["steps"] and report["stages"] == expected["stages"]
+    assert report["gpu"]["busy_fraction"] == pytest.approx(expected["gpu"]["busy_fraction"])
+    (left_out,) = [w for w in report["warnings"] if "left out" in w]
+    assert left_out.startswith("odd.json: 1 events left out"), left_out
+
+
+def test_odd_trace_facts_are_ignored_not_fatal(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    doc = {
+        "traceEvents": _clean_events(),
+        "distributedInfo": {"rank": float("nan")},
+        "baseTimeNanoseconds": 1e400,
+    }
+    path.write_text(json.dumps(doc))
+    trace = read_trace(path)
+    assert trace.rank is None and trace.base_time_ns == 0
+
+
+def test_steps_that_share_one_timestamp_give_a_report(tmp_path: Path) -> None:
+    events = [_event(f"ProfilerStep#{k}", 500.0, 0) for k in range(5)] + [_event("## forward ##", 100, 200)]
+    path = tmp_path / "same.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    report = report_from_traces([path])
+    assert not [w for w in report.warnings if "failed" in w]

@@ -49,8 +49,8 @@ _STARTUP_FIX = {
 def slow_startup(a: Analysis) -> Card | None:
     """The first step, with everything before it, takes far longer than a steady step."""
     b, s = a.breakdown, a.steady
-    if s is None or b.count < 3 or a.steps.first_s is None or a.wall_s <= 0:
-        return None
+    if s is None or b.count < 3 or a.steps.first_s is None or a.wall_s <= 0 or s.step_s <= 0:
+        return None  # steps of no length (marks that share a timestamp) have no pace to compare with
     median = s.median_s
     excess = a.steps.first_s - median
     if excess < STARTUP_STEPS * median or (excess < STARTUP_SHARE * a.wall_s and excess < STARTUP_ABSOLUTE_S):

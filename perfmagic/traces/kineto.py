@@ -58,6 +58,17 @@ class CpuEvents:
         end: np.ndarray = self.start + self.dur
         return end
 
+    def take(self, mask: np.ndarray) -> CpuEvents:
+        return CpuEvents(
+            self.names,
+            self.name_id[mask],
+            self.start[mask],
+            self.dur[mask],
+            self.threads,
+            self.thread[mask],
+            self.correlation[mask],
+        )
+
 
 @dataclass(frozen=True)
 class GpuEvents:
@@ -113,6 +124,7 @@ class KinetoTrace:
     distributed: dict[str, Any] = field(default_factory=dict)  # distributedInfo: rank, world_size, backend
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     base_time_ns: int = 0  # baseTimeNanoseconds: add to ts for wall-clock time, when the trace has it
+    dropped: dict[str, int] = field(default_factory=dict)  # events left out, by reason
 
     @property
     def ns_resolution(self) -> bool:
@@ -123,7 +135,7 @@ class KinetoTrace:
     @property
     def rank(self) -> int | None:
         rank = self.distributed.get("rank")
-        return int(rank) if isinstance(rank, (int, float)) else None
+        return int(rank) if isinstance(rank, (int, float)) and _finite_number(rank) and rank >= 0 else None
 
 
 def read_trace(path: str | os.PathLike[str]) -> KinetoTrace:
@@ -149,7 +161,12 @@ def _read(p: Path) -> KinetoTrace:
     if not isinstance(events, list):
         what = "has no 'traceEvents'" if events is None else "has a 'traceEvents' that is not a list"
         raise TraceFormatError(f"{p}: not a torch.profiler trace: the JSON object {what}")
-    cpu, gpu = _columns(events, p)
+    dropped: dict[str, int] = {}
+    try:
+        cpu, gpu = _columns(events)
+    except (TypeError, ValueError, OverflowError):  # odd values somewhere: sort the events one by one
+        cpu, gpu = _columns(_sound_events(events, dropped))
+    cpu, gpu = _drop_bad_times(cpu, "CPU", dropped), _drop_bad_times(gpu, "GPU", dropped)
     info = root.get("distributedInfo")
     props = root.get("deviceProperties")
     base = root.get("baseTimeNanoseconds")
@@ -159,8 +176,56 @@ def _read(p: Path) -> KinetoTrace:
         gpu=gpu,
         distributed=dict(info) if isinstance(info, dict) else {},
         device_properties=[d for d in props if isinstance(d, dict)] if isinstance(props, list) else [],
-        base_time_ns=int(base) if isinstance(base, (int, float)) else 0,
+        base_time_ns=int(base)
+        if isinstance(base, (int, float)) and _finite_number(base) and abs(base) < _INT64
+        else 0,
+        dropped=dropped,
     )
+
+
+def _finite_number(value: Any) -> bool:
+    return type(value) in (int, float) and np.isfinite(value)
+
+
+_INT64 = 2**63
+
+
+def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, Any]]:
+    """The complete events whose fields the columns can hold; the others counted in ``dropped`` by reason."""
+    out: list[dict[str, Any]] = []
+
+    def drop(reason: str) -> None:
+        dropped[reason] = dropped.get(reason, 0) + 1
+
+    for e in events:
+        if type(e) is not dict or e.get("ph") != "X" or "dur" not in e:
+            continue
+        if not isinstance(e.get("name", ""), str):
+            drop("name not a string")
+        elif not (_finite_number(e.get("ts")) and _finite_number(e["dur"])):
+            drop("ts or dur not a number")
+        elif not all(type(e.get(k)) in (int, str, type(None)) for k in ("pid", "tid")):
+            drop("pid or tid not a number or a name")
+        else:
+            args = e.get("args")
+            if type(args) is dict:
+                ints = ("device", "stream", "correlation")
+                bad = [k for k in ints if k in args and not (type(args[k]) is int and abs(args[k]) < _INT64)]
+                if bad or ("bytes" in args and not _finite_number(args["bytes"])):
+                    drop("args not numbers")
+                    continue
+            out.append(e)
+    return out
+
+
+def _drop_bad_times(ev: Any, side: str, dropped: dict[str, int]) -> Any:
+    """Events whose time is not finite or whose duration is negative, left out and counted."""
+    ok = np.isfinite(ev.start) & np.isfinite(ev.dur) & (ev.dur >= 0)
+    if ok.all():
+        return ev
+    reason = f"{side} events with a negative or non-finite time"
+    dropped[reason] = dropped.get(reason, 0) + int((~ok).sum())
+    return ev.take(ok)
 
 
 def _load_json(p: Path) -> Any:
@@ -185,7 +250,8 @@ def _load_json(p: Path) -> Any:
         raise TraceFormatError(f"{p}: not UTF-8 text ({e.reason})") from e
 
 
-def _columns(events: list[Any], p: Path) -> tuple[CpuEvents, GpuEvents]:
+def _columns(events: list[Any]) -> tuple[CpuEvents, GpuEvents]:
+    """The events as columns; raises TypeError, ValueError or OverflowError on a field they cannot hold."""
     names: dict[str, int] = {}
     threads: dict[tuple[Any, Any], int] = {}
     c_name: list[int] = []
@@ -226,36 +292,33 @@ def _columns(events: list[Any], p: Path) -> tuple[CpuEvents, GpuEvents]:
             c_corr.append(args.get("correlation", -1))
 
     name_list = list(names)
-    try:
-        cpu = CpuEvents(
-            names=name_list,
-            name_id=np.array(c_name, dtype=np.int32),
-            start=np.array(c_ts, dtype=np.float64),
-            dur=np.array(c_dur, dtype=np.float64),
-            threads=list(threads),
-            thread=np.array(c_thread, dtype=np.int32),
-            correlation=np.array(c_corr, dtype=np.int64),
-        )
-        g_start = np.array(g_ts, dtype=np.float64)
-        g_correlation = np.array(g_corr, dtype=np.int64)
-        g_name_id = np.array(g_name, dtype=np.int32)
-        gpu = GpuEvents(
-            names=name_list,
-            name_id=g_name_id,
-            kind=np.array(
-                [kernel_kind(name_list[i], m) for i, m in zip(g_name, g_mem, strict=True)], dtype=np.int8
-            ),
-            start=g_start,
-            dur=np.array(g_dur, dtype=np.float64),
-            device=np.array(g_dev, dtype=np.int64),
-            stream=np.array(g_stream, dtype=np.int64),
-            launch=_launch_times(cpu, g_correlation),
-            bytes=np.array(g_bytes, dtype=np.float64),
-        )
-    except (TypeError, ValueError) as e:
-        raise TraceFormatError(f"{p}: an event has a non-numeric ts, dur or args field ({e})") from e
-    if np.isnan(cpu.start).any() or np.isnan(gpu.start).any():
-        raise TraceFormatError(f"{p}: a complete ('X') event has no 'ts'")
+    if not all(type(n) is str for n in name_list):
+        raise TypeError("an event's name is not a string")
+    cpu = CpuEvents(
+        names=name_list,
+        name_id=np.array(c_name, dtype=np.int32),
+        start=np.array(c_ts, dtype=np.float64),
+        dur=np.array(c_dur, dtype=np.float64),
+        threads=list(threads),
+        thread=np.array(c_thread, dtype=np.int32),
+        correlation=np.array(c_corr, dtype=np.int64),
+    )
+    g_start = np.array(g_ts, dtype=np.float64)
+    g_correlation = np.array(g_corr, dtype=np.int64)
+    g_name_id = np.array(g_name, dtype=np.int32)
+    gpu = GpuEvents(
+        names=name_list,
+        name_id=g_name_id,
+        kind=np.array(
+            [kernel_kind(name_list[i], m) for i, m in zip(g_name, g_mem, strict=True)], dtype=np.int8
+        ),
+        start=g_start,
+        dur=np.array(g_dur, dtype=np.float64),
+        device=np.array(g_dev, dtype=np.int64),
+        stream=np.array(g_stream, dtype=np.int64),
+        launch=_launch_times(cpu, g_correlation),
+        bytes=np.array(g_bytes, dtype=np.float64),
+    )
     return cpu, gpu
 
 
