@@ -20,6 +20,7 @@ from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.recorder import NO_RECORDER, StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.stacks import StackSource
+from perfmagic.schema import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
 
 if TYPE_CHECKING:
@@ -409,6 +410,11 @@ def profile(**options: Any) -> Session:
 @contextmanager
 def stage(name: str) -> Iterator[None]:
     """A user-named stage (and NVTX range) around a block."""
+    if not isinstance(name, str) or not name or name.startswith(STEP_BOUNDARY_PREFIX):
+        raise ValueError(
+            f"perfmagic.stage: a stage name is a non-empty string not starting with {STEP_BOUNDARY_PREFIX!r} "
+            f"(those mark step ends), got {name!r}"
+        )
     session = _active
     recorder = session.recorder if session is not None else None
     with (recorder or NO_RECORDER).stage(name):
@@ -429,6 +435,8 @@ def load(path: str | os.PathLike[str]) -> Report:
     p = Path(path)
     if p.is_file() and p.name != SPOOL_NAME and p.suffix == ".json":
         return Report.load(p)
+    if p.is_dir() and not (p / SPOOL_NAME).exists() and (p / REPORT_NAME).exists():
+        return Report.load(p / REPORT_NAME)  # a perfmagic run directory: the records are per process
     timeline = Timeline.load(p)
     return report_from_timelines([timeline], source=str(timeline.meta.get("source", "live")))
 

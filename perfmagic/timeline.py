@@ -202,7 +202,8 @@ class Timeline:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Timeline:
-        """Read a saved timeline or a spool, tolerating a torn last line."""
+        """Read a saved timeline or a spool, tolerating a torn last line and skipping unreadable ones
+        (said in the timeline's warnings); a file with no record at all is a :class:`TimelineFormatError`."""
         p = Path(path)
         if p.is_dir():
             p = p / SPOOL_NAME
@@ -211,11 +212,22 @@ class Timeline:
         except OSError as e:
             raise TimelineFormatError(f"cannot read timeline {p}: {e.strerror}") from e
         timeline = cls()
-        for lineno, record in _records(text, p):
+        skipped: list[int] = []
+        applied = 0
+        for lineno, record in _records(text, p, skipped):
             try:
                 timeline._apply(record)
-            except (KeyError, TypeError, ValueError) as e:
-                raise TimelineFormatError(f"{p}:{lineno}: bad {record.get('type')!r} record: {e}") from e
+            except (KeyError, TypeError, ValueError, OverflowError):
+                skipped.append(lineno)
+            else:
+                applied += 1
+        if not applied:
+            raise TimelineFormatError(f"{p}: not a timeline: no readable record")
+        if skipped:
+            timeline.meta.setdefault("warnings", []).append(
+                f"{p.name}: {len(skipped)} unreadable line(s) skipped (line {', '.join(map(str, skipped[:5]))}"
+                f"{', ...' if len(skipped) > 5 else ''}): the record around them is kept"
+            )
         return timeline
 
     def _apply(self, record: dict[str, Any]) -> None:
@@ -223,11 +235,17 @@ class Timeline:
         if kind == "meta":
             self.meta.update(record["meta"])
         elif kind == "spans":
-            ids = [self.name_id(n) for n in record["names"]]
-            self._span_name.extend(ids[i] for i in record["name"])
-            self._span_start.extend(record["start"])
-            self._span_end.extend(record["end"])
-            self._span_depth.extend(record["depth"])
+            # every column checked before any grows: a bad record must not leave them of unequal length
+            names = record["names"]
+            name_ids = array("i", [self.name_id(names[i]) for i in record["name"]])
+            starts, ends = array("d", record["start"]), array("d", record["end"])
+            depths = array("b", record["depth"])
+            if not len(name_ids) == len(starts) == len(ends) == len(depths):
+                raise ValueError("span columns of different lengths")
+            self._span_name.extend(name_ids)
+            self._span_start.extend(starts)
+            self._span_end.extend(ends)
+            self._span_depth.extend(depths)
         elif kind == "samples":
             for metric, (ts, vs) in record["series"].items():
                 s = self._series.setdefault(metric, _Series())
@@ -239,7 +257,8 @@ class Timeline:
             raise ValueError(f"unknown record type {kind!r}")
 
 
-def _records(text: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _records(text: str, path: Path, skipped: list[int]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The records of a JSON-lines timeline; line numbers of lines that are none go to ``skipped``."""
     lines = text.split("\n")
     complete = text.endswith("\n")
     for lineno, line in enumerate(lines, 1):
@@ -247,13 +266,14 @@ def _records(text: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as e:
+        except json.JSONDecodeError:
             last = lineno == len(lines) or (lineno == len(lines) - 1 and not complete)
-            if last:
-                return  # a process killed mid-write leaves one torn line
-            raise TimelineFormatError(f"{path}:{lineno}: not a timeline record ({e.msg})") from e
+            if not last:  # a process killed mid-write leaves one torn last line: no news
+                skipped.append(lineno)
+            continue
         if not isinstance(record, dict) or "type" not in record:
-            raise TimelineFormatError(f"{path}:{lineno}: not a timeline record")
+            skipped.append(lineno)
+            continue
         yield lineno, record
 
 

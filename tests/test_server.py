@@ -110,6 +110,10 @@ async def test_stream_rate_and_pause(jp_ws_fetch: Any, jp_serverapp: Any) -> Non
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(ws.read_message(), 0.5)
 
+        ws.write_message(json.dumps({"pause": "no"}))  # not a boolean: refused, nothing changes
+        error = await _next_of_type(ws, "error")
+        assert "true or false" in error["message"]
+
         ws.write_message(json.dumps({"pause": False, "rate": 100}))
         ack = await _next_of_type(ws, "config")
         assert ack["rate_hz"] == MAX_HZ and ack["paused"] is False

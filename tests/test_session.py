@@ -533,3 +533,29 @@ def test_a_source_that_fails_now_and_then_keeps_sampling(tmp_path: Path) -> None
         time.sleep(0.4)
     t, _ = session.timeline.series("host.cpu_util")
     assert len(t) >= 10 and not any("disabled" in w for w in session.report.warnings)
+
+
+def test_a_stage_name_that_marks_steps_is_refused(tmp_path: Path) -> None:
+    with perfmagic.profile(outdir=tmp_path, sources=[]) as session:
+        with pytest.raises(ValueError, match="not starting with 'step:'"), perfmagic.stage("step:optimizer"):
+            pass
+        train(3)
+    assert session.report.steps["count"] == 3  # not doubled
+
+
+def test_stages_nested_deeper_than_a_byte_holds_are_not_recorded(tmp_path: Path) -> None:
+    with perfmagic.profile(outdir=tmp_path, sources=[]) as session, contextlib.ExitStack() as stack:
+        for depth in range(200):  # used to raise OverflowError into the user's code at 128
+            stack.enter_context(perfmagic.stage(f"level{depth}"))
+        train(2)
+    assert session.report.steps["count"] == 2
+
+
+def test_load_reads_a_perfmagic_run_directory(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--outdir", str(run), "--", sys.executable, "-c", "pass"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert perfmagic.load(run).to_dict()["source"] == "run"

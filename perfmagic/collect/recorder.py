@@ -32,6 +32,9 @@ from perfmagic.collect.threadclock import ThreadClock
 from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_WAIT
 from perfmagic.timeline import Timeline
 
+MAX_DEPTH = 127
+"""Open stages beyond this depth are not recorded (a span's depth is one signed byte)."""
+
 _CLOSED = -1
 """The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
 
@@ -108,6 +111,7 @@ class StageRecorder:
             threading.get_ident() != self.thread_id
             or self._active[sid]
             or (self._opaque_depth and sid in self._builtin_ids)
+            or len(self._stack) >= MAX_DEPTH
         ):
             return False
         clock = self.device_clock

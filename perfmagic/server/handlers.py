@@ -99,7 +99,10 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         if "rate" in msg:
             self.rate_hz = clamp_rate(_to_float(msg["rate"]), self.rate_hz)
         if "pause" in msg:
-            self.paused = bool(msg["pause"])
+            if not isinstance(msg["pause"], bool):
+                self._write({"type": "error", "message": '"pause" takes true or false'})
+                return
+            self.paused = msg["pause"]
         service.set_rate(self._on_snapshot, None if self.paused else self.rate_hz)
         self._write({"type": "config", "rate_hz": self.rate_hz, "paused": self.paused})
         if not self.paused and service.latest is not None and "pause" in msg:
