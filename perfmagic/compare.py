@@ -1,8 +1,9 @@
 """Before/after comparison of two reports: did the fix work?
 
 Works from report dictionaries alone (reports read back from JSON). Step and stage
-times are means over the steps after the first (warm-up), from the report's
-``step_table``; that is what throughput follows, periodic checkpoints included.
+times are the reports' own means over their steady steps (after the warm-up), the
+window every figure of a report uses; that is what throughput follows, periodic
+checkpoints included.
 """
 
 from __future__ import annotations
@@ -114,21 +115,16 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> Comparison:
 
 
 def _per_step(report: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
-    """Mean step time and mean seconds per stage, over the steps after the first."""
-    table = report.get("step_table") or {}
-    start, end = table.get("start") or [], table.get("end") or []
-    if start and end:
-        first = 1 if len(start) >= 3 else 0
-        n = len(start) - first
-        step = sum(e - s for s, e in zip(start[first:], end[first:], strict=True)) / n
-        return step, {name: sum(v[first:]) / n for name, v in (table.get("stages") or {}).items()}
+    """Mean step time and mean seconds per stage over the steady steps: the report's own figures."""
     steps = report.get("steps") or {}
-    count = steps.get("count") or 0
-    if not count:
+    steady = (steps.get("count") or 0) - (steps.get("warmup") or 0)
+    if steady <= 0:
         return None, {}
     per_s = steps.get("per_s")
+    stages = report.get("stages") or {}
     return (1 / per_s if per_s else None), {
-        n: s["total_s"] / count for n, s in report.get("stages", {}).items()
+        name: s["mean_s"] if s.get("mean_s") is not None else s["total_s"] / steady
+        for name, s in stages.items()
     }
 
 

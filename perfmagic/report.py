@@ -16,8 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from perfmagic.advise import advise
 from perfmagic.analyze import Analysis, analyze
+from perfmagic.analyze.steps import StepBreakdown
 from perfmagic.schema import TORCH_TRACE_MARK
 from perfmagic.timeline import Timeline
 
@@ -189,17 +192,49 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "advice_minor": [
             {"id": c.id, "saving_s": c.saving_s, "step_s": c.metrics.get("step_s")} for c in advice.minor
         ],
-        "step_table": {
-            "boundary": b.boundary,
-            "start": b.start.tolist(),
-            "end": b.end.tolist(),
-            "stages": {name: b.seconds[:, j].tolist() for j, name in enumerate(b.stages)},
-        },
         "timeseries": analysis.timeseries,
         "hotspots": analysis.hotspots,
         "torch_traces": analysis.torch_traces,
     }
-    return Report(_clean(data), analysis, timelines)
+    data = _clean(data)
+    data["step_table"] = step_table(b)  # after _clean: numbers made JSON-safe by numpy, not one by one
+    return Report(data, analysis, timelines)
+
+
+MAX_STEP_ROWS = 100_000
+"""Steps the step table holds one row each; a longer run gets ``BINNED_ROWS`` rows of several steps."""
+BINNED_ROWS = 20_000
+
+
+def step_table(b: StepBreakdown) -> dict[str, Any]:
+    """Each step's start, end and seconds per stage, to the microsecond; a long run's in equal blocks.
+
+    A block of ``steps_per_row`` steps runs from its first step's start to its last step's end, and
+    holds the mean seconds per step of each stage.
+    """
+    k = 1 if b.count <= MAX_STEP_ROWS else -(-b.count // BINNED_ROWS)
+    rows = -(-b.count // k) if b.count else 0
+    edges = np.arange(0, b.count, k)
+    if k == 1:
+        start, end, seconds = b.start, b.end, b.seconds
+    else:
+        last = np.minimum(edges + k, b.count) - 1
+        start, end = b.start[edges], b.end[last]
+        sums = np.add.reduceat(b.seconds, edges, axis=0) if b.count else b.seconds
+        seconds = sums / (last - edges + 1)[:, None]
+    assert len(start) == rows
+
+    def column(values: np.ndarray) -> list[float]:
+        out: list[float] = np.round(np.nan_to_num(values), 6).tolist()
+        return out
+
+    return {
+        "boundary": b.boundary,
+        "steps_per_row": k,
+        "start": column(start),
+        "end": column(end),
+        "stages": {name: column(seconds[:, j]) for j, name in enumerate(b.stages)},
+    }
 
 
 def report_from_timelines(timelines: Sequence[Timeline], source: str = "live") -> Report:

@@ -125,7 +125,8 @@ def test_chrome_trace_is_valid_and_matches_the_step_table(report: perfmagic.Repo
     for i in range(len(table["start"])):
         for name, column in table["stages"].items():
             assert per_step[i + 1].get(name, 0.0) == pytest.approx(column[i], abs=1e-9)
-        assert sum(per_step[i + 1].values()) == pytest.approx(table["end"][i] - table["start"][i], abs=1e-6)
+        # the table holds microseconds: the stages' sum within half of one each of the step's length
+        assert sum(per_step[i + 1].values()) == pytest.approx(table["end"][i] - table["start"][i], abs=5e-6)
     assert any(e["ph"] == "C" and e["name"] == "host CPU (%)" for e in events)
     gz = report.to_chrome_trace(tmp_path / "trace.json.gz")
     assert json.loads(gzip.decompress(gz.read_bytes())) == trace

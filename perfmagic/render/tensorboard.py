@@ -25,14 +25,13 @@ def write_tensorboard(report: dict[str, Any], logdir: str | os.PathLike[str]) ->
     writer = SummaryWriter(logdir=str(logdir))
     try:
         stages = table.get("stages") or {}
+        k = int(table.get("steps_per_row") or 1)  # a long run's rows are blocks of k steps
         for i, (start, end) in enumerate(zip(table.get("start") or [], table.get("end") or [], strict=True)):
-            wall = epoch + end
-            writer.add_scalar("perfmagic/step_time_s", end - start, global_step=i + 1, walltime=wall)
+            wall, step = epoch + end, i * k + 1
+            writer.add_scalar("perfmagic/step_time_s", (end - start) / k, global_step=step, walltime=wall)
             for name, column in stages.items():
                 if column[i] is not None:
-                    writer.add_scalar(
-                        f"perfmagic/stage/{name}_s", column[i], global_step=i + 1, walltime=wall
-                    )
+                    writer.add_scalar(f"perfmagic/stage/{name}_s", column[i], global_step=step, walltime=wall)
         for metric, series in sorted((ts.get("metrics") or {}).items()):
             for t, v in zip(series["t"], series["v"], strict=True):
                 if v is not None:
