@@ -217,6 +217,7 @@ class Session:
                     self.outdir,
                     steps=self.trace_steps,
                     thread_id=self.recorder.thread_id,
+                    recorder=self.recorder,
                 )
                 try:
                     tracer.start()

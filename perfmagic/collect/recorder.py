@@ -32,6 +32,9 @@ from perfmagic.collect.threadclock import ThreadClock
 from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_WAIT
 from perfmagic.timeline import Timeline
 
+_STEP_ENDS = frozenset({"optimizer", "user"})
+"""Boundary kinds that end steps where a DataLoader also marks batches."""
+
 MAX_DEPTH = 127
 """Open stages beyond this depth are not recorded (a span's depth is one signed byte)."""
 
@@ -90,7 +93,10 @@ class StageRecorder:
         # by stage id: its name (NVTX ranges need it on the hot path), how often it is open
         self._names = timeline.span_names
         self._active: list[int] = [0] * len(self._names)
-        self._stack: list[tuple[int, float, object]] = []
+        # open stages: (id, start, device mark, what ends its trace annotation)
+        self._stack: list[tuple[int, float, object, Callable[[], object] | None]] = []
+        # while torch.profiler records: opens a ``## stage ##`` range in its trace, returns what closes it
+        self.annotate: Callable[[str], Callable[[], object]] | None = None
         self._opaque_depth = 0
         # (span index, token at start, token at end) for spans with device marks
         self._device_marks: list[tuple[int, object, object]] = []
@@ -114,9 +120,10 @@ class StageRecorder:
             or len(self._stack) >= MAX_DEPTH
         ):
             return False
-        clock = self.device_clock
+        clock, annotate = self.device_clock, self.annotate
         token = clock.mark() if clock is not None else None
-        self._stack.append((sid, time.perf_counter(), token))
+        note = annotate(self._names[sid]) if annotate is not None else None
+        self._stack.append((sid, time.perf_counter(), token, note))
         self._active[sid] += 1
         if sid in self._opaque_ids:
             self._opaque_depth += 1
@@ -128,7 +135,9 @@ class StageRecorder:
         if not self._stack:  # the session was stopped inside this stage: close() has ended it
             return
         _nvtx_pop(domain="perfmagic")
-        sid, start, token = self._stack.pop()
+        sid, start, token, note = self._stack.pop()
+        if note is not None:
+            note()
         self._active[sid] -= 1
         if sid in self._opaque_ids:
             self._opaque_depth -= 1
@@ -152,7 +161,8 @@ class StageRecorder:
             token = clock.mark()
             self._device_marks.append((self.timeline.span_count, token, token))
         self.timeline.add_span(sid, t, t, -1)
-        if self.thread_clock is not None:
+        # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
+        if self.thread_clock is not None and (kind != "batch" or not self._boundaries.keys() & _STEP_ENDS):
             self._sample_thread_clock(t)
         if clock is not None and len(self._device_marks) >= _DRAIN_AT and clock.done(token):
             # Everything marked so far has run: resolving it now waits for nothing.

@@ -17,11 +17,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import TORCH_TRACE_MARK
 from perfmagic.timeline import Timeline
 
@@ -34,7 +35,9 @@ class TorchProfiler:
     """Runs torch.profiler for ``steps`` optimizer steps after ``wait`` + ``warmup`` steps.
 
     ``origin`` is the ``time.perf_counter()`` of the timeline's zero; ``thread_id``
-    the training thread (the creating thread by default).
+    the training thread (the creating thread by default). Given the stage recorder, each
+    stage it records while the profiler runs is also a ``## stage ##`` range in the
+    trace, so ``perfmagic report`` on the trace finds perfmagic's own stages.
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class TorchProfiler:
         wait: int = 1,
         warmup: int = 1,
         thread_id: int | None = None,
+        recorder: StageRecorder | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError(f"--steps must be at least 1, got {steps}")
@@ -62,6 +66,7 @@ class TorchProfiler:
         self._stepped = 0
         self._clock_t: float | None = None
         self._written: Path | None = None
+        self._recorder = recorder
 
     def start(self) -> None:
         import torch
@@ -79,9 +84,16 @@ class TorchProfiler:
         with self._quiet():
             self._prof.start()
         self._hook = register_optimizer_step_post_hook(self._on_step)
+        if self._recorder is not None:
+            self._recorder.annotate = _annotation
+
+    def _stop_annotating(self) -> None:
+        if self._recorder is not None:
+            self._recorder.annotate = None
 
     def stop(self) -> list[str]:
         """Stop profiling (writing the trace if it recorded anything); returns warnings."""
+        self._stop_annotating()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -114,6 +126,7 @@ class TorchProfiler:
             return
         self._stepped += 1
         if self._stepped > self._wait + self._warmup + self.steps:
+            self._stop_annotating()  # the trace is written: stages cost their usual again
             return
         with self._quiet():
             self._prof.step()
@@ -132,6 +145,15 @@ class TorchProfiler:
     def _quiet(self) -> Iterator[None]:
         with redirect_fd2(self._outdir / LOG_NAME):
             yield
+
+
+def _annotation(stage: str) -> Callable[[], object]:
+    """Open a ``## stage ##`` range in torch.profiler's trace; returns what closes it."""
+    from torch.autograd.profiler import record_function
+
+    annotation: Any = record_function(f"## {stage} ##")
+    annotation.__enter__()
+    return lambda: annotation.__exit__(None, None, None)
 
 
 @contextmanager

@@ -6,6 +6,8 @@ an ``other`` span on the main thread (the thread that records them), ended by a
 PyTorch records:
 
 - ``data``: ``enumerate(DataLoader)#...__next__``;
+- every built-in stage: its ``## stage ##`` annotation (``perfmagic --trace`` writes one per
+  stage it records, so a report of its own trace has its stages);
 - ``forward``: ``## forward ##`` annotations, ``*.forward`` labels (DDP, FSDP) and
   ``nn.Module: ...`` Python events (``with_stack=True``); a trace without any leaves
   forward time in ``other`` and says so;
@@ -29,7 +31,7 @@ import re
 import numpy as np
 
 from perfmagic.intervals import merge_intervals
-from perfmagic.schema import STEP_BOUNDARY_PREFIX, nests_inside
+from perfmagic.schema import STAGES, STEP_BOUNDARY_PREFIX, nests_inside
 from perfmagic.timeline import Timeline
 from perfmagic.traces.kineto import CpuEvents, KinetoTrace
 
@@ -38,9 +40,7 @@ BOUNDARY = STEP_BOUNDARY_PREFIX + "profiler_step"
 BACKWARD_EVENT = "autograd::engine::evaluate_function: "
 
 _EXACT = {
-    "## forward ##": "forward",
-    "## backward ##": "backward",
-    "## optimizer ##": "optimizer",
+    **{f"## {stage} ##": stage for stage in STAGES if stage != "other"},  # perfmagic --trace writes these
     "## zero_grad ##": "optimizer",
     "cudaStreamSynchronize": "logging",
     "cudaDeviceSynchronize": "logging",
