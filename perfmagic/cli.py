@@ -198,6 +198,13 @@ def run(args: argparse.Namespace) -> int:
             sampler.stop()
 
     processes = _process_timelines(outdir)
+    if not processes:
+        unseen = (
+            "no Python process of the command was profiled: it runs no Python, or runs it isolated "
+            "(python -I, -S or -E skip the sitecustomize perfmagic run starts profiling with)"
+        )
+        print(f"perfmagic run: {unseen}", file=sys.stderr)
+        sampler.timeline.meta.setdefault("warnings", []).append(unseen)
     epoch = sampler.timeline.meta.get("epoch")
     for timeline in processes:  # one clock for all: the sampler's
         if epoch is not None and timeline.meta.get("epoch") is not None:

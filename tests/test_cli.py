@@ -255,3 +255,14 @@ def test_run_with_an_unwritable_outdir_still_runs_the_command(tmp_path: Path) ->
     )
     assert result.returncode == 0 and "ran" in result.stdout
     assert f"cannot write to {blocker / 'run'}" in result.stderr
+
+
+def test_run_says_when_it_could_not_profile_an_isolated_python(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    cmd = ("run", "--quiet", "--json", str(out), "--", sys.executable, "-I", "-c", "print('ran')")
+    result = run_cli(*cmd, cwd=tmp_path)
+    assert result.returncode == 0 and "ran" in result.stdout
+    assert "python -I, -S or -E" in result.stderr
+    assert any(
+        "no Python process of the command was profiled" in w for w in json.loads(out.read_text())["warnings"]
+    )
