@@ -139,6 +139,12 @@ def _exit_code(returncode: int) -> int:
 
 def _wait_forwarding(child: subprocess.Popen[bytes]) -> int:
     """Wait for the command, passing on every signal sent to perfmagic; its exit code, shell-style."""
+    if not hasattr(signal, "sigtimedwait"):  # not Linux: Ctrl-C reaches the command's group; wait for it
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return _exit_code(child.wait())
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
         while child.poll() is None:
