@@ -84,7 +84,8 @@ def start_from_env() -> None:
     atexit.register(_finish, session)
     for sig in ENDING_SIGNALS:
         if signal.getsignal(sig) is signal.SIG_DFL:  # the program's own handlers stay its own
-            signal.signal(sig, _ended_by(session))
+            with contextlib.suppress(ValueError):  # not the main thread of the main interpreter
+                signal.signal(sig, _ended_by(session))
 
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
