@@ -81,6 +81,8 @@ THREAD_CPU = "thread.cpu_s"
 """Cumulative CPU seconds of the profiled thread, sampled at each step boundary…"""
 THREAD_WAIT = "thread.wait_s"
 """…and the seconds it was runnable but waited for a CPU (NaN where the OS does not say)."""
+THREAD_GC = "thread.gc_s"
+"""…and the seconds Python's garbage collector ran on it."""
 THREAD_DATA_CPU = "thread.data_cpu_s"
 """Cumulative CPU seconds the profiled thread spent getting batches (in ``data``), sampled after each."""
 

@@ -477,3 +477,20 @@ def test_a_large_other_is_explained_by_where_the_training_thread_was(tmp_path: P
     (first, *_) = report["hotspots"]["other"]
     assert first["where"].startswith("bookkeeping (test_advice_e2e.py:"), report["hotspots"]
     assert "other" in str(report) and "bookkeeping (test_advice_e2e.py:" in str(report)
+
+
+def test_slow_steps_that_are_garbage_collections_are_named_so(tmp_path: Path) -> None:
+    """Slow steps with extra CPU work: when Python's collector did it, the card says so and how to tame it."""
+    import gc
+
+    heap = [[i] for i in range(600_000)]  # long-lived objects every full collection walks
+    model = _mlp()
+
+    def collect(step: int) -> None:
+        if step % 10 == 9:
+            gc.collect()
+
+    report = _profile(tmp_path, lambda: _train(model, _loader(60), after_step=collect))
+    del heap
+    card = next(c for c in report.advice if c["id"] == "step_outliers")
+    assert "garbage collector" in card["evidence"] and "gc.freeze()" in card["fix"], str(report)

@@ -147,7 +147,7 @@ def step_outliers(a: Analysis) -> Card | None:
     big = outliers[lost_by_step >= 0.5 * lost_by_step.max()] if len(outliers) else outliers
     period = _period(big)  # of the big ones: jitter between them does not hide a period
     cause = _off_step_cause(s, outliers)
-    if cause != "worked" and (cause == "waited" or period is None) and contention(a) is not None:
+    if cause not in ("worked", "gc") and (cause == "waited" or period is None) and contention(a) is not None:
         # Slow steps on a machine where the thread waits for CPUs: cpu_contention's. Off-CPU time counts
         # too: a thread of the process preempted while it holds the GIL stalls the training thread.
         return None
@@ -177,6 +177,15 @@ def step_outliers(a: Analysis) -> Card | None:
                 "for i in range(len(dataset)):",
                 "    t = time.perf_counter(); dataset[i]; times.append((time.perf_counter() - t, i))",
                 "print(sorted(times)[-10:])",
+            ]
+        )
+    elif cause == "gc":
+        why = "Python's garbage collector ran in them (measured with gc.callbacks)"
+        fix = "\n".join(
+            [
+                "import gc",
+                "gc.freeze()  # after building the model and the data: long-lived objects leave the collector's scans",
+                "gc.set_threshold(50_000, 50, 100)  # fewer young collections (the default first threshold is 700)",
             ]
         )
     elif cause == "waited":
@@ -272,7 +281,8 @@ def _period(indices: np.ndarray) -> int | None:
 def _off_step_cause(s: Steady, outliers: np.ndarray) -> str | None:
     """What the slow steps' extra time was, from the thread's CPU and run-queue wait in each step.
 
-    ``"waited"``: mostly runnable but waiting for a CPU; ``"worked"``: mostly more CPU
+    ``"gc"``: mostly Python's garbage collector; ``"waited"``: mostly runnable but waiting for a CPU;
+    ``"worked"``: mostly more CPU
     time (extra work); ``"off_cpu"``: neither (sleep, I/O, a lock, the device); None
     where the thread's CPU time was not measured.
     """
@@ -281,6 +291,10 @@ def _off_step_cause(s: Steady, outliers: np.ndarray) -> str | None:
     extra = float((s.durations[outliers] - np.median(s.durations)).sum())
     if extra <= 0:
         return None
+    if s.gc_s is not None:
+        collected = float((s.gc_s[outliers] - np.median(s.gc_s)).sum())
+        if collected >= 0.5 * extra:
+            return "gc"
     if s.wait_s is not None:
         waited = float((s.wait_s[outliers] - np.median(s.wait_s)).sum())
         if waited >= 0.5 * extra:

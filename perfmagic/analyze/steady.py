@@ -20,7 +20,8 @@ class Steady:
     start: float  # the steady window, on the clock of the breakdown's timeline
     end: float
     cpu_s: np.ndarray | None = None  # per step: the profiled thread's CPU seconds…
-    wait_s: np.ndarray | None = None  # …and its seconds waiting for a CPU (None: unmeasured)
+    wait_s: np.ndarray | None = None  # …its seconds waiting for a CPU (None: unmeasured)…
+    gc_s: np.ndarray | None = None  # …and the garbage collector's seconds on it
 
     @property
     def count(self) -> int:
@@ -57,4 +58,5 @@ def steady_of(b: StepBreakdown) -> Steady | None:
         end=float(b.end[-1]),
         cpu_s=b.cpu_s[first:] if b.cpu_s is not None else None,
         wait_s=b.wait_s[first:] if b.wait_s is not None else None,
+        gc_s=b.gc_s[first:] if b.gc_s is not None else None,
     )

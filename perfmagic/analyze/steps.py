@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmagic.schema import BOUNDARY_KINDS, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_WAIT
+from perfmagic.schema import BOUNDARY_KINDS, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_GC, THREAD_WAIT
 from perfmagic.timeline import Spans, Timeline
 
 
@@ -30,10 +30,11 @@ class StepBreakdown:
     end: np.ndarray  # (n,)
     stages: list[str]  # column names: built-in stages in order, then user stages, "other" last
     seconds: np.ndarray  # (n, len(stages)) exclusive seconds of each stage in each step
-    cpu_s: np.ndarray | None = None  # (n,) the profiled thread's CPU seconds in each step…
-    wait_s: np.ndarray | None = (
-        None  # (n,) …and its seconds runnable but waiting for a CPU (None: unmeasured)
-    )
+    # per step, measured on the profiled thread (None where unmeasured): its CPU seconds, its seconds
+    # runnable but waiting for a CPU, and the seconds Python's garbage collector ran on it
+    cpu_s: np.ndarray | None = None
+    wait_s: np.ndarray | None = None
+    gc_s: np.ndarray | None = None
 
     @property
     def count(self) -> int:
@@ -70,7 +71,8 @@ def step_breakdown(timeline: Timeline) -> StepBreakdown:
         seconds[:, -1] = np.maximum((ends - starts) - seconds[:, :-1].sum(axis=1), 0.0)
     cpu_s = _per_step(timeline, THREAD_CPU, starts, ends)
     wait_s = _per_step(timeline, THREAD_WAIT, starts, ends)
-    return StepBreakdown(kind, starts, ends, columns, seconds, cpu_s, wait_s)
+    gc_s = _per_step(timeline, THREAD_GC, starts, ends)
+    return StepBreakdown(kind, starts, ends, columns, seconds, cpu_s, wait_s, gc_s)
 
 
 def _per_step(timeline: Timeline, metric: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from perfmagic.collect.threadclock import ThreadClock
-from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_WAIT
+from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_GC, THREAD_WAIT
 from perfmagic.timeline import Timeline
 
 _STEP_ENDS = frozenset({"optimizer", "user"})
@@ -172,6 +172,7 @@ class StageRecorder:
     def _sample_thread_clock(self, t: float) -> None:
         assert self.thread_clock is not None
         on_cpu, waiting = self.thread_clock.read()
+        self.timeline.add_sample(THREAD_GC, t, self.thread_clock.gc_s)
         self.timeline.add_sample(THREAD_CPU, t, on_cpu)
         self.timeline.add_sample(THREAD_WAIT, t, waiting)
 
@@ -223,6 +224,8 @@ class StageRecorder:
         """Record nothing more from now on (a forked child's copy of the recorder)."""
         self.thread_id = _CLOSED
         self._stack.clear()
+        if self.thread_clock is not None:
+            self.thread_clock.close()
 
     def close(self) -> list[str]:
         """Close stages left open (an interrupted block), stop recording, apply device times.

@@ -7,13 +7,20 @@ added each time the thread gets a CPU back. That wait is what other processes, o
 threads than CPUs, cost the training directly; sleeping, I/O and locks are not in it.
 Where the file does not exist the wait is NaN. (The file's first field, time on a CPU,
 only moves at scheduler ticks: too coarse for a step of a few milliseconds.)
+
+It also adds up the time Python's garbage collector runs on the thread (``gc.callbacks``,
+removed again by ``close``): a slow step that is a collection says so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import os
+import threading
 import time
+from typing import Any
 
 
 class ThreadClock:
@@ -24,6 +31,24 @@ class ThreadClock:
             self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
             self._fd = None
+        self._thread = threading.get_ident()
+        self._gc_s = 0.0
+        self._gc_began: float | None = None
+        gc.callbacks.append(self._on_gc)
+
+    @property
+    def gc_s(self) -> float:
+        """Seconds Python's garbage collector ran on the thread since the clock was made."""
+        return self._gc_s
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if threading.get_ident() != self._thread:
+            return
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began is not None:
+            self._gc_s += time.perf_counter() - self._gc_began
+            self._gc_began = None
 
     @property
     def measures_wait(self) -> bool:
@@ -36,10 +61,14 @@ class ThreadClock:
             try:
                 return time.thread_time(), int(os.pread(fd, 128, 0).split()[1]) / 1e9
             except (OSError, ValueError, IndexError):  # a kernel without the field: CPU time only from now on
-                self.close()
+                self._fd = None
+                os.close(fd)
         return time.thread_time(), math.nan
 
     def close(self) -> None:
+        """Stop counting: the file is closed and the collector's callback removed."""
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
