@@ -312,3 +312,81 @@ def test_device_marks_of_a_long_run_are_resolved_as_the_device_passes_them() -> 
     assert early.end[0] == pytest.approx(clock.host_times[1] + 0.5, abs=1e-6)  # already device-timed
     assert rec.close() == []
     assert tl.spans.end[-1] == pytest.approx(clock.host_times[-1] + 0.5, abs=1e-6)
+
+
+class InOrderDevice:
+    """A device as unkind as a GPU: each mark is reached ``lag`` seconds after the host put it in the
+    queue, in order, and a query says so only then (a fake that catches up all at once hides pile-ups)."""
+
+    def __init__(self, lag: float) -> None:
+        self.lag = lag
+        self.queries = 0
+
+    def mark(self) -> object:
+        return time.perf_counter() + self.lag
+
+    def done(self, token: object) -> bool:
+        self.queries += 1
+        return time.perf_counter() >= float(token)  # type: ignore[arg-type]
+
+    def resolve(self, tokens: list[object]) -> list[float | None]:
+        last = max((float(t) for t in tokens), default=0.0)  # type: ignore[arg-type]
+        time.sleep(max(0.0, last - time.perf_counter()))
+        return [float(t) for t in tokens]  # type: ignore[arg-type]
+
+
+def test_pending_device_marks_stay_bounded_in_a_gpu_bound_loop() -> None:
+    """The newest event of a GPU-bound loop is never done: waiting for it let ~20 marks a step pile up."""
+    from perfmagic.collect.recorder import _DRAIN_AT
+
+    tl = Timeline()
+    rec = StageRecorder(tl, origin=0.0)
+    device = rec.device_clock = InOrderDevice(lag=0.002)
+    most = 0
+    for _ in range(100_000):
+        for stage in ("forward", "backward", "optimizer"):
+            with rec.stage(stage):
+                pass
+        rec.boundary("optimizer")
+        most = max(most, len(rec._device_marks))
+    assert most <= 2 * _DRAIN_AT, most
+    assert device.queries < 100_000  # a few queries per drain, not one per mark
+    assert rec.close() == []
+
+
+def test_a_span_whose_end_mark_is_lost_keeps_its_host_times() -> None:
+    class StartsOnly(InOrderDevice):
+        def resolve(self, tokens: list[object]) -> list[float | None]:
+            return [float(t) + 10.0 if i % 2 == 0 else None for i, t in enumerate(tokens)]  # type: ignore[arg-type]
+
+    tl = Timeline()
+    rec = StageRecorder(tl, origin=0.0)
+    rec.device_clock = StartsOnly(lag=0.0)
+    with rec.stage("forward"):
+        pass
+    host = tl.spans
+    rec.close()
+    assert tl.spans.start.tolist() == host.start.tolist() and (tl.spans.end >= tl.spans.start).all()
+
+
+def test_the_cuda_event_clock_starts_without_a_device_wide_sync() -> None:
+    """Started from a hook, torch.cuda.synchronize (patched while profiling) made a bogus logging span."""
+    from types import SimpleNamespace
+
+    from perfmagic.collect.torch_hooks import CudaEventClock
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.recorded = False
+
+        def record(self) -> None:
+            self.recorded = True
+
+        def synchronize(self) -> None:
+            assert self.recorded
+
+    def synchronize() -> None:
+        raise AssertionError("the whole device was synchronized")
+
+    fake = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=synchronize))
+    CudaEventClock(fake, origin=time.perf_counter())

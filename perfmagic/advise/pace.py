@@ -147,8 +147,14 @@ def step_outliers(a: Analysis) -> Card | None:
     big = outliers[lost_by_step >= 0.5 * lost_by_step.max()] if len(outliers) else outliers
     period = _period(big)  # of the big ones: jitter between them does not hide a period
     cause = _off_step_cause(s, outliers)
-    if cause not in ("worked", "gc") and (cause == "waited" or period is None) and contention(a) is not None:
-        # Slow steps on a machine where the thread waits for CPUs: cpu_contention's. Off-CPU time counts
+    crowded = contention(a)
+    if (
+        crowded is not None
+        and cause not in ("worked", "gc")
+        and (cause == "waited" or period is None)
+        and (crowded.wait_s is None or crowded.wait_s * s.count >= 0.5 * lost_by_step.sum())
+    ):
+        # Slow steps that the thread's wait for CPUs accounts for: cpu_contention's. Off-CPU time counts
         # too: a thread of the process preempted while it holds the GIL stalls the training thread.
         return None
     if where != "data" and cause in ("waited", "off_cpu"):

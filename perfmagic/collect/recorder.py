@@ -164,10 +164,28 @@ class StageRecorder:
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
         if self.thread_clock is not None and (kind != "batch" or not self._boundaries.keys() & _STEP_ENDS):
             self._sample_thread_clock(t)
-        if clock is not None and len(self._device_marks) >= _DRAIN_AT and clock.done(token):
-            # Everything marked so far has run: resolving it now waits for nothing.
-            marks, self._device_marks = self._device_marks, []
-            self._device_warnings += self._apply_device_times(clock, marks)
+        if clock is not None and len(self._device_marks) >= _DRAIN_AT:
+            self._drain(clock)
+
+    def _drain(self, clock: DeviceClock) -> None:
+        """Resolve the marks the device has passed, without waiting for the device.
+
+        A stream runs its work in order, so the marks done are a prefix of the list (by their
+        end marks, recorded in list order): find its end by bisection, a few queries, and keep
+        the rest pending. The newest mark, recorded a moment ago, is almost never done in a
+        GPU-bound loop; waiting for it to be would let the marks pile up without limit.
+        """
+        marks = self._device_marks
+        lo, hi = 0, len(marks)  # marks[:lo] are done, marks[hi:] are not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if clock.done(marks[mid][2]):
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo:
+            self._device_marks = marks[lo:]
+            self._device_warnings += self._apply_device_times(clock, marks[:lo])
 
     def _sample_thread_clock(self, t: float) -> None:
         assert self.thread_clock is not None
@@ -256,8 +274,12 @@ class StageRecorder:
         device = np.array([np.nan if t is None else t for t in times], dtype=np.float64)
         index = np.array([i for i, _, _ in marks], dtype=np.int64)
         start, end = self.timeline.span_times(index)
-        # fmax keeps the host time where the device time is unknown (NaN) or earlier
-        self.timeline.set_span_times(index, np.fmax(start, device[0::2]), np.fmax(end, device[1::2]))
+        device_start, device_end = device[0::2], device[1::2]
+        # fmax keeps the host time where the device time is unknown (NaN) or earlier; a start moves only
+        # with its end, and never past it: a span whose end mark was lost keeps its host times
+        new_end = np.fmax(end, device_end)
+        new_start = np.where(np.isnan(device_end), start, np.minimum(np.fmax(start, device_start), new_end))
+        self.timeline.set_span_times(index, new_start, new_end)
         return []
 
 

@@ -80,7 +80,8 @@ class CudaEventClock:
 
     def __init__(self, torch_mod: Any, origin: float) -> None:
         self._torch = torch_mod
-        torch_mod.cuda.synchronize()
+        # The reference event waits only for the current stream's queue, once; torch.cuda.synchronize
+        # would wait for the whole device, and is patched while profiling (a bogus logging span).
         self._ref = torch_mod.cuda.Event(enable_timing=True)
         self._ref.record()
         self._ref.synchronize()
