@@ -638,3 +638,33 @@ def test_a_device_clock_that_fails_to_start_leaves_host_times(
     assert_steps_match(report, t)
     assert_stage_matches(report, "forward", t.forward.total_s)
     assert any("no CUDA event clock" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "expected"),
+    [
+        (("cuda",), {}, False),
+        (("cuda",), {"non_blocking": True}, True),
+        (("cuda", torch.float16, True), {}, True),  # to(device, dtype, non_blocking)
+        ((torch.float16, True, False), {}, True),  # to(dtype, non_blocking, copy)
+        (("cuda", None, False, True), {}, False),  # copy=True, not non_blocking
+        ((0, True), {}, True),  # cuda(device, non_blocking)
+    ],
+)
+def test_non_blocking_is_read_by_keyword_or_position(
+    args: tuple[Any, ...], kwargs: dict[str, Any], expected: bool
+) -> None:
+    from perfmagic.collect.torch_hooks import non_blocking
+
+    assert non_blocking(args, kwargs) is expected
+
+
+def test_moving_the_model_is_no_batch_copy(tmp_path: Path) -> None:
+    """model.to("cuda") in the profiled cell used to count every parameter as a pageable blocking copy."""
+    model = torch.nn.Linear(4, 4)
+    with perfmagic.profile(outdir=tmp_path, sample=False) as session:
+        for tensor in (*model.parameters(), torch.ones(3)):
+            with contextlib.suppress(Exception):  # no CUDA on this machine: the copy itself fails
+                tensor.to("cuda")
+    counters = session.report.analysis.config.counters if session.report.analysis else {}
+    assert counters.get("h2d_copies") == 1  # the plain tensor only, not the two parameters

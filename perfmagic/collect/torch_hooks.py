@@ -71,6 +71,17 @@ _PROGRESS_BARS = (("tqdm.std", "tqdm"), ("tqdm.notebook", "tqdm_notebook"), ("tq
 _SYNC_METHODS = ("item", "tolist", "cpu", "numpy")
 
 
+def non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a ``Tensor.to``/``Tensor.cuda`` call asks for a non-blocking copy, by keyword or position.
+
+    In every form (``to(device, dtype, non_blocking, copy)``, ``to(dtype, non_blocking, copy)``,
+    ``to(tensor, non_blocking, copy)``, ``cuda(device, non_blocking)``) it is the first bool.
+    """
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    return next((a for a in args if isinstance(a, bool)), False)
+
+
 def torch_available() -> bool:
     return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
@@ -361,10 +372,14 @@ class TorchStages:
                 return bool(target.is_cuda)
             return isinstance(target, int) and not isinstance(target, bool)
 
+        parameter_cls = torch.nn.Parameter
+
         def copy_to_device(orig: Any, always_cuda: bool) -> Any:
             def copy(t: Any, *args: Any, **kwargs: Any) -> Any:
                 if (
                     t.is_cuda
+                    # model.to("cuda") moves parameters once (Module._apply): set-up, not batch copies
+                    or isinstance(t, parameter_cls)
                     or not (always_cuda or targets_cuda(args, kwargs))
                     or is_compiling()
                     or not rec.enter(h2d_id)
@@ -376,7 +391,7 @@ class TorchStages:
                     stats["h2d_bytes"] += nbytes
                     if t.is_pinned():
                         stats["h2d_pinned_bytes"] += nbytes
-                    if kwargs.get("non_blocking"):
+                    if non_blocking(args, kwargs):
                         stats["h2d_non_blocking"] += 1
                     return orig(t, *args, **kwargs)
                 finally:
