@@ -285,28 +285,27 @@ def _period(indices: np.ndarray) -> int | None:
 
 
 def _off_step_cause(s: Steady, outliers: np.ndarray) -> str | None:
-    """What the slow steps' extra time was, from the thread's CPU and run-queue wait in each step.
+    """What the slow steps' extra time mostly was, from the thread's measured time in each step.
 
-    ``"gc"``: mostly Python's garbage collector; ``"waited"``: mostly runnable but waiting for a CPU;
-    ``"worked"``: mostly more CPU
-    time (extra work); ``"off_cpu"``: neither (sleep, I/O, a lock, the device); None
-    where the thread's CPU time was not measured.
+    The largest of the extra garbage-collection time (``"gc"``), CPU time (``"worked"``: extra
+    work) and run-queue wait (``"waited"``: runnable, no CPU free) names it when it is at least
+    half the extra time; else ``"off_cpu"`` (sleep, I/O, a lock, the device). None where the
+    thread's CPU time was not measured.
     """
     if s.cpu_s is None or not len(outliers):
         return None
     extra = float((s.durations[outliers] - np.median(s.durations)).sum())
     if extra <= 0:
         return None
-    if s.gc_s is not None:
-        collected = float((s.gc_s[outliers] - np.median(s.gc_s)).sum())
-        if collected >= 0.5 * extra:
-            return "gc"
-    if s.wait_s is not None:
-        waited = float((s.wait_s[outliers] - np.median(s.wait_s)).sum())
-        if waited >= 0.5 * extra:
-            return "waited"
-    worked = float((s.cpu_s[outliers] - np.median(s.cpu_s)).sum())
-    return "worked" if worked >= 0.5 * extra else "off_cpu"
+
+    def more(values: np.ndarray | None) -> float:
+        return 0.0 if values is None else float((values[outliers] - np.median(values)).sum())
+
+    # the collector runs on the thread's CPU: "worked" is the CPU time besides it; on a tie, in this order
+    collected = more(s.gc_s)
+    shares = {"gc": collected, "worked": more(s.cpu_s) - collected, "waited": more(s.wait_s)}
+    cause = max(shares, key=lambda k: shares[k])
+    return cause if shares[cause] >= 0.5 * extra else "off_cpu"
 
 
 def compute_bound(a: Analysis) -> Card | None:
