@@ -390,3 +390,50 @@ def test_the_cuda_event_clock_starts_without_a_device_wide_sync() -> None:
 
     fake = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=synchronize))
     CudaEventClock(fake, origin=time.perf_counter())
+
+
+def test_a_failing_device_mark_never_masks_the_users_error() -> None:
+    class FailingDevice(InOrderDevice):
+        calls = 0
+
+        def mark(self) -> object:
+            self.calls += 1
+            if self.calls > 1:
+                raise RuntimeError("CUDA error: device-side assert triggered")
+            return super().mark()
+
+    tl = Timeline()
+    rec = StageRecorder(tl, origin=0.0)
+    rec.device_clock = FailingDevice(lag=0.0)
+    with pytest.raises(ValueError, match="the user's own"), rec.stage("forward"):
+        raise ValueError("the user's own error")
+    rec.boundary("optimizer")
+    assert rec.device_clock is None
+    warnings = rec.close()
+    assert any("device-side assert" in w for w in warnings) and len(tl.spans) == 2
+
+
+def test_nothing_is_marked_while_a_cuda_graph_is_captured() -> None:
+    from types import SimpleNamespace
+
+    from perfmagic.collect.torch_hooks import CudaEventClock
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            pass
+
+        def record(self) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+        def query(self) -> bool:
+            raise AssertionError("queried during capture")
+
+    capturing = [False]
+    cuda = SimpleNamespace(Event=Event, is_current_stream_capturing=lambda: capturing[0])
+    clock = CudaEventClock(SimpleNamespace(cuda=cuda), origin=time.perf_counter())
+    token = clock.mark()
+    capturing[0] = True
+    assert clock.mark() is None and clock.done(token) is False

@@ -58,13 +58,14 @@ except Exception:  # nvtx is a dependency, but a broken install must not stop pr
 class DeviceClock(Protocol):
     """Timestamps of device work: when the device reached a point in its queue.
 
-    ``mark`` is called on the hot path and returns an opaque token; ``done``
+    ``mark`` is called on the hot path and returns an opaque token (None when it
+    cannot mark now, e.g. while a CUDA graph is captured); ``done``
     says, without waiting, whether the device got there; ``resolve`` turns
     tokens into seconds on the timeline's clock (``None`` where unknown), waiting
     for the device where it has to.
     """
 
-    def mark(self) -> object: ...
+    def mark(self) -> object | None: ...
 
     def done(self, token: object) -> bool: ...
 
@@ -120,8 +121,8 @@ class StageRecorder:
             or len(self._stack) >= MAX_DEPTH
         ):
             return False
-        clock, annotate = self.device_clock, self.annotate
-        token = clock.mark() if clock is not None else None
+        annotate = self.annotate
+        token = self._mark() if self.device_clock is not None else None
         note = annotate(self._names[sid]) if annotate is not None else None
         self._stack.append((sid, time.perf_counter(), token, note))
         self._active[sid] += 1
@@ -141,9 +142,10 @@ class StageRecorder:
         self._active[sid] -= 1
         if sid in self._opaque_ids:
             self._opaque_depth -= 1
-        clock = self.device_clock
-        if clock is not None and token is not None:
-            self._device_marks.append((self.timeline.span_count, token, clock.mark()))
+        if token is not None and self.device_clock is not None:
+            end_token = self._mark()
+            if end_token is not None:
+                self._device_marks.append((self.timeline.span_count, token, end_token))
         origin = self.origin
         self.timeline.add_span(sid, start - origin, end - origin, len(self._stack))
 
@@ -156,16 +158,34 @@ class StageRecorder:
         sid = self._boundary_ids.get(kind)
         if sid is None:  # once per kind: this runs every step
             sid = self._boundary_ids[kind] = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
-        clock = self.device_clock
-        if clock is not None:
-            token = clock.mark()
+        token = self._mark() if self.device_clock is not None else None
+        if token is not None:
             self._device_marks.append((self.timeline.span_count, token, token))
         self.timeline.add_span(sid, t, t, -1)
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
         if self.thread_clock is not None and (kind != "batch" or not self._boundaries.keys() & _STEP_ENDS):
             self._sample_thread_clock(t)
+        clock = self.device_clock
         if clock is not None and len(self._device_marks) >= _DRAIN_AT:
             self._drain(clock)
+
+    def _mark(self) -> object | None:
+        """A device mark now; None where the clock gives none (a CUDA graph capturing) or fails.
+
+        A clock that fails is turned off with a warning: a CUDA error inside a hook must not
+        surface in the user's code as perfmagic's, nor mask the user's own.
+        """
+        clock = self.device_clock
+        if clock is None:
+            return None
+        try:
+            return clock.mark()
+        except Exception as e:
+            self.device_clock = None
+            self._device_warnings.append(
+                f"the device clock failed ({e!r}): stages are timed on the host from then on"
+            )
+            return None
 
     def _drain(self, clock: DeviceClock) -> None:
         """Resolve the marks the device has passed, without waiting for the device.

@@ -98,13 +98,20 @@ class CudaEventClock:
         self._ref.synchronize()
         self._ref_t = time.perf_counter() - origin
 
-    def mark(self) -> object:
-        event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
+    def mark(self) -> object | None:
+        if self._capturing():  # recording an event into a CUDA graph being captured would replay it
+            return None
+        event: object = self._torch.cuda.Event(enable_timing=True)
+        event.record()  # type: ignore[attr-defined]
         return event
 
     def done(self, token: object) -> bool:
+        if self._capturing():  # querying an event is illegal while a graph is captured
+            return False
         return bool(token.query())  # type: ignore[attr-defined]
+
+    def _capturing(self) -> bool:
+        return bool(self._torch.cuda.is_current_stream_capturing())
 
     def resolve(self, tokens: list[object]) -> list[float | None]:
         out: list[float | None] = []
