@@ -284,7 +284,11 @@ def test_random_hiccups_are_not_called_periodic(tmp_path: Path) -> None:
             time.sleep(0.03)
 
     report = _profile(tmp_path, lambda: _train(model, _loader(200), after_step=hiccup))
-    card = next(c for c in report.advice if c["id"] == "step_outliers")
+    cards = {c["id"]: c for c in report.advice}
+    if "step_outliers" not in cards:  # a crowded machine: the thread's wait for CPUs accounts for them
+        assert "cpu_contention" in cards, str(report)
+        return
+    card = cards["step_outliers"]
     assert card["metrics"]["period_steps"] is None and "periodic" not in card["evidence"], str(report)
     assert "off the CPU" in card["evidence"] and "?" not in card["fix"]
     assert card["saving_s"] < card["metrics"]["step_s"]

@@ -160,6 +160,7 @@ def step_outliers(a: Analysis) -> Card | None:
     if where != "data" and cause in ("waited", "off_cpu"):
         period = None  # a step that did no extra work is no periodic work, whatever its spacing
     when = f", every {period} steps" if period else ""
+    explained = bool(period) or where == "data" or cause in ("gc", "waited")
     ld = a.config.loader
     epoch = None
     if ld and ld.get("dataset_len") and ld.get("batch_size"):
@@ -257,10 +258,13 @@ def step_outliers(a: Analysis) -> Card | None:
             "worst_step_s": worst,
             "stage": where,
             "period_steps": period,
+            "cause": cause,
         },
         saving_s=lost,
         step_s=step,
         model="the outlier steps brought back to the median step, except time other cards account for",
+        # a cause not pinned down (irregular work, or time off the CPU) gets a way to find it, not an alarm
+        severity=None if explained else "low",
     )
 
 
