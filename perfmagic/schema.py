@@ -77,6 +77,8 @@ THROTTLE_REASONS: dict[int, str] = {
 }
 """NVML clocks-event-reason bits of ``gpu{i}.throttle_mask``, by name."""
 
+THREAD_PREFIX = "thread."
+"""Counters of the profiled thread, sampled at step ends (not by the sampler; cumulative)."""
 THREAD_CPU = "thread.cpu_s"
 """Cumulative CPU seconds of the profiled thread, sampled at each step boundary…"""
 THREAD_WAIT = "thread.wait_s"

@@ -52,10 +52,7 @@ class Contention:
     @property
     def free(self) -> int | None:
         """Usable CPUs that other processes left to the training (whole CPUs, at least one)."""
-        if self.usable is None:
-            return None
-        taken = round(self.others) if self.others is not None else 0
-        return max(1, self.usable - taken)
+        return _free(self.usable, self.others)
 
     @property
     def oversubscribed(self) -> bool:
@@ -104,7 +101,13 @@ def contention(a: Analysis) -> Contention | None:
 def free_cpus(a: Analysis) -> int | None:
     """CPUs the training may use that other processes left free during the steady steps."""
     usable, _, _, others = _cpu_load(a)
-    return Contention(None, None, None, others, None, 0, usable).free
+    return _free(usable, others)
+
+
+def _free(usable: int | None, others: float | None) -> int | None:
+    if usable is None:
+        return None
+    return max(1, usable - (round(others) if others is not None else 0))
 
 
 def cpu_contention(a: Analysis) -> Card | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmagic.schema import THREAD_PREFIX
 from perfmagic.timeline import Timeline
 
 
@@ -53,10 +54,13 @@ def window_means(timeline: Timeline, start: float | None, end: float | None) -> 
 
     A metric with fewer than two samples in the window (steps shorter than the
     sampling interval) gets its mean over the whole timeline; so does every
-    metric when no window is given.
+    metric when no window is given. The profiled thread's per-step counters are
+    cumulative (a mean means nothing) and are read per step instead: left out.
     """
     out: dict[str, float] = {}
     for metric in timeline.metrics:
+        if metric.startswith(THREAD_PREFIX):
+            continue
         t, v = timeline.series(metric)
         ok = np.isfinite(v)
         t, v = t[ok], v[ok]
