@@ -29,6 +29,8 @@ OUTLIER_MADS = 5.0
 """…and this many (normal-scaled) median absolute deviations above it, so jitter is not."""
 OUTLIER_SHARE = 0.05
 """Time lost to outliers, as a share of steady time, worth a card."""
+MIN_OUTLIERS = 3
+"""Slow steps that make a pattern worth a card: one or two are an event (a preemption, a page-in)."""
 PERIODIC_SHARE = 0.6
 """Share of the slow steps' gaps, and of the places the interval predicts, that make them periodic."""
 """Time lost to outliers, as a share of steady time, worth a card."""
@@ -140,7 +142,7 @@ def step_outliers(a: Analysis) -> Card | None:
     lost_by_step = np.clip(extra[outliers][:, keep], 0, None).sum(axis=1)
     step = s.step_s
     lost = float(lost_by_step.sum()) / s.count
-    if not len(outliers) or lost < OUTLIER_SHARE * step:
+    if len(outliers) < MIN_OUTLIERS or lost < OUTLIER_SHARE * step:
         return None
     by_stage = np.clip(extra[outliers], 0, None).sum(axis=0)
     where = s.stages[keep[int(np.argmax(by_stage[keep]))]]
