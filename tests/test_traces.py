@@ -254,6 +254,97 @@ def test_stages_from_a_synthetic_trace(tmp_path: Path) -> None:
     assert report["gpu"] is None
 
 
+def _copy(
+    ts: float,
+    dur: float,
+    corr: int,
+    memcpy: str,
+    gpu_ts: float,
+    gpu_dur: float,
+    call: str = "cudaMemcpyAsync",
+) -> list[dict[str, Any]]:
+    """The runtime call that launches a copy (``correlation`` ``corr``) and the GPU memcpy it runs."""
+    return [
+        _event(call, ts, dur, cat="cuda_runtime", correlation=corr),
+        _event(
+            memcpy, gpu_ts, gpu_dur, tid=7, cat="gpu_memcpy", device=0, stream=7, correlation=corr, bytes=4096
+        ),
+    ]
+
+
+def test_host_to_device_copies_are_h2d_not_logging(tmp_path: Path) -> None:
+    """A blocking ``.to("cuda")`` syncs inside ``aten::copy_``: the whole copy is h2d, and its sync no
+    logging; a device-to-host ``.item()`` stays a sync; a device-to-device copy is no h2d. Two steps of
+    1000 µs, each the same."""
+    events = []
+    for k, t0 in enumerate((0.0, 1000.0)):
+        c = 10 * k
+        events += [
+            _event(f"ProfilerStep#{k}", t0, 1000),
+            # x.to("cuda") from pageable memory: copy, then wait for it
+            _event("aten::to", t0 + 100, 300, cat="cpu_op"),
+            _event("aten::_to_copy", t0 + 105, 290, cat="cpu_op"),
+            _event("aten::empty_strided", t0 + 106, 4, cat="cpu_op"),
+            _event("aten::copy_", t0 + 112, 278, cat="cpu_op"),
+            *_copy(t0 + 115, 10, c + 1, "Memcpy HtoD (Pageable -> Device)", t0 + 200, 150),
+            _event("cudaStreamSynchronize", t0 + 130, 255, cat="cuda_runtime"),
+            # loss.item(): a sync
+            _event("aten::item", t0 + 500, 100, cat="cpu_op"),
+            _event("aten::_local_scalar_dense", t0 + 505, 90, cat="cpu_op"),
+            *_copy(t0 + 510, 15, c + 2, "Memcpy DtoH (Device -> Pageable)", t0 + 560, 5),
+            _event("cudaStreamSynchronize", t0 + 530, 60, cat="cuda_runtime"),
+            _event("## forward ##", t0 + 650, 250),
+            # a non-blocking copy from pinned memory inside the forward pass
+            _event("aten::to", t0 + 700, 20, cat="cpu_op"),
+            _event("aten::_to_copy", t0 + 701, 18, cat="cpu_op"),
+            _event("aten::copy_", t0 + 702, 16, cat="cpu_op"),
+            *_copy(t0 + 705, 7, c + 3, "Memcpy HtoD (Pinned -> Device)", t0 + 710, 2),
+            # a device-to-device copy is forward work
+            _event("aten::copy_", t0 + 750, 20, cat="cpu_op"),
+            *_copy(t0 + 752, 8, c + 4, "Memcpy DtoD (Device -> Device)", t0 + 765, 5),
+            # a blocking cudaMemcpy outside any copy op (an extension's): the copy itself
+            *_copy(t0 + 950, 30, c + 5, "Memcpy HtoD (Pageable -> Device)", t0 + 955, 20, call="cudaMemcpy"),
+        ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    report = report_from_traces([path]).to_dict()
+    assert report["steps"]["count"] == 2
+    per_step = {name: s["total_s"] / 2 * 1e6 for name, s in report["stages"].items()}
+    assert per_step == {
+        "h2d": pytest.approx(300 + 20 + 30),
+        "forward": pytest.approx(250 - 20),
+        "logging": pytest.approx(60),
+        "other": pytest.approx(1000 - 350 - 230 - 60),
+    }
+
+
+def test_a100_h2d_is_its_batch_copies() -> None:
+    """The A100 job copies each batch from pinned memory (``aten::to`` launching ``Memcpy HtoD``): that
+    is its h2d time; its syncs all wait for device-to-host copies and stay logging. Counted here from
+    the raw events, over the steps the report uses (the first is warm-up)."""
+    path = real("a100_rank3_control.json.gz")
+    events = [e for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#"))
+    main_thread = next((e["pid"], e["tid"]) for e in events if e["name"].startswith("ProfilerStep#"))
+    on_main = [e for e in events if (e["pid"], e["tid"]) == main_thread]
+    htod = {e["args"]["correlation"] for e in events if e["name"].startswith("Memcpy HtoD")}
+    launches = [e for e in on_main if e.get("args", {}).get("correlation") in htod]
+    copies = [
+        op
+        for op in on_main
+        if op["name"] == "aten::to" and any(op["ts"] <= e["ts"] < op["ts"] + op["dur"] for e in launches)
+    ]
+    assert len(copies) == len(launches) == 150
+
+    def steady_total(ops: list[dict[str, Any]]) -> float:
+        return sum(op["dur"] for op in ops if any(a <= op["ts"] < b for a, b in steps[1:])) / 1e6
+
+    report = report_from_traces([path]).to_dict()
+    assert report["stages"]["h2d"]["total_s"] == pytest.approx(steady_total(copies))
+    syncs = [e for e in on_main if e["name"] == "cudaStreamSynchronize"]
+    assert report["stages"]["logging"]["total_s"] == pytest.approx(steady_total(syncs))
+
+
 def test_gpu_definitions_on_synthetic_events() -> None:
     """Two streams; µs. Compute [0,10] and [40,50]; NCCL [5,30] on stream 2; memcpy [60,70]."""
     events = GpuEvents(

@@ -83,6 +83,9 @@ class GpuEvents:
     stream: np.ndarray  # (n,) int64
     launch: np.ndarray  # (n,) float64 µs: start of the CPU call that launched it; NaN when unknown
     bytes: np.ndarray  # (n,) float64: bytes copied or set; 0 for kernels
+    # (n,) int64: the id that links it to the CPU call that launched it (CpuEvents.correlation); -1 when
+    # unknown. None for events not read from a trace.
+    correlation: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.start)
@@ -98,6 +101,7 @@ class GpuEvents:
             self.stream[mask],
             self.launch[mask],
             self.bytes[mask],
+            None if self.correlation is None else self.correlation[mask],
         )
 
 
@@ -318,6 +322,7 @@ def _columns(events: list[Any]) -> tuple[CpuEvents, GpuEvents]:
         stream=np.array(g_stream, dtype=np.int64),
         launch=_launch_times(cpu, g_correlation),
         bytes=np.array(g_bytes, dtype=np.float64),
+        correlation=g_correlation,
     )
     return cpu, gpu
 

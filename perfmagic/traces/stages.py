@@ -6,6 +6,9 @@ an ``other`` span on the main thread (the thread that records them), ended by a
 PyTorch records:
 
 - ``data``: ``enumerate(DataLoader)#...__next__``;
+- ``h2d``: host-to-device copies: the outermost copy op (``aten::to``, ``aten::_to_copy``,
+  ``aten::copy_``) around a CUDA runtime call whose ``correlation`` id is a ``Memcpy HtoD``
+  GPU event's (a runtime call outside any copy op is the copy itself);
 - every built-in stage: its ``## stage ##`` annotation (``perfmagic --trace`` writes one per
   stage it records, so a report of its own trace has its stages);
 - ``forward``: ``## forward ##`` annotations, ``*.forward`` labels (DDP, FSDP) and
@@ -17,7 +20,9 @@ PyTorch records:
 - ``optimizer``: ``Optimizer.step#...``, ``Optimizer.zero_grad#...``, ``## optimizer ##``,
   ``## zero_grad ##``;
 - ``logging``: explicit synchronizations (``cudaStreamSynchronize``,
-  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, blocking ``cudaMemcpy``);
+  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, blocking ``cudaMemcpy``), except
+  those inside a host-to-device copy: a blocking ``.to("cuda")`` syncs to finish its copy,
+  so that wait is ``h2d``. Device-to-host copies (``.item()``, ``.cpu()``) stay syncs;
 - ``comm``: collectives the main thread calls (``c10d::``, ``nccl:``, ``gloo:``).
 
 The stage recorder's nesting rules hold here too (:func:`perfmagic.schema.nests_inside`):
@@ -38,6 +43,8 @@ from perfmagic.traces.kineto import CpuEvents, KinetoTrace
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
 BOUNDARY = STEP_BOUNDARY_PREFIX + "profiler_step"
 BACKWARD_EVENT = "autograd::engine::evaluate_function: "
+H2D_MEMCPY = "Memcpy HtoD"  # "Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)"
+COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 
 _EXACT = {
     **{f"## {stage} ##": stage for stage in STAGES if stage != "other"},  # perfmagic --trace writes these
@@ -100,9 +107,14 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     stage = np.array([stage_of(n) or "" for n in cpu.names], dtype=object)
     on_main = cpu.thread == main
 
-    rows = np.flatnonzero(on_main & (stage[cpu.name_id] != ""))
-    names = stage[cpu.name_id[rows]].tolist()
+    h2d_start, h2d_end = _h2d_copies(trace, on_main)
+    row_stage = stage[cpu.name_id]
+    # the sync a blocking copy makes is the copy's wait, not a sync of its own
+    in_copy = (_holder(cpu.start, h2d_start, h2d_end) >= 0) & (row_stage == "logging")
+    rows = np.flatnonzero(on_main & (row_stage != "") & ~in_copy)
+    names = row_stage[rows].tolist()
     spans = list(zip(cpu.start[rows].tolist(), cpu_end[rows].tolist(), names, strict=True))
+    spans += [(float(s), float(e), "h2d") for s, e in zip(h2d_start, h2d_end, strict=True)]
     spans += [(float(s), float(e), "other") for s, e in zip(step_start, step_end, strict=True)]
     backward = _backward(trace, main, on_main)
     spans += [(float(s), float(e), "backward") for s, e in zip(*backward, strict=True)]
@@ -147,6 +159,51 @@ def _main_thread(cpu: CpuEvents, step_rows: np.ndarray) -> int:
     if len(step_rows):
         return int(cpu.thread[step_rows[0]])
     return int(np.bincount(cpu.thread).argmax())
+
+
+def _h2d_copies(trace: KinetoTrace, on_main: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the main thread's host-to-device copies: disjoint, in time order (µs).
+
+    A copy is the outermost copy op around a runtime call that launched a ``Memcpy HtoD``
+    (linked by correlation id), or the call itself where no copy op holds it (an
+    extension's own ``cudaMemcpyAsync``).
+    """
+    cpu, gpu = trace.cpu, trace.gpu
+    none = np.zeros(0), np.zeros(0)
+    if gpu.correlation is None:
+        return none
+    htod_ids = [i for i, n in enumerate(gpu.names) if n.startswith(H2D_MEMCPY)]
+    htod = gpu.correlation[np.isin(gpu.name_id, htod_ids) & (gpu.correlation >= 0)]
+    launches = np.flatnonzero(on_main & (cpu.correlation >= 0) & np.isin(cpu.correlation, htod))
+    if not len(launches):
+        return none
+    copy_ids = [i for i, n in enumerate(cpu.names) if n in COPY_OPS]
+    copies = np.flatnonzero(on_main & np.isin(cpu.name_id, copy_ids))
+    c_start, c_end = cpu.start[copies], cpu.end[copies]
+    order = np.lexsort((-c_end, c_start))  # a parent before the children that start with it
+    c_start, c_end = c_start[order], c_end[order]
+    # ops on one thread nest, so the outermost ones start after every earlier one has ended
+    outer = np.ones(len(c_start), dtype=bool)
+    outer[1:] = c_start[1:] >= np.maximum.accumulate(c_end)[:-1]
+    c_start, c_end = c_start[outer], c_end[outer]
+    l_start, l_end = cpu.start[launches], cpu.end[launches]
+    at = _holder(l_start, c_start, c_end)
+    held = at >= 0
+    used = np.unique(at[held])
+    starts = np.concatenate((c_start[used], l_start[~held]))
+    ends = np.concatenate((c_end[used], l_end[~held]))
+    return merge_intervals(starts, ends)
+
+
+def _holder(t: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per time in ``t``, the index of the interval ``[starts, ends)`` holding it, or -1.
+
+    The intervals are disjoint and sorted.
+    """
+    at = np.searchsorted(starts, t, "right") - 1
+    valid = at >= 0
+    at[valid] = np.where(t[valid] < ends[at[valid]], at[valid], -1)
+    return at
 
 
 def _backward(trace: KinetoTrace, main: int, on_main: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
