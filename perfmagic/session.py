@@ -16,11 +16,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from perfmagic.analyze.steps import plan_fold
 from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.recorder import NO_RECORDER, StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.stacks import StackSource
-from perfmagic.schema import STEP_BOUNDARY_PREFIX
+from perfmagic.schema import STEP_BOUNDARY_PREFIX, THREAD_PREFIX
 from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
 
 if TYPE_CHECKING:
@@ -30,6 +31,12 @@ if TYPE_CHECKING:
 
 REPORT_NAME = "report.json"
 _SPOOL_EVERY_S = 1.0
+
+SPAN_BUDGET = 1 << 16
+"""Spans held before old steps are folded into rows (1.4 MB of spans; a row takes ~30 bytes a step)."""
+
+SERIES_BUDGET = 1 << 15
+"""Samples of one series held before its older half is averaged in pairs (an hour at 10 Hz; 0.5 MB)."""
 
 _active_lock = threading.Lock()
 _active: Session | None = None
@@ -88,6 +95,7 @@ class Session:
         self._tick_listeners: list[Callable[[], None]] = []
         self._running = False
         self._forked = False  # this is a copy of the session in a forked child: it writes nothing
+        self._bounding = True  # folding old steps and thinning old samples (off after a failure)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -155,7 +163,7 @@ class Session:
             try:
                 self.outdir.mkdir(parents=True, exist_ok=True)
                 self._spool_file = open(self.outdir / SPOOL_NAME, "w", encoding="utf-8")  # noqa: SIM115
-                self._spooler = Spooler(self.timeline, self._spool_file)
+                self._spooler = Spooler(self.timeline, self._spool_file, settled=self._settled_spans)
                 self._spooler.flush()
                 return
             except OSError as e:
@@ -304,18 +312,35 @@ class Session:
                 }
 
     def _finish_spool(self) -> None:
-        """Bring the spool up to date: append what is new, or rewrite it if spooled spans moved."""
+        """Bring the spool up to date (the recorder has closed: every span's times are final)."""
         if self._spool_file is None or self._spooler is None:
             return
-        if self.recorder is None or self.recorder.device_clock is None:
-            self._spooler.flush()
-            self._spool_file.close()
-        else:  # device timing moved span ends that were already spooled: replace the spool whole
-            self._spool_file.close()
-            tmp = self.outdir / (SPOOL_NAME + ".tmp")
-            self.timeline.save(tmp)
-            os.replace(tmp, self.outdir / SPOOL_NAME)
+        self._spooler.flush()
+        self._spool_file.close()
         self._spool_file = None
+
+    def _settled_spans(self) -> int:
+        """Spans whose times are final (a device time may still move the others): the spool takes these."""
+        recorder = self.recorder
+        return recorder.settled_spans if recorder is not None else self.timeline.span_count
+
+    def _bound_memory(self) -> None:
+        """Fold old steps into rows and average old samples in pairs once they pass their budgets.
+
+        Only what the spool holds goes (memory-only sessions: whatever is settled), so the spool
+        keeps every detail; the profiled thread applies a fold at its next step boundary.
+        """
+        tl, spooler = self.timeline, self._spooler
+        settled_samples = spooler.samples_sent if spooler is not None else tl.sample_count
+        if tl.raw_span_count() > SPAN_BUDGET and not tl.fold_pending:
+            settled = spooler.spans_sent if spooler is not None else self._settled_spans()
+            fold = plan_fold(tl, SPAN_BUDGET // 4, settled, settled_samples)
+            if fold is not None:
+                tl.request_fold(fold)
+        for metric in tl.metrics:
+            held = tl.sample_count(metric) - tl.sample_base(metric)
+            if held > SERIES_BUDGET and not metric.startswith(THREAD_PREFIX):  # thread.*: folded with steps
+                tl.thin(metric, min(held // 2, settled_samples(metric) - tl.sample_base(metric)))
 
     def _forget_in_child(self) -> None:
         """After ``fork``: the child shares the parent's spool file but none of its threads; it records nothing."""
@@ -339,12 +364,21 @@ class Session:
     def _on_tick(self) -> None:
         now = time.perf_counter()
         spooler = self._spooler
-        if spooler is not None and now - self._last_spool >= _SPOOL_EVERY_S and self._running:
+        # spans pass the budget: spool them now, so that they can be folded
+        backlog = self.timeline.raw_span_count() > SPAN_BUDGET and self._bounding
+        if (backlog or now - self._last_spool >= _SPOOL_EVERY_S) and self._running:
             self._last_spool = now
+            if spooler is not None:
+                try:
+                    spooler.flush()
+                except OSError as e:  # a full or lost disk: go on in memory
+                    self._spool_failed(e)
+        if self._bounding and self._running:
             try:
-                spooler.flush()
-            except OSError as e:  # a full or lost disk: go on in memory
-                self._spool_failed(e)
+                self._bound_memory()
+            except Exception as e:  # a bug here costs memory on a long run, not the training
+                self._bounding = False
+                self.warnings.append(f"old steps could not be folded ({e!r}): memory grows with the run")
         for fn in self._tick_listeners:
             try:
                 fn()

@@ -15,6 +15,12 @@ Storage is columnar: appends go to ``array.array`` buffers (cheap enough for the
 training loop's hot path) and readers get numpy views. The same JSON-lines
 format serves as the crash-safe spool written while profiling and as the saved
 file: a reader takes every complete line and ignores a torn last one.
+
+Memory stays bounded on long runs: the analysis folds the spans of old steps
+into per-step rows (:class:`FoldedSteps`, about 30 bytes a step) once the spool
+holds them, and old samples of a long series are averaged in pairs. The thread
+that writes spans applies a fold between two of its own appends
+(:meth:`Timeline.apply_fold`), so the hot path takes no lock.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+import warnings
 from array import array
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -64,11 +71,91 @@ class Mark:
 
 
 class _Series:
-    __slots__ = ("t", "v")
+    __slots__ = ("base", "t", "v")
 
     def __init__(self) -> None:
         self.t = array("d")
         self.v = array("d")
+        self.base = 0  # samples replaced by fewer (averaged or folded) since the first: indices are logical
+
+
+@dataclass(frozen=True)
+class FoldedSteps:
+    """Steps whose spans were folded away: per step its start, duration and the exclusive seconds of
+    each stage, and the profiled thread's CPU, run-queue wait and GC seconds (NaN: unmeasured)."""
+
+    kind: str  # the boundary kind that delimited them (see ``analyze.steps``)
+    until: float  # the end of the last one: spans before it are no longer in the timeline
+    start: np.ndarray
+    duration: np.ndarray
+    stages: dict[str, np.ndarray]
+    cpu_s: np.ndarray
+    wait_s: np.ndarray
+    gc_s: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Replace the first ``spans`` spans (all before ``steps.until``) and the first samples of
+    some series by the rows of the steps they made (see ``analyze.steps.plan_fold``)."""
+
+    spans: int
+    steps: FoldedSteps
+    samples: dict[str, int]  # per series: how many samples from the first may go
+
+
+class _FoldedColumns:
+    """Folded steps as the chunks each fold added (no column is ever copied to grow), float32 where a
+    duration is all a column holds; a stage's column where it was not used reads 0."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.until = 0.0
+        self.chunks: list[FoldedSteps] = []
+
+    def extend(self, rows: FoldedSteps) -> None:
+        def f32(column: np.ndarray) -> np.ndarray:
+            return np.asarray(column, dtype=np.float32)
+
+        self.chunks.append(
+            FoldedSteps(
+                kind=rows.kind,
+                until=rows.until,
+                start=np.asarray(rows.start, dtype=np.float64),
+                duration=f32(rows.duration),
+                stages={k: f32(v) for k, v in rows.stages.items()},
+                cpu_s=f32(rows.cpu_s),
+                wait_s=f32(rows.wait_s),
+                gc_s=f32(rows.gc_s),
+            )
+        )
+        self.until = rows.until
+
+    def view(self) -> FoldedSteps:
+        chunks = self.chunks
+
+        def joined(name: str) -> np.ndarray:
+            return np.concatenate([getattr(c, name) for c in chunks]).astype(np.float64)
+
+        stages = dict.fromkeys(k for c in chunks for k in c.stages)
+        return FoldedSteps(
+            kind=self.kind,
+            until=self.until,
+            start=joined("start"),
+            duration=joined("duration"),
+            stages={
+                k: np.concatenate([c.stages.get(k, np.zeros(len(c), np.float32)) for c in chunks]).astype(
+                    np.float64
+                )
+                for k in stages
+            },
+            cpu_s=joined("cpu_s"),
+            wait_s=joined("wait_s"),
+            gc_s=joined("gc_s"),
+        )
 
 
 class Timeline:
@@ -82,9 +169,15 @@ class Timeline:
         self._span_start = array("d")
         self._span_end = array("d")
         self._span_depth = array("b")
+        self._span_base = 0  # spans folded away: span indices are logical, ``base`` + position
         self._series: dict[str, _Series] = {}
         self._marks: list[Mark] = []
+        self._folded: _FoldedColumns | None = None
+        self._pending_fold: Fold | None = None
         self._lock = threading.Lock()
+        # held by readers of span and sample columns; the writer thread applies a fold only when it can
+        # take it at once, so a reader never sees columns cut half-way and the writer never waits
+        self._cut_lock = threading.Lock()
 
     # -- writing ---------------------------------------------------------
 
@@ -103,9 +196,14 @@ class Timeline:
         self._span_depth.append(depth)
 
     def set_span_times(self, index: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
-        """Move the spans at ``index`` to new times (a recorder that learns its device times later)."""
-        np.frombuffer(self._span_start, dtype=np.float64)[index] = start
-        np.frombuffer(self._span_end, dtype=np.float64)[index] = end
+        """Move the spans at ``index`` to new times (a recorder that learns its device times later).
+
+        Called by the thread that writes spans; spans folded away are left as they were.
+        """
+        at = np.asarray(index) - self._span_base
+        kept = at >= 0
+        np.frombuffer(self._span_start, dtype=np.float64)[at[kept]] = np.asarray(start)[kept]
+        np.frombuffer(self._span_end, dtype=np.float64)[at[kept]] = np.asarray(end)[kept]
 
     def add_sample(self, metric: str, t: float, value: float) -> None:
         series = self._series.get(metric)
@@ -118,20 +216,107 @@ class Timeline:
     def add_mark(self, t: float, name: str, **data: Any) -> None:
         self._marks.append(Mark(t, name, data))
 
+    # -- bounding memory -------------------------------------------------
+
+    def request_fold(self, fold: Fold) -> None:
+        """Queue a fold for the thread that writes spans to apply (``apply_fold``)."""
+        self._pending_fold = fold
+
+    @property
+    def fold_pending(self) -> bool:
+        return self._pending_fold is not None
+
+    def apply_fold(self) -> bool:
+        """Apply the queued fold, unless a reader holds the columns right now (then try again later).
+
+        Only the thread that writes spans and ``thread.*`` samples calls this (or anyone once
+        recording has ended): it cuts the heads of columns that thread appends to.
+        """
+        fold = self._pending_fold
+        if fold is None or not self._cut_lock.acquire(blocking=False):
+            return False
+        try:
+            self._pending_fold = None
+            k = fold.spans
+            for column in (self._span_name, self._span_start, self._span_end, self._span_depth):
+                del column[:k]
+            self._span_base += k
+            for metric, m in fold.samples.items():
+                s = self._series.get(metric)
+                if s is not None and m > 0:
+                    del s.t[:m], s.v[:m]
+                    s.base += m
+            if self._folded is None:
+                self._folded = _FoldedColumns(fold.steps.kind)
+            self._folded.extend(fold.steps)
+        finally:
+            self._cut_lock.release()
+        return True
+
+    def thin(self, metric: str, count: int) -> None:
+        """Average the first ``count`` samples of a series in pairs (called by the thread that samples it)."""
+        s = self._series.get(metric)
+        if s is None:
+            return
+        count -= count % 2
+        if count < 2:
+            return
+        t = np.frombuffer(s.t[:count], dtype=np.float64).reshape(-1, 2)
+        v = np.frombuffer(s.v[:count], dtype=np.float64).reshape(-1, 2)
+        with warnings.catch_warnings():  # a pair of NaNs (a metric that was unreadable) stays NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean_v = np.nanmean(v, axis=1)
+        with self._cut_lock:
+            s.t[:count] = array("d", t.mean(axis=1).tobytes())
+            s.v[:count] = array("d", mean_v.tobytes())
+            s.base += count // 2
+
+    @property
+    def folded(self) -> FoldedSteps | None:
+        """Steps folded out of the spans to bound memory (None until the first fold)."""
+        with self._cut_lock:
+            return self._folded.view() if self._folded is not None else None
+
+    @property
+    def fold_point(self) -> tuple[str, float] | None:
+        """(boundary kind, end of the last folded step), without copying the folded rows."""
+        folded = self._folded
+        return (folded.kind, folded.until) if folded is not None else None
+
+    @property
+    def span_base(self) -> int:
+        """The logical index of the first span held (the count of spans folded away)."""
+        return self._span_base
+
+    def raw_span_count(self) -> int:
+        """Spans still held as spans (not folded)."""
+        return len(self._span_depth)
+
+    def sample_count(self, metric: str) -> int:
+        """Samples of a series so far, counting those averaged or folded away (a logical index)."""
+        s = self._series.get(metric)
+        return 0 if s is None else s.base + min(len(s.t), len(s.v))
+
+    def sample_base(self, metric: str) -> int:
+        """The logical index of a series' first sample held (samples averaged or folded away before it)."""
+        s = self._series.get(metric)
+        return 0 if s is None else s.base
+
     # -- reading ---------------------------------------------------------
 
     @property
     def span_count(self) -> int:
-        """Spans recorded so far, without copying them (``spans`` copies)."""
+        """Spans recorded so far, folded ones included: the logical index of the next span."""
         # add_span appends the depth column last: a span another thread is adding has no depth yet
-        return len(self._span_depth)
+        return self._span_base + len(self._span_depth)
 
     def span_times(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(starts, ends) of the spans at ``index``, without copying the others."""
-        n = self.span_count
-        return _snapshot(self._span_start, n, np.float64)[index], _snapshot(self._span_end, n, np.float64)[
-            index
-        ]
+        """(starts, ends) of the spans at logical ``index`` (none folded), without copying the others."""
+        with self._cut_lock:
+            n, at = len(self._span_depth), np.asarray(index) - self._span_base
+            return _snapshot(self._span_start, n, np.float64)[at], _snapshot(self._span_end, n, np.float64)[
+                at
+            ]
 
     @property
     def span_names(self) -> list[str]:
@@ -140,14 +325,16 @@ class Timeline:
 
     @property
     def spans(self) -> Spans:
-        n = self.span_count
-        return Spans(
-            names=list(self._names),
-            name_id=_snapshot(self._span_name, n, np.int32),
-            start=_snapshot(self._span_start, n, np.float64),
-            end=_snapshot(self._span_end, n, np.float64),
-            depth=_snapshot(self._span_depth, n, np.int8),
-        )
+        """The spans held (those of folded steps are in ``folded``)."""
+        with self._cut_lock:
+            n = len(self._span_depth)
+            return Spans(
+                names=list(self._names),
+                name_id=_snapshot(self._span_name, n, np.int32),
+                start=_snapshot(self._span_start, n, np.float64),
+                end=_snapshot(self._span_end, n, np.float64),
+                depth=_snapshot(self._span_depth, n, np.int8),
+            )
 
     @property
     def metrics(self) -> list[str]:
@@ -160,8 +347,9 @@ class Timeline:
         if s is None:
             empty = np.zeros(0)
             return empty, empty
-        n = min(len(s.t), len(s.v))
-        return _snapshot(s.t, n, np.float64), _snapshot(s.v, n, np.float64)
+        with self._cut_lock:
+            n = min(len(s.t), len(s.v))
+            return _snapshot(s.t, n, np.float64), _snapshot(s.v, n, np.float64)
 
     def last(self, metric: str, n: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """The last ``n`` samples of a metric, without copying its history (live views poll this)."""
@@ -169,9 +357,10 @@ class Timeline:
         if s is None:
             empty = np.zeros(0)
             return empty, empty
-        end = min(len(s.t), len(s.v))
-        begin = max(0, end - n)
-        return np.array(s.t[begin:end], dtype=np.float64), np.array(s.v[begin:end], dtype=np.float64)
+        with self._cut_lock:
+            end = min(len(s.t), len(s.v))
+            begin = max(0, end - n)
+            return np.array(s.t[begin:end], dtype=np.float64), np.array(s.v[begin:end], dtype=np.float64)
 
     def marks(self, name: str | None = None) -> list[Mark]:
         return [m for m in list(self._marks) if name is None or m.name == name]
@@ -188,6 +377,10 @@ class Timeline:
         shift = float(own) - float(epoch)
         for column in (self._span_start, self._span_end, *(s.t for s in self._series.values())):
             np.frombuffer(column, dtype=np.float64)[:] += shift  # in place, on the array's own buffer
+        folded = self._folded
+        if folded is not None:
+            folded.chunks = [replace(c, until=c.until + shift, start=c.start + shift) for c in folded.chunks]
+            folded.until += shift
         self._marks = [Mark(m.t + shift, m.name, m.data) for m in self._marks]
         self.meta["epoch"] = float(epoch)
         if self.meta.get("wall_s") is not None:
@@ -198,6 +391,9 @@ class Timeline:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the whole timeline as JSON lines."""
         with open(path, "w", encoding="utf-8") as f:
+            folded = self.folded
+            if folded is not None:
+                f.write(json.dumps(_steps_record(folded)) + "\n")
             Spooler(self, f).flush()
 
     @classmethod
@@ -251,6 +447,22 @@ class Timeline:
                 s = self._series.setdefault(metric, _Series())
                 s.t.extend(ts)
                 s.v.extend(float("nan") if v is None else v for v in vs)
+        elif kind == "steps":
+            steps = record["steps"]
+            rows = FoldedSteps(
+                kind=str(steps["kind"]),
+                until=float(steps["until"]),
+                **{
+                    k: np.array(steps[k], dtype=np.float64)
+                    for k in ("start", "duration", "cpu_s", "wait_s", "gc_s")
+                },
+                stages={str(k): np.array(v, dtype=np.float64) for k, v in steps["stages"].items()},
+            )
+            if not all(len(c) == len(rows) for c in (rows.duration, rows.cpu_s, *rows.stages.values())):
+                raise ValueError("step columns of different lengths")
+            if self._folded is None:
+                self._folded = _FoldedColumns(rows.kind)
+            self._folded.extend(rows)
         elif kind == "marks":
             self._marks.extend(Mark(m["t"], m["name"], m.get("data", {})) for m in record["marks"])
         else:
@@ -281,71 +493,105 @@ class Spooler:
     """Appends what a timeline gained since the last flush to a JSON-lines file.
 
     Each flush writes whole lines and flushes the OS buffer, so a process that
-    dies leaves every earlier chunk readable.
+    dies leaves every earlier chunk readable. Spans go out once they are
+    ``settled`` (their times final: no device time pending), in lines of at most
+    :data:`SPOOL_CHUNK` so a flush's memory stays small whatever the backlog.
     """
 
-    def __init__(self, timeline: Timeline, file: IO[str]) -> None:
+    def __init__(self, timeline: Timeline, file: IO[str], settled: Callable[[], int] | None = None) -> None:
         self._tl = timeline
         self._file = file
+        self._settled = settled
         self._meta_written: dict[str, Any] = {}
-        self._names_sent = 0
         self._spans_sent = 0
         self._samples_sent: dict[str, int] = {}
         self._marks_sent = 0
         self._lock = threading.Lock()
 
+    @property
+    def spans_sent(self) -> int:
+        """Spans (logical index) on disk so far."""
+        return self._spans_sent
+
+    def samples_sent(self, metric: str) -> int:
+        """Samples of a series (logical index) on disk so far."""
+        return self._samples_sent.get(metric, 0)
+
     def flush(self) -> None:
         with self._lock:
             self._flush()
 
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, default=_jsonable) + "\n")
+
     def _flush(self) -> None:
         tl = self._tl
-        out: list[dict[str, Any]] = []
         # list() copies in one step: the profiled thread may add keys while this runs on the sampler's
         meta = {k: v for k, v in list(tl.meta.items()) if self._meta_written.get(k, _MISSING) != v}
         if meta:
-            out.append({"type": "meta", "meta": meta})
+            self._write({"type": "meta", "meta": meta})
             self._meta_written.update(meta)
 
-        n = tl.span_count
-        if n > self._spans_sent:
-            a = self._spans_sent
+        # copies taken under the lock (no fold cuts the columns meanwhile), written out after it
+        with tl._cut_lock:
+            base, held = tl._span_base, len(tl._span_depth)
+            n = base + held if self._settled is None else min(base + held, self._settled())
+            a = max(self._spans_sent, base)
+            span_columns = [
+                c[a - base : n - base] for c in (tl._span_name, tl._span_start, tl._span_end, tl._span_depth)
+            ]
             names = list(tl._names)
-            out.append(
-                {
-                    "type": "spans",
-                    "names": names,
-                    "name": tl._span_name[a:n].tolist(),
-                    "start": tl._span_start[a:n].tolist(),
-                    "end": tl._span_end[a:n].tolist(),
-                    "depth": tl._span_depth[a:n].tolist(),
-                }
+            with tl._lock:
+                items = list(tl._series.items())
+            samples: dict[str, tuple[array[float], array[float]]] = {}
+            for metric, s in items:
+                i = max(self._samples_sent.get(metric, 0), s.base) - s.base
+                j = min(len(s.t), len(s.v))
+                if j > i:
+                    samples[metric] = (s.t[i:j], s.v[i:j])
+                    self._samples_sent[metric] = s.base + j
+        self._spans_sent = max(self._spans_sent, n)
+        for i in range(0, len(span_columns[0]), SPOOL_CHUNK):
+            name, start, end, depth = (c[i : i + SPOOL_CHUNK].tolist() for c in span_columns)
+            self._write(
+                {"type": "spans", "names": names, "name": name, "start": start, "end": end, "depth": depth}
             )
-            self._spans_sent = n
-
-        series: dict[str, tuple[list[float], list[float | None]]] = {}
-        with tl._lock:
-            items = list(tl._series.items())
-        for metric, s in items:
-            a = self._samples_sent.get(metric, 0)
-            b = min(len(s.t), len(s.v))
-            if b > a:
-                series[metric] = (s.t[a:b].tolist(), [None if v != v else v for v in s.v[a:b]])
-                self._samples_sent[metric] = b
-        if series:
-            out.append({"type": "samples", "series": series})
+        for i in range(0, max((len(t) for t, _ in samples.values()), default=0), SPOOL_CHUNK):
+            # a line holds each series' next chunk: a per-step series may have a long backlog
+            chunk = {
+                metric: (
+                    t[i : i + SPOOL_CHUNK].tolist(),
+                    [None if x != x else x for x in v[i : i + SPOOL_CHUNK]],
+                )
+                for metric, (t, v) in samples.items()
+                if len(t) > i
+            }
+            self._write({"type": "samples", "series": chunk})
 
         m = len(tl._marks)
         if m > self._marks_sent:
             marks = tl._marks[self._marks_sent : m]
-            out.append(
+            self._write(
                 {"type": "marks", "marks": [{"t": k.t, "name": k.name, "data": k.data} for k in marks]}
             )
             self._marks_sent = m
+        self._file.flush()
 
-        if out:
-            self._file.write("".join(json.dumps(r, default=_jsonable) + "\n" for r in out))
-            self._file.flush()
+
+SPOOL_CHUNK = 32768
+"""Most spans in one line of a spool."""
+
+
+def _steps_record(rows: FoldedSteps) -> dict[str, Any]:
+    return {
+        "type": "steps",
+        "steps": {
+            "kind": rows.kind,
+            "until": rows.until,
+            **{k: getattr(rows, k).tolist() for k in ("start", "duration", "cpu_s", "wait_s", "gc_s")},
+            "stages": {k: v.tolist() for k, v in rows.stages.items()},
+        },
+    }
 
 
 _MISSING = object()

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -32,12 +32,37 @@ class LoopFacts:
 
 
 def loop_facts(timeline: Timeline, breakdown: StepBreakdown, steady: Steady | None) -> LoopFacts:
+    point = timeline.fold_point
+    if steady is not None and point is not None:  # spans are held for the newest steps only
+        steady = _held(steady, breakdown, point[1])
     if steady is None or not steady.count:
         return LoopFacts()
     return LoopFacts(
         pre_forward_s(timeline, breakdown, steady),
         calls_per_step(timeline, steady),
         data_cpu_share(timeline, steady),
+    )
+
+
+def _held(steady: Steady, breakdown: StepBreakdown, since: float) -> Steady | None:
+    """The steady steps from ``since`` on (before it, steps were folded into rows without their spans)."""
+    first = max(steady.first, int(np.searchsorted(breakdown.start, since)))
+    cut = first - steady.first
+    if cut >= steady.count:
+        return None
+
+    def tail(column: np.ndarray | None) -> np.ndarray | None:
+        return column[cut:] if column is not None else None
+
+    return replace(
+        steady,
+        first=first,
+        durations=steady.durations[cut:],
+        seconds=steady.seconds[cut:],
+        start=float(breakdown.start[first]),
+        cpu_s=tail(steady.cpu_s),
+        wait_s=tail(steady.wait_s),
+        gc_s=tail(steady.gc_s),
     )
 
 

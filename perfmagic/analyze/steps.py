@@ -9,16 +9,30 @@ An evaluation pass inside the window (a DataLoader pass that trained nothing:
 starts where it ended, so validation neither inflates one step nor the
 forward share. With batch boundaries (no optimizer: inference) every pass
 is made of steps and nothing is cut.
+
+On long runs the session folds old steps into rows (:func:`plan_fold`): the
+breakdown is then those rows followed by the steps of the spans still held,
+cut at the same boundary kind.
 """
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from perfmagic.schema import BOUNDARY_KINDS, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_GC, THREAD_WAIT
-from perfmagic.timeline import Spans, Timeline
+from perfmagic.schema import (
+    BOUNDARY_KINDS,
+    STAGES,
+    STEP_BOUNDARY_PREFIX,
+    THREAD_CPU,
+    THREAD_GC,
+    THREAD_PREFIX,
+    THREAD_WAIT,
+)
+from perfmagic.timeline import Fold, FoldedSteps, Spans, Timeline
 
 
 @dataclass(frozen=True)
@@ -51,13 +65,90 @@ class StepBreakdown:
 
 def step_breakdown(timeline: Timeline) -> StepBreakdown:
     """Find the steps of a timeline and split each one into stages."""
+    point = timeline.fold_point
+    if point is None:
+        return _breakdown(timeline, timeline.spans)
+    held = _breakdown(timeline, timeline.spans, kind=point[0], since=point[1])
+    folded = timeline.folded
+    return held if folded is None else _join(folded, held)
+
+
+def plan_fold(
+    timeline: Timeline, keep: int, settled: int, settled_samples: Callable[[str], int]
+) -> Fold | None:
+    """A fold of the oldest whole steps into rows, keeping at least the newest ``keep`` spans.
+
+    Only spans before the logical index ``settled`` (on disk, times final) and samples before
+    ``settled_samples(metric)`` may go. None when no whole step can.
+    """
+    point = timeline.fold_point
     spans = timeline.spans
+    base = timeline.span_base
+    limit = min(settled - base, len(spans) - keep)
+    if limit <= 0:
+        return None
+    b = _breakdown(timeline, spans, *(point or (None, None)))
+    if b.count < 2 or b.boundary is None:
+        return None
+    names = spans.names
+    is_boundary = np.array([n.startswith(STEP_BOUNDARY_PREFIX) for n in names], dtype=bool)[spans.name_id]
+    batch_id = names.index(STEP_BOUNDARY_PREFIX + "batch") if b.boundary == "batch" else -1
+
+    def prefix(until: float) -> int:
+        """How many leading spans lie wholly before ``until`` (a batch boundary at it starts the next step)."""
+        gone = np.where(
+            is_boundary,
+            (spans.start < until) | ((spans.start == until) & (spans.name_id != batch_id)),
+            spans.end <= until,
+        )
+        return int(np.argmin(gone)) if not gone.all() else len(gone)
+
+    lo, hi = -1, b.count - 1  # the last step stays: it may still grow
+    while hi - lo > 1:  # the last step j whose spans fit in the limit
+        mid = (lo + hi) // 2
+        if prefix(float(b.end[mid])) <= limit:
+            lo = mid
+        else:
+            hi = mid
+    if lo < 0:
+        return None
+    until = float(b.end[lo])
+    count = prefix(until)
+    n = lo + 1
+    samples: dict[str, int] = {}
+    for metric in timeline.metrics:
+        if metric.startswith(THREAD_PREFIX):
+            t, _ = timeline.series(metric)
+            # the last sample at or before the cut stays: the next step's counters start from it
+            gone = int(np.searchsorted(t, until, side="right")) - 1
+            samples[metric] = max(0, min(gone, settled_samples(metric) - timeline.sample_base(metric)))
+
+    def per_step(column: np.ndarray | None) -> np.ndarray:
+        return column[:n] if column is not None else np.full(n, np.nan)
+
+    rows = FoldedSteps(
+        kind=b.boundary,
+        until=until,
+        start=b.start[:n],
+        duration=b.durations[:n],
+        stages={stage: b.seconds[:n, j] for j, stage in enumerate(b.stages[:-1])},  # "other": the rest
+        cpu_s=per_step(b.cpu_s),
+        wait_s=per_step(b.wait_s),
+        gc_s=per_step(b.gc_s),
+    )
+    return Fold(spans=count, steps=rows, samples=samples)
+
+
+def _breakdown(
+    timeline: Timeline, spans: Spans, kind: str | None = None, since: float | None = None
+) -> StepBreakdown:
+    """The steps of the spans held, of boundary ``kind`` (else the first kind found), after ``since``."""
     names = spans.names
     is_boundary = np.array([n.startswith(STEP_BOUNDARY_PREFIX) for n in names], dtype=bool)
     span_is_boundary = is_boundary[spans.name_id] if len(spans) else np.zeros(0, dtype=bool)
     stage_mask = ~span_is_boundary
 
-    kind, starts, ends = _steps(spans, span_is_boundary, stage_mask)
+    kind, starts, ends = _steps(spans, span_is_boundary, stage_mask, kind, since)
     columns = _stage_columns(names, is_boundary, spans.name_id[stage_mask])
     seconds = np.zeros((len(starts), len(columns)))
     if len(starts):
@@ -75,6 +166,37 @@ def step_breakdown(timeline: Timeline) -> StepBreakdown:
     return StepBreakdown(kind, starts, ends, columns, seconds, cpu_s, wait_s, gc_s)
 
 
+def _join(folded: FoldedSteps, held: StepBreakdown) -> StepBreakdown:
+    """Folded rows, then the steps of the spans held."""
+    used = set(folded.stages) | set(held.stages)
+    columns = [*(s for s in STAGES if s != "other" and s in used), *sorted(used - set(STAGES)), "other"]
+    seconds = np.zeros((len(folded) + held.count, len(columns)))
+    for j, stage in enumerate(columns):
+        if stage in folded.stages:
+            seconds[: len(folded), j] = folded.stages[stage]
+        if stage in held.stages:
+            seconds[len(folded) :, j] = held.column(stage)
+    rows = seconds[: len(folded)]
+    rows[:, -1] = np.maximum(folded.duration - rows[:, :-1].sum(axis=1), 0.0)
+
+    def joined(rows: np.ndarray, steps: np.ndarray | None) -> np.ndarray | None:
+        # a counter measured over part of the run only says nothing of the whole
+        if (steps is None and held.count) or np.isnan(rows).any():
+            return None
+        return np.concatenate((rows, steps if steps is not None else np.zeros(0)))
+
+    return StepBreakdown(
+        boundary=folded.kind,
+        start=np.concatenate((folded.start, held.start)),
+        end=np.concatenate((folded.start + folded.duration, held.end)),
+        stages=columns,
+        seconds=seconds,
+        cpu_s=joined(folded.cpu_s, held.cpu_s),
+        wait_s=joined(folded.wait_s, held.wait_s),
+        gc_s=joined(folded.gc_s, held.gc_s),
+    )
+
+
 def _per_step(timeline: Timeline, metric: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
     """A cumulative per-thread counter's growth in each step; None where it was not sampled."""
     t, v = timeline.series(metric)
@@ -87,15 +209,21 @@ def _per_step(timeline: Timeline, metric: str, starts: np.ndarray, ends: np.ndar
 
 
 def _steps(
-    spans: Spans, span_is_boundary: np.ndarray, stage_mask: np.ndarray
+    spans: Spans,
+    span_is_boundary: np.ndarray,
+    stage_mask: np.ndarray,
+    only: str | None = None,
+    since: float | None = None,
 ) -> tuple[str | None, np.ndarray, np.ndarray]:
     stage_start = spans.start[stage_mask & (spans.depth == 0)] if len(spans) else np.zeros(0)
     stage_end = spans.end[stage_mask] if len(spans) else np.zeros(0)
-    for kind in BOUNDARY_KINDS:
+    for kind in BOUNDARY_KINDS if only is None else (only,):
         key = STEP_BOUNDARY_PREFIX + kind
         if key not in spans.names:
             continue
         t = _boundary_times(spans, span_is_boundary, key)
+        if since is not None:  # steps before it were folded: a batch boundary at it starts the next one
+            t = t[t >= since] if kind == "batch" else t[t > since]
         if not len(t):  # a name interned without a boundary span (a timeline built by hand)
             continue
         if kind == "batch":
@@ -113,9 +241,9 @@ def _steps(
                 if tail.any():  # the loop left without exhausting the loader (break, max_steps)
                     starts, ends = np.append(starts, t[-1]), np.append(ends, stage_end.max())
         else:
-            # A boundary is the end of a step; the first one starts with the first stage.
+            # A boundary is the end of a step; the first one starts with the first stage (or the fold).
             before = stage_start[stage_start < t[0]]
-            first = float(before.min()) if len(before) else 0.0
+            first = since if since is not None else float(before.min()) if len(before) else 0.0
             starts, ends = np.concatenate(([first], t[:-1])), t
             evals = _boundary_times(spans, span_is_boundary, STEP_BOUNDARY_PREFIX + "eval_end")
             if len(evals):  # a step that holds an evaluation pass starts where the last one ended
@@ -146,11 +274,16 @@ def _exclusive_cumulative(spans: Spans, stage_mask: np.ndarray) -> dict[int, tup
     """
     idx = np.flatnonzero(stage_mask)
     order = idx[np.lexsort((spans.depth[idx], spans.start[idx]))]
-    segments: dict[int, list[tuple[float, float]]] = {}
+    # flat (a, b) pairs in arrays: a long run's hundreds of thousands of segments stay out of the heap
+    segments: dict[int, array[float]] = {}
 
     def emit(sid: int, a: float, b: float) -> None:
         if b > a:
-            segments.setdefault(sid, []).append((a, b))
+            pairs = segments.get(sid)
+            if pairs is None:
+                pairs = segments[sid] = array("d")
+            pairs.append(a)
+            pairs.append(b)
 
     # stack entries: [stage id, end, cursor]; a parent's exclusive time pauses while a child runs
     stack: list[list[float]] = []
@@ -175,8 +308,9 @@ def _exclusive_cumulative(spans: Spans, stage_mask: np.ndarray) -> dict[int, tup
             stack[-1][2] = max(stack[-1][2], top[1])
 
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for sid, segs in segments.items():
-        arr = np.array(sorted(segs))
+    for sid, pairs in segments.items():
+        arr = np.frombuffer(pairs, dtype=np.float64).reshape(-1, 2)
+        arr = arr[np.lexsort((arr[:, 1], arr[:, 0]))]
         lengths = arr[:, 1] - arr[:, 0]
         before = np.concatenate(([0.0], np.cumsum(lengths)[:-1]))
         xp = arr.reshape(-1)

@@ -75,6 +75,9 @@ class DeviceClock(Protocol):
 _DRAIN_AT = 2048
 """Device marks kept before the recorder resolves those the device has passed (bounds their memory)."""
 
+_DRAIN_EVERY_S = 1.0
+"""Longest time marks wait to be resolved: spans are spooled once their device times are known."""
+
 
 class StageRecorder:
     """Records stage spans of one thread into a timeline."""
@@ -102,6 +105,7 @@ class StageRecorder:
         # (span index, token at start, token at end) for spans with device marks
         self._device_marks: list[tuple[int, object, object]] = []
         self._device_warnings: list[str] = []
+        self._drained_at = time.perf_counter() - origin
         self._boundaries: dict[str, int] = {}
         self._boundary_ids: dict[str, int] = {}
 
@@ -166,8 +170,13 @@ class StageRecorder:
         if self.thread_clock is not None and (kind != "batch" or not self._boundaries.keys() & _STEP_ENDS):
             self._sample_thread_clock(t)
         clock = self.device_clock
-        if clock is not None and len(self._device_marks) >= _DRAIN_AT:
+        if clock is not None and (
+            len(self._device_marks) >= _DRAIN_AT or t - self._drained_at >= _DRAIN_EVERY_S
+        ):
+            self._drained_at = t
             self._drain(clock)
+        if self.timeline.fold_pending:  # old steps' spans folded into rows, cut here between two appends
+            self.timeline.apply_fold()
 
     def _mark(self) -> object | None:
         """A device mark now; None where the clock gives none (a CUDA graph capturing) or fails.
@@ -213,6 +222,13 @@ class StageRecorder:
         self.timeline.add_sample(THREAD_GC, t, self.thread_clock.gc_s)
         self.timeline.add_sample(THREAD_CPU, t, on_cpu)
         self.timeline.add_sample(THREAD_WAIT, t, waiting)
+
+    @property
+    def settled_spans(self) -> int:
+        """Spans before this logical index have their final times: no device mark of theirs is pending."""
+        n = self.timeline.span_count  # read first: a span counted here has its mark listed already
+        marks = self._device_marks
+        return min(n, marks[0][0]) if marks else n
 
     def is_open(self, sid: int) -> bool:
         """Whether stage ``sid`` is open (on the recorded thread)."""
