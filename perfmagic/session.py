@@ -318,6 +318,7 @@ class Session:
         self._spooler.flush()
         self._spool_file.close()
         self._spool_file = None
+        self.timeline.record = self.outdir / SPOOL_NAME
 
     def _settled_spans(self) -> int:
         """Spans whose times are final (a device time may still move the others): the spool takes these."""

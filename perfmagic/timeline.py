@@ -173,6 +173,7 @@ class Timeline:
         self._series: dict[str, _Series] = {}
         self._marks: list[Mark] = []
         self._folded: _FoldedColumns | None = None
+        self.record: Path | None = None  # a file with every span and sample (the spool), where there is one
         self._pending_fold: Fold | None = None
         self._lock = threading.Lock()
         # held by readers of span and sample columns; the writer thread applies a fold only when it can

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import perfmagic
 import perfmagic.session
 from perfmagic.analyze.steps import StepBreakdown, plan_fold, step_breakdown
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.render.chrome import PID
 from perfmagic.schema import THREAD_CPU
 from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
 
@@ -216,3 +218,22 @@ def test_spans_go_to_the_spool_once_their_device_times_are_known(tmp_path: Path)
     np.testing.assert_array_equal(
         Timeline.load(tmp_path).spans.end, tl.spans.end
     )  # the device-time ends, written once
+
+
+def test_the_chrome_trace_of_a_folded_session_has_every_stage_span(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 500)
+    session = perfmagic.profile(outdir=tmp_path, interval=0.02)
+    steps, deadline = 0, time.monotonic() + 60
+    with session:
+        while steps < 3_000 or (session.timeline.folded is None and time.monotonic() < deadline):
+            with perfmagic.stage("work"):
+                pass
+            perfmagic.step()
+            steps += 1
+    assert session.timeline.folded is not None
+    path = session.report.to_chrome_trace(tmp_path / "trace.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    recorded = [e for e in events if e.get("name") == "work" and e.get("ph") == "X" and e["pid"] == PID + 1]
+    assert len(recorded) == steps  # as recorded, from the spool: memory no longer holds the early ones
