@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck lab browser gpu-check clean
+.PHONY: install demo test test-fast lint typecheck cuda-coverage lab browser gpu-check clean
 
 install: $(STAMP)
 
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml labextension/package.json labextension/package-lock.jso
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q torch==2.13.0
+	@# a build leaves a copy of install.json in the built extension, which pyproject maps from
+	@# labextension/ too: a second install would add it to the wheel twice
+	rm -f perfmagic/labextension/install.json
 	$(PY) -m pip install -q -e '.[dev]'
 	$(VENV)/bin/jupyter-builder develop --overwrite .
 	touch $@
@@ -32,8 +35,13 @@ typecheck: install
 browser:
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
-test: install browser lint typecheck
+test: install browser lint typecheck cuda-coverage
 	$(VENV)/bin/pytest
+
+# The CUDA code runs on a simulated device here (tests/sim_cuda.py): every line of it must be run.
+cuda-coverage: install
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_cuda_sim.py \
+	  --cov=perfmagic/collect --cov-report=term-missing --cov-fail-under=90
 
 # Everything but the slow groups (real kernels, notebooks, browsers): for quick iterations.
 test-fast: install

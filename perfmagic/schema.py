@@ -94,5 +94,9 @@ STACK_SAMPLES = "stack_samples"
 
 # -- marks -------------------------------------------------------------------
 
+ALLOCATOR = "cuda_allocator"
+"""``timeline.meta`` key: PyTorch's caching allocator per GPU over the window, ``[{"index",
+"allocated_peak_bytes", "reserved_peak_bytes", "alloc_retries", "ooms"}, ...]`` (``collect.cuda``)."""
+
 TORCH_TRACE_MARK = "torch_trace"
 """Mark a ``--trace`` collector leaves at the instant of the trace's ``clock_name`` event; ``path`` of the trace."""

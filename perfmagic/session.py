@@ -478,11 +478,12 @@ def load(path: str | os.PathLike[str]) -> Report:
 
 
 def default_sources() -> list[Source]:
-    """The metric sources a session samples by default: NVML and the host."""
+    """The metric sources a session samples by default: NVML, the host and PyTorch's CUDA allocator."""
+    from perfmagic.collect.cuda import AllocatorSource
     from perfmagic.collect.host import HostSource
     from perfmagic.collect.nvml import NvmlSource
 
-    return [NvmlSource(), HostSource(root_pid=os.getpid())]
+    return [NvmlSource(), HostSource(root_pid=os.getpid()), AllocatorSource()]
 
 
 def _env_int(name: str) -> int | None:

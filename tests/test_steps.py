@@ -369,29 +369,6 @@ def test_a_span_whose_end_mark_is_lost_keeps_its_host_times() -> None:
     assert tl.spans.start.tolist() == host.start.tolist() and (tl.spans.end >= tl.spans.start).all()
 
 
-def test_the_cuda_event_clock_starts_without_a_device_wide_sync() -> None:
-    """Started from a hook, torch.cuda.synchronize (patched while profiling) made a bogus logging span."""
-    from types import SimpleNamespace
-
-    from perfmagic.collect.torch_hooks import CudaEventClock
-
-    class Event:
-        def __init__(self, enable_timing: bool = False) -> None:
-            self.recorded = False
-
-        def record(self) -> None:
-            self.recorded = True
-
-        def synchronize(self) -> None:
-            assert self.recorded
-
-    def synchronize() -> None:
-        raise AssertionError("the whole device was synchronized")
-
-    fake = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=synchronize))
-    CudaEventClock(fake, origin=time.perf_counter())
-
-
 def test_a_failing_device_mark_never_masks_the_users_error() -> None:
     class FailingDevice(InOrderDevice):
         calls = 0
@@ -411,29 +388,3 @@ def test_a_failing_device_mark_never_masks_the_users_error() -> None:
     assert rec.device_clock is None
     warnings = rec.close()
     assert any("device-side assert" in w for w in warnings) and len(tl.spans) == 2
-
-
-def test_nothing_is_marked_while_a_cuda_graph_is_captured() -> None:
-    from types import SimpleNamespace
-
-    from perfmagic.collect.torch_hooks import CudaEventClock
-
-    class Event:
-        def __init__(self, enable_timing: bool = False) -> None:
-            pass
-
-        def record(self) -> None:
-            pass
-
-        def synchronize(self) -> None:
-            pass
-
-        def query(self) -> bool:
-            raise AssertionError("queried during capture")
-
-    capturing = [False]
-    cuda = SimpleNamespace(Event=Event, is_current_stream_capturing=lambda: capturing[0])
-    clock = CudaEventClock(SimpleNamespace(cuda=cuda), origin=time.perf_counter())
-    token = clock.mark()
-    capturing[0] = True
-    assert clock.mark() is None and clock.done(token) is False

@@ -41,42 +41,70 @@ def _used_gpus(a: Analysis) -> list[tuple[dict[str, Any], float]]:
 
 
 def gpu_memory_pressure(a: Analysis) -> Card | None:
-    """GPU memory at the edge of an out-of-memory error."""
-    full = [
-        (d, d["mem_used_peak_fraction"]) for d in a.devices if d.get("mem_used_peak_fraction") is not None
-    ]
-    if not full:
+    """GPU memory at the edge of an out-of-memory error: nearly full, or the caching allocator had to
+    free its cache and retry (``num_alloc_retries``: each retry synchronizes the device and is slow)."""
+    candidates = []
+    for d in a.devices:
+        alloc = d.get("allocator") or {}
+        share = d.get("mem_used_peak_fraction")
+        retries, ooms = alloc.get("alloc_retries") or 0, alloc.get("ooms") or 0
+        if (share is not None and share >= MEMORY_FULL) or retries or ooms:
+            candidates.append((ooms, retries, share or 0.0, d))
+    if not candidates:
         return None
-    d, share = max(full, key=lambda x: x[1])
-    if share < MEMORY_FULL:
-        return None
-    s = a.steady
+    ooms, retries, share, d = max(candidates, key=lambda c: c[:3])
+    alloc = d.get("allocator") or {}
+    name = f"GPU {d.get('index')} ({d.get('name') or 'GPU'})"
+    facts = []
+    if d.get("mem_used_peak_bytes") is not None and d.get("mem_total_bytes"):
+        facts.append(
+            f"memory peaked at {fmt_bytes(d['mem_used_peak_bytes'])} of {fmt_bytes(d['mem_total_bytes'])}"
+        )
+    if retries or ooms:
+        facts.append(
+            f"PyTorch's caching allocator ran out {retries} time(s) in the window and freed its cache to retry"
+            + (f", and {ooms} allocation(s) failed with out-of-memory" if ooms else "")
+        )
+    reserved, allocated = alloc.get("reserved_peak_bytes"), alloc.get("allocated_peak_bytes")
+    fragmented = bool(reserved and allocated is not None and (reserved - allocated) >= 0.25 * reserved)
+    if reserved and allocated is not None:
+        facts.append(f"tensors peaked at {fmt_bytes(allocated)} in {fmt_bytes(reserved)} reserved")
     fix = "\n".join(
         [
             "print(torch.cuda.memory_stats()['num_alloc_retries'])  # > 0: the allocator frees and retries",
-            "# less fragmentation (set before the first CUDA call):",
+            "# less fragmentation (set before the first CUDA call):"
+            + (" reserved is well above what tensors use" if fragmented else ""),
             "os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'",
             "# less memory per step: bf16 autocast halves activations; torch.utils.checkpoint recomputes them;",
             "# or halve the batch and accumulate gradients over 2 steps.",
         ]
     )
+    s = a.steady
+    title = (
+        f"GPU {d.get('index')} memory is {fmt_fraction(share)} full"
+        if share >= MEMORY_FULL
+        else f"GPU {d.get('index')} memory ran out: the allocator retried {retries} time(s)"
+    )
     return make_card(
         "gpu_memory_pressure",
-        f"GPU {d.get('index')} memory is {fmt_fraction(share)} full",
-        f"GPU {d.get('index')} ({d.get('name') or 'GPU'}) memory peaked at {fmt_bytes(d['mem_used_peak_bytes'])} of "
-        f"{fmt_bytes(d['mem_total_bytes'])}: near the limit the caching allocator frees cached blocks and retries "
-        "(slow), and a larger batch or sequence will not fit.",
+        title,
+        f"{name}: " + "; ".join(facts) + ". Near the limit every retry synchronizes the device (slow), "
+        "and a larger batch or sequence will not fit.",
         fix,
         {
             "gpu": d.get("index"),
-            "mem_used_peak_bytes": d["mem_used_peak_bytes"],
-            "mem_total_bytes": d["mem_total_bytes"],
-            "mem_share": share,
+            "mem_used_peak_bytes": d.get("mem_used_peak_bytes"),
+            "mem_total_bytes": d.get("mem_total_bytes"),
+            "mem_share": share if d.get("mem_used_peak_fraction") is not None else None,
+            "alloc_retries": retries,
+            "ooms": ooms,
+            "allocated_peak_bytes": allocated,
+            "reserved_peak_bytes": reserved,
         },
         saving_s=None,
         step_s=s.step_s if s else None,
         model=None,
-        severity="high" if share >= MEMORY_CRITICAL else "medium",
+        severity="high" if ooms or share >= MEMORY_CRITICAL else "medium",
     )
 
 

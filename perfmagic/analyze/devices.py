@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from perfmagic.analyze import samples
-from perfmagic.schema import THROTTLE_REASONS, gpu_metric
+from perfmagic.schema import ALLOCATOR, THROTTLE_REASONS, gpu_metric
 from perfmagic.timeline import Timeline
 
 
@@ -27,10 +27,24 @@ def devices_summary(timeline: Timeline) -> list[dict[str, Any]]:
     statics = {int(d["index"]): d for d in timeline.meta.get("devices") or []}
     lost = {int(m.data["index"]): m for m in timeline.marks("gpu_lost")}
     processes = timeline.meta.get("gpu_processes") or []
+    allocators = {int(a["index"]): a for a in timeline.meta.get(ALLOCATOR) or []}
     return [
-        _device(timeline, i, statics.get(i, {}), lost.get(i), [p for p in processes if p.get("gpu") == i])
+        {
+            **_device(
+                timeline, i, statics.get(i, {}), lost.get(i), [p for p in processes if p.get("gpu") == i]
+            ),
+            "allocator": _allocator(allocators.get(i)),
+        }
         for i in gpu_indices(timeline)
     ]
+
+
+def _allocator(figures: dict[str, Any] | None) -> dict[str, int] | None:
+    """PyTorch's caching allocator on the GPU over the window (None: it was not used there)."""
+    if figures is None:
+        return None
+    keys = ("allocated_peak_bytes", "reserved_peak_bytes", "alloc_retries", "ooms")
+    return {k: int(figures[k]) for k in keys}
 
 
 def _device(

@@ -224,6 +224,11 @@ class StageRecorder:
         self.timeline.add_sample(THREAD_WAIT, t, waiting)
 
     @property
+    def pending_device_marks(self) -> int:
+        """Spans whose device times are not resolved yet."""
+        return len(self._device_marks)
+
+    @property
     def settled_spans(self) -> int:
         """Spans before this logical index have their final times: no device mark of theirs is pending."""
         n = self.timeline.span_count  # read first: a span counted here has its mark listed already

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from perfmagic.collect.cuda import CudaEventClock
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import THREAD_DATA_CPU
@@ -84,44 +85,6 @@ def non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 def torch_available() -> bool:
     return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
-
-
-class CudaEventClock:
-    """Device timestamps from CUDA events, mapped onto the timeline's clock."""
-
-    def __init__(self, torch_mod: Any, origin: float) -> None:
-        self._torch = torch_mod
-        # The reference event waits only for the current stream's queue, once; torch.cuda.synchronize
-        # would wait for the whole device, and is patched while profiling (a bogus logging span).
-        self._ref = torch_mod.cuda.Event(enable_timing=True)
-        self._ref.record()
-        self._ref.synchronize()
-        self._ref_t = time.perf_counter() - origin
-
-    def mark(self) -> object | None:
-        if self._capturing():  # recording an event into a CUDA graph being captured would replay it
-            return None
-        event: object = self._torch.cuda.Event(enable_timing=True)
-        event.record()  # type: ignore[attr-defined]
-        return event
-
-    def done(self, token: object) -> bool:
-        if self._capturing():  # querying an event is illegal while a graph is captured
-            return False
-        return bool(token.query())  # type: ignore[attr-defined]
-
-    def _capturing(self) -> bool:
-        return bool(self._torch.cuda.is_current_stream_capturing())
-
-    def resolve(self, tokens: list[object]) -> list[float | None]:
-        out: list[float | None] = []
-        for event in tokens:
-            try:
-                event.synchronize()  # type: ignore[attr-defined]  # only this event: free once it has run
-                out.append(self._ref_t + self._ref.elapsed_time(event) / 1000.0)
-            except RuntimeError:  # an event recorded on another device or stream context
-                out.append(None)
-        return out
 
 
 class TorchStages:

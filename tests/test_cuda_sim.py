@@ -1,0 +1,243 @@
+"""perfmagic's CUDA paths on a simulated device (tests/sim_cuda.py): real torch hooks, real recorder.
+
+The device runs queued kernels in order for their modelled time, so these loops are GPU-bound as
+on a real GPU: the host returns at once and only CUDA events tell when the work was done.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import perfmagic
+from perfmagic.collect.cuda import CudaEventClock
+from perfmagic.collect.recorder import _DRAIN_AT
+from tests.sim_cuda import CaptureError, SimCuda, install
+
+torch = pytest.importorskip("torch")
+
+FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.003, 0.005, 0.001
+
+
+class DeviceWork(torch.autograd.Function):  # type: ignore[misc]
+    """Queues modelled kernels: one in the forward pass, one in the backward pass."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, sim: SimCuda, forward_s: float, backward_s: float) -> Any:
+        sim.launch(forward_s, "forward")
+        ctx.sim, ctx.backward_s = sim, backward_s
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> tuple[Any, None, None, None]:
+        ctx.sim.launch(ctx.backward_s, "backward")
+        return grad, None, None, None
+
+
+class Net(torch.nn.Module):  # type: ignore[misc]
+    def __init__(self, sim: SimCuda, forward_s: float = FORWARD_S, backward_s: float = BACKWARD_S) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+        self.sim, self.forward_s, self.backward_s = sim, forward_s, backward_s
+
+    def forward(self, x: Any) -> Any:
+        return DeviceWork.apply(self.linear(x), self.sim, self.forward_s, self.backward_s)
+
+
+def device_sgd(sim: SimCuda, params: Any, seconds: float = OPTIMIZER_S) -> Any:
+    class DeviceSGD(torch.optim.SGD):  # type: ignore[misc]
+        def step(self, closure: Any = None) -> Any:
+            sim.launch(seconds, "optimizer")
+            return super().step(closure)
+
+    return DeviceSGD(params, lr=0.01)
+
+
+def train(sim: SimCuda, steps: int, model: Any = None) -> None:
+    model = model or Net(sim)
+    opt = device_sgd(sim, model.parameters())
+    x = torch.randn(4, 8)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+
+@pytest.fixture
+def sim(monkeypatch: pytest.MonkeyPatch) -> SimCuda:
+    return install(monkeypatch, SimCuda())
+
+
+def stage_means(report: Any) -> dict[str, float]:
+    return {name: s["mean_s"] for name, s in report.to_dict()["stages"].items()}
+
+
+def test_stage_times_are_the_devices_in_a_gpu_bound_loop(sim: SimCuda) -> None:
+    with perfmagic.profile(sample=False) as session:
+        train(sim, 30)
+    assert session.recorder is not None and session.recorder.device_clock is not None
+    means = stage_means(session.report)
+    truth = {
+        k: np.mean([x.end - x.start for x in sim.kernels if x.name == k]) for k in ("forward", "backward")
+    }
+    # the host queues a step in a fraction of a millisecond: these are the device's times, not the host's
+    assert means["forward"] == pytest.approx(truth["forward"], rel=0.15, abs=3e-4)
+    assert means["backward"] == pytest.approx(truth["backward"], rel=0.15, abs=3e-4)
+    assert means["optimizer"] == pytest.approx(OPTIMIZER_S, rel=0.15, abs=3e-4)
+    step = session.report.to_dict()["steps"]["median_s"]
+    assert step == pytest.approx(FORWARD_S + BACKWARD_S + OPTIMIZER_S, rel=0.15, abs=5e-4)
+    assert sim.device_syncs == 0  # starting the clock and reading it never waits for the whole device
+
+
+def test_pending_device_marks_stay_bounded_with_the_hooks(sim: SimCuda) -> None:
+    model, pending = Net(sim, forward_s=1e-4, backward_s=1e-4), []
+    opt = device_sgd(sim, model.parameters(), seconds=5e-5)
+    x = torch.randn(4, 8)
+    with perfmagic.profile(sample=False) as session:
+        recorder = session.recorder
+        assert recorder is not None
+        for _ in range(3000):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            pending.append(recorder.pending_device_marks)
+    assert sim.idle_at() > 0 and max(pending) < _DRAIN_AT + 16, max(pending)
+    assert session.report.to_dict()["steps"]["count"] == 3000
+
+
+def test_nothing_is_marked_or_queried_while_a_cuda_graph_is_captured(sim: SimCuda) -> None:
+    model = Net(sim)
+    opt = device_sgd(sim, model.parameters())
+    x = torch.randn(4, 8)
+    with perfmagic.profile(sample=False) as session:
+        train(sim, 3, model)
+        recorded = sim.events_recorded
+        with sim.capture():  # a step captured as a graph: any event query would raise CaptureError
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        assert sim.events_recorded == recorded
+        train(sim, 3, model)
+    assert not [w for w in session.report.warnings if "device" in w]
+    assert session.report.to_dict()["steps"]["count"] == 7
+
+
+def test_a_capture_error_in_a_query_turns_nothing_off(sim: SimCuda) -> None:
+    clock = CudaEventClock(torch, origin=0.0)
+    token = clock.mark()
+    with sim.capture():
+        assert clock.mark() is None and clock.done(token) is False
+        with pytest.raises(CaptureError):
+            sim.Event().query()
+    assert clock.done(token) in (True, False)
+
+
+def test_a_model_on_another_device_is_timed_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cuda:1`` while the current device is 0: marks on device 0 alone would see no work at all."""
+    sim = install(monkeypatch, SimCuda(devices=2))
+    sim.alloc(1 << 20, device=1)  # the model's memory lives on device 1
+
+    class OnDevice1(Net):
+        def forward(self, x: Any) -> Any:
+            return DeviceWork.apply(self.linear(x), _OnDevice(sim, 1), FORWARD_S, BACKWARD_S)
+
+    with perfmagic.profile(sample=False) as session:
+        train(sim, 20, OnDevice1(sim))
+    clock = session.recorder.device_clock if session.recorder else None
+    assert isinstance(clock, CudaEventClock) and clock.devices == (1,)
+    means = stage_means(session.report)
+    assert means["forward"] == pytest.approx(FORWARD_S, rel=0.15, abs=3e-4)
+    assert means["backward"] == pytest.approx(BACKWARD_S, rel=0.15, abs=3e-4)
+
+
+def test_a_model_split_over_two_devices_ends_its_stages_when_both_are_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sim = install(monkeypatch, SimCuda(devices=2))
+    sim.alloc(1 << 20, device=0)
+    sim.alloc(1 << 20, device=1)
+
+    class Split(Net):
+        def forward(self, x: Any) -> Any:
+            sim.launch(0.001, "forward", device=0)
+            return DeviceWork.apply(self.linear(x), _OnDevice(sim, 1), 0.004, 0.002)
+
+    with perfmagic.profile(sample=False) as session:
+        train(sim, 20, Split(sim))
+    clock = session.recorder.device_clock if session.recorder else None
+    assert isinstance(clock, CudaEventClock) and clock.devices == (0, 1)
+    # device 1's 4 ms decide the forward pass, though device 0 (current) finished its part in 1 ms
+    assert stage_means(session.report)["forward"] == pytest.approx(0.004, rel=0.2, abs=5e-4)
+
+
+class _OnDevice:
+    """A simulated device's launcher bound to one device."""
+
+    def __init__(self, sim: SimCuda, device: int) -> None:
+        self.sim, self.device = sim, device
+
+    def launch(self, seconds: float, name: str = "kernel") -> Any:
+        return self.sim.launch(seconds, name, device=self.device)
+
+
+def test_a_failing_event_record_turns_the_clock_off_and_leaves_the_users_error(sim: SimCuda) -> None:
+    model = Net(sim)
+    with pytest.raises(ValueError, match="the user's"), perfmagic.profile(sample=False) as session:
+        train(sim, 3, model)
+        sim.fail_records = True
+        model(torch.randn(4, 8))
+        raise ValueError("the user's own error")
+    assert any("device clock failed" in w for w in session.report.warnings)
+
+
+def test_the_clock_never_starts_before_the_profiled_code_initializes_cuda(sim: SimCuda) -> None:
+    sim.initialized = False
+    with perfmagic.profile(sample=False) as session:
+        train(sim, 2)
+        assert session.recorder is not None and session.recorder.device_clock is None
+        sim.initialized = True  # the code's first CUDA call
+        train(sim, 2)
+        assert session.recorder.device_clock is not None
+
+
+def test_the_allocators_peak_and_retries_reach_the_report_and_the_memory_card(sim: SimCuda) -> None:
+    sim.alloc(3 << 30)  # the model, before the window: its peak is not the window's
+    with perfmagic.profile(interval=0.02) as session:
+        for step in range(30):
+            sim.alloc(2 << 30, retry=step == 10)  # activations; once the allocator had to free and retry
+            train(sim, 1)
+            sim.free(2 << 30)
+    devices = session.report.to_dict()["devices"]
+    allocator = next(d for d in devices if d["index"] == 0)["allocator"]
+    assert allocator == {
+        "allocated_peak_bytes": 5 << 30,
+        "reserved_peak_bytes": 5 << 30,
+        "alloc_retries": 1,
+        "ooms": 0,
+    }
+    card = next(c for c in session.report.to_dict()["advice"] if c["id"] == "gpu_memory_pressure")
+    assert card["metrics"]["alloc_retries"] == 1 and "retry" in card["evidence"]
+    assert "num_alloc_retries" in card["fix"] and card["severity"] == "medium"
+
+
+def test_the_allocator_reads_nothing_before_cuda_is_initialized(sim: SimCuda) -> None:
+    sim.initialized = False
+    with perfmagic.profile(interval=0.02) as session:
+        train(sim, 5)
+    assert not [m for m in session.timeline.metrics if "torch_" in m]
+    assert "cuda_allocator" not in session.timeline.meta
+
+
+def test_a_mark_is_timed_when_the_device_reaches_it(sim: SimCuda) -> None:
+    origin = time.perf_counter()
+    clock = CudaEventClock(torch, origin=origin)
+    queued = time.perf_counter() - origin
+    sim.launch(0.05)
+    token = clock.mark()
+    assert clock.done(token) is False  # 50 ms of work were queued before it
+    (t,) = clock.resolve([token])  # waits for that event only
+    assert t == pytest.approx(queued + 0.05, abs=5e-3)
+    assert clock.done(token) is True and sim.device_syncs == 0
