@@ -40,6 +40,10 @@ class Patcher:
                 warnings.append(f"could not restore {_label(owner)}.{name}: {e}")
         return warnings
 
+    def values(self) -> list[Any]:
+        """What the patches put in place, oldest first."""
+        return [value for _, _, _, value in self._saved]
+
     def __len__(self) -> int:
         return len(self._saved)
 

@@ -135,6 +135,7 @@ class TorchStages:
         except BaseException:
             self.uninstall()
             raise
+        _not_compiled_alone(torch, p.values())
         self._maybe_start_device_clock()
 
     def uninstall(self) -> list[str]:
@@ -572,6 +573,23 @@ def _subclasses(cls: type) -> list[type]:
     for sub in cls.__subclasses__():
         found += [sub, *_subclasses(sub)]
     return list(dict.fromkeys(found))
+
+
+def _not_compiled_alone(torch: Any, hooks: list[Any]) -> None:
+    """Dynamo must never compile a hook as a frame of its own, only trace through it.
+
+    A hook called while dynamo's frame callback is on (inside ``model.compile()``'s call, say)
+    was compiled once per module type (its guards check ``type(module)``): graphs the user never
+    had, recompiles, and no stage recorded in them. Skipped as a frame, like torch's own
+    ``Module.__call__``, it runs as written and what it calls is compiled as without perfmagic.
+    """
+    skip_code = getattr(getattr(getattr(torch, "_dynamo", None), "eval_frame", None), "skip_code", None)
+    if skip_code is None:
+        return
+    for hook in hooks:
+        code = getattr(hook, "__code__", None)
+        if code is not None:
+            skip_code(code)
 
 
 def _is_compiling(torch: Any) -> Callable[[], bool]:
