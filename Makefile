@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck cuda-coverage lab browser gpu-check clean
+.PHONY: install demo test test-fast lint typecheck cuda-coverage test-torch-min lab browser gpu-check clean
 
 install: $(STAMP)
 
@@ -47,12 +47,21 @@ cuda-coverage: install
 test-fast: install
 	$(VENV)/bin/pytest -m "not slow"
 
+# The oldest torch the hooks support (pyproject's `torch` extra), in a venv of its own. Not part of
+# `make test`: PyPI's Linux wheels of it bring their CUDA libraries, gigabytes to download.
+TORCH_MIN := 2.1.2
+test-torch-min:
+	test -x .venv-torch-min/bin/python || python3 -m venv .venv-torch-min
+	.venv-torch-min/bin/python -m pip install -q 'torch==$(TORCH_MIN)' 'numpy<2' -e '.[dev]'
+	.venv-torch-min/bin/pytest -q -m "not browser" tests/test_stages_torch.py tests/test_torch_versions.py \
+	  tests/test_compiled_models.py tests/test_cuda_sim.py tests/test_advice_e2e.py
+
 lab: install
 	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm run build
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
-	rm -rf $(VENV) build dist perfmagic/labextension
+	rm -rf $(VENV) .venv-torch-min build dist perfmagic/labextension
 
 # On a GPU machine, in one go and under 5 minutes: `pytest -m gpu`, a real CUDA training loop under
 # perfmagic.profile(), the sampler's cost with real NVML, and a summary (also in $OUT when set).

@@ -7,8 +7,12 @@ Phases, most informative first, each bounded and each reported even when another
    the driver's utilization samples, the GPU processes;
 3. a real CUDA training loop (small conv net, synthetic data, pinned memory, non-blocking copies,
    ~15 s) under ``perfmagic.profile()``: device clock on?, stage breakdown with ``h2d``, advice;
-4. the sampler's cost with real NVML at 10 Hz (5 s);
-5. ``pytest -m gpu`` on the GPU test files (output tail only).
+4. the CUDA paths, one check each: stage times against CUDA events the check records itself, pending
+   device marks bounded over 10k steps, ``model.to("cuda")`` in the window is no batch copy, a step
+   captured as a CUDA graph, a model compiled before profiling not recompiled, bf16 autocast and the
+   caching allocator's figures, a model on a second GPU (where there are two);
+5. the sampler's cost with real NVML at 10 Hz (5 s);
+6. ``pytest -m gpu`` on the GPU test files (output tail only).
 
 The summary fits on one screen; with ``$OUT`` set it is also written to ``$OUT/gpu-check.txt``,
 with the full report (``gpu-check-report.txt``/``.json``) and the pytest log next to it.
@@ -336,6 +340,232 @@ def training(check: Check, torch: Any, device: str, seconds: float) -> Any:
     return session
 
 
+# -- phase 3b: the CUDA paths, one check each --------------------------------------------------
+
+
+def _mlp(torch: Any, width: int, device: str) -> Any:
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU()).to(device)
+
+
+def check_stage_truth(check: Check, torch: Any) -> None:
+    """Stage times against CUDA events this check puts around each stage itself."""
+    import perfmagic
+
+    model = _mlp(torch, 4096, "cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(4096, 4096, device="cuda")
+    truth: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+    marks = []
+    for _ in range(3):  # warm-up: cuBLAS handles, allocator
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    torch.cuda.synchronize()
+    with perfmagic.profile(sample=False) as session:
+        for _ in range(30):
+            e = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            opt.zero_grad()
+            e[0].record()
+            loss = model(x).square().mean()
+            e[1].record()
+            loss.backward()
+            e[2].record()
+            opt.step()
+            e[3].record()
+            marks.append(e)
+    torch.cuda.synchronize()
+    for e in marks[1:]:  # the report leaves the first step out as warm-up
+        for k, name in enumerate(truth):
+            truth[name].append(e[k].elapsed_time(e[k + 1]) / 1000.0)
+    stages = session.report.to_dict()["stages"]
+    rows, ok = [], True
+    for name, times in truth.items():
+        want = sum(times) / len(times)
+        got = stages.get(name, {}).get("mean_s") or 0.0
+        ok &= abs(got - want) <= 0.1 * want + 2e-4
+        rows.append(f"{name} {1000 * got:.2f} ms vs events {1000 * want:.2f} ms")
+    check.record("stage truth", ok, "; ".join(rows))
+
+
+def check_pending_marks(check: Check, torch: Any) -> None:
+    """10k GPU-bound steps: the device marks waiting to be read stay bounded."""
+    import perfmagic
+    from perfmagic.collect.recorder import _DRAIN_AT
+
+    model = _mlp(torch, 1024, "cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(2048, 1024, device="cuda")
+    most = 0
+    t0 = time.perf_counter()
+    with perfmagic.profile(sample=False) as session:
+        assert session.recorder is not None
+        for _ in range(10_000):
+            opt.zero_grad()
+            model(x).mean().backward()
+            opt.step()
+            most = max(most, session.recorder.pending_device_marks)
+    wall = time.perf_counter() - t0
+    stop = session.report.to_dict()
+    check.record(
+        "pending marks",
+        most < _DRAIN_AT + 64 and stop["steps"]["count"] == 10_000,
+        f"at most {most} pending over 10k steps ({wall:.1f} s, median step {1000 * stop['steps']['median_s']:.3f} ms)",
+    )
+
+
+def check_model_to_cuda_in_window(check: Check, torch: Any) -> None:
+    """``model.to("cuda")`` inside the window is set-up: no pageable-copy advice from it."""
+    import perfmagic
+
+    with perfmagic.profile(sample=False) as session:
+        model = _mlp(torch, 2048, "cpu").to("cuda")  # 4 parameter tensors, pageable
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        batch = torch.randn(512, 2048).pin_memory()
+        for _ in range(20):
+            x = batch.to("cuda", non_blocking=True)
+            opt.zero_grad()
+            model(x).mean().backward()
+            opt.step()
+    d = session.report.to_dict()
+    counters = session.timeline.marks("torch_stats")[-1].data
+    ids = [c["id"] for c in d["advice"]]
+    check.record(
+        "model.to(cuda)",
+        "pin_memory" not in ids and counters["h2d_copies"] == 20,
+        f"h2d copies counted {counters['h2d_copies']} (20 batches), pinned bytes "
+        f"{counters['h2d_pinned_bytes']}/{counters['h2d_bytes']}; cards {ids}",
+    )
+
+
+def check_cuda_graph(check: Check, torch: Any) -> None:
+    """A training step captured as a CUDA graph and replayed inside the window."""
+    import perfmagic
+
+    model = _mlp(torch, 1024, "cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(256, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with perfmagic.profile(sample=False) as session:
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                model(x).mean().backward()
+                opt.step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            model(x).mean().backward()
+            opt.step()
+        for _ in range(20):
+            graph.replay()
+        torch.cuda.synchronize()
+    warnings = [w for w in session.report.warnings if "device" in w or "CUDA" in w]
+    check.record(
+        "cuda graph", not warnings, f"captured and replayed 20 times; warnings: {warnings or 'none'}"
+    )
+
+
+def check_compile_before_profiling(check: Check, torch: Any) -> None:
+    """A model compiled before the window is not recompiled by profiling it, cell after cell."""
+    from torch._dynamo.utils import counters
+
+    import perfmagic
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = torch.compile(
+        _mlp(torch, 1024, "cuda"), backend="aot_eager"
+    )  # dynamo's guards, no minute of inductor
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(256, 1024, device="cuda")
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).mean().backward()
+        opt.step()
+
+    step()
+    graphs = dict(counters["stats"])
+    for _ in range(3):
+        with perfmagic.profile(sample=False):
+            for _ in range(5):
+                step()
+    recompiles = sum(counters["recompiles"].values())
+    breaks = sum(counters["graph_break"].values())
+    check.record(
+        "compile",
+        dict(counters["stats"]) == graphs and not recompiles and not breaks,
+        f"graphs {graphs} -> {dict(counters['stats'])}; recompiles {recompiles}; graph breaks {breaks}",
+    )
+
+
+def check_amp_and_allocator(check: Check, torch: Any) -> None:
+    """bf16 autocast is seen, and the caching allocator's figures reach the report."""
+    import perfmagic
+
+    model = _mlp(torch, 2048, "cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(1024, 2048, device="cuda")
+    with perfmagic.profile(interval=0.05) as session:
+        for _ in range(30):
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x).float().mean()
+            loss.backward()
+            opt.step()
+    dtypes = session.timeline.marks("torch_stats")[-1].data["autocast_dtypes"]
+    allocator = next(
+        (d.get("allocator") for d in session.report.to_dict()["devices"] if d.get("allocator")), None
+    )
+    check.record(
+        "amp+allocator",
+        dtypes.get("cuda:bfloat16") == 30 and bool(allocator and allocator["allocated_peak_bytes"] > 0),
+        f"autocast {dtypes}; allocator {allocator}",
+    )
+
+
+def check_second_gpu(check: Check, torch: Any) -> None:
+    """With two GPUs: a model on cuda:1 is timed there (the current device stays 0)."""
+    import perfmagic
+
+    if torch.cuda.device_count() < 2:
+        check.record("second gpu", None, "one GPU here")
+        return
+    model = _mlp(torch, 4096, "cuda:1")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(4096, 4096, device="cuda:1")
+    with perfmagic.profile(sample=False) as session:
+        for _ in range(20):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    clock = session.recorder.device_clock if session.recorder else None
+    devices = getattr(clock, "devices", ())
+    forward = session.report.to_dict()["stages"].get("forward", {}).get("mean_s") or 0.0
+    check.record("second gpu", 1 in devices, f"clock on devices {devices}; forward {1000 * forward:.2f} ms")
+
+
+CUDA_PATH_CHECKS = (
+    check_stage_truth,
+    check_pending_marks,
+    check_model_to_cuda_in_window,
+    check_cuda_graph,
+    check_compile_before_profiling,
+    check_amp_and_allocator,
+    check_second_gpu,
+)
+
+
+def cuda_paths(check: Check, torch: Any) -> None:
+    for run in CUDA_PATH_CHECKS:
+        with check.section(run.__name__.removeprefix("check_").replace("_", " ")):
+            run(check, torch)
+
+
 # -- phase 4 ---------------------------------------------------------------------------------
 
 
@@ -431,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         session = None
         with check.section(f"training {TRAIN_S:.0f} s under perfmagic.profile()"):
             session = training(check, torch, "cuda", TRAIN_S)
+        cuda_paths(check, torch)
         with check.section("sampler cost"):
             sampler_cost(check, session)
         with check.section("pytest -m gpu"):

@@ -273,8 +273,7 @@ class TorchStages:
         forward_id = rec.stage_id("forward")
         orig_call = torch.nn.Module.__call__
         stats = self.stats
-        is_autocast = torch.is_autocast_enabled
-        autocast_dtype = torch.get_autocast_dtype
+        is_autocast, autocast_dtype = _autocast_queries(torch)
         grad_enabled = torch.is_grad_enabled
         is_compiling = _is_compiling(torch)
         seen = self._seen
@@ -575,6 +574,22 @@ def _subclasses(cls: type) -> list[type]:
     return list(dict.fromkeys(found))
 
 
+def _autocast_queries(torch: Any) -> tuple[Callable[[str], bool], Callable[[str], Any]]:
+    """``is_autocast_enabled(device)`` and ``get_autocast_dtype(device)``; before torch 2.4 each device
+    had its own functions (``is_autocast_enabled()`` meant CUDA)."""
+    dtype = getattr(torch, "get_autocast_dtype", None)
+    if dtype is not None:
+        return torch.is_autocast_enabled, dtype
+
+    def enabled(device: str) -> bool:
+        return bool(torch.is_autocast_enabled() if device == "cuda" else torch.is_autocast_cpu_enabled())
+
+    def old_dtype(device: str) -> Any:
+        return torch.get_autocast_gpu_dtype() if device == "cuda" else torch.get_autocast_cpu_dtype()
+
+    return enabled, old_dtype
+
+
 def _not_compiled_alone(torch: Any, hooks: list[Any]) -> None:
     """Dynamo must never compile a hook as a frame of its own, only trace through it.
 
@@ -593,9 +608,10 @@ def _not_compiled_alone(torch: Any, hooks: list[Any]) -> None:
 
 
 def _is_compiling(torch: Any) -> Callable[[], bool]:
-    """``torch.compiler.is_compiling`` (True while dynamo traces); torch < 2.3 has none."""
+    """``torch.compiler.is_compiling`` (True while dynamo traces); before torch 2.3, dynamo's own."""
     compiler = getattr(torch, "compiler", None)
-    return getattr(compiler, "is_compiling", None) or (lambda: False)
+    dynamo = getattr(torch, "_dynamo", None)
+    return getattr(compiler, "is_compiling", None) or getattr(dynamo, "is_compiling", None) or (lambda: False)
 
 
 def _saved_what(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
