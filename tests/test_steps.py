@@ -388,3 +388,18 @@ def test_a_failing_device_mark_never_masks_the_users_error() -> None:
     assert rec.device_clock is None
     warnings = rec.close()
     assert any("device-side assert" in w for w in warnings) and len(tl.spans) == 2
+
+
+@pytest.mark.parametrize("listened", [True, False])
+def test_nvtx_ranges_only_when_a_tool_collects_them(listened: bool) -> None:
+    """Nsight tools announce themselves in NVTX_INJECTION64_PATH; without one a range costs for nothing."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVTX_INJECTION")}
+    if listened:
+        env["NVTX_INJECTION64_PATH"] = "/nonexistent/libinjection.so"  # as nsys sets it, to its own library
+    probe = "import nvtx, perfmagic.collect.recorder as r; print(r._nvtx_push is nvtx.push_range)"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(listened)

@@ -20,6 +20,7 @@ Rules that keep the picture right without the user's help:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,18 +42,26 @@ MAX_DEPTH = 127
 _CLOSED = -1
 """The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
 
-try:
-    import nvtx as _nvtx
 
-    _nvtx_push: Callable[..., Any] = _nvtx.push_range
-    _nvtx_pop: Callable[..., Any] = _nvtx.pop_range
-except Exception:  # nvtx is a dependency, but a broken install must not stop profiling
+def _no_range(*_: Any, **__: Any) -> None:
+    return None
 
-    def _nvtx_push(message: str, **_: Any) -> None:
-        return None
 
-    def _nvtx_pop(**_: Any) -> None:
-        return None
+def nvtx_listened() -> bool:
+    """Whether a tool collects NVTX ranges: Nsight Systems and Nsight Compute inject themselves through
+    these variables when they start the process. Without one, a range would cost for nothing."""
+    return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_PATH"))
+
+
+_nvtx_push: Callable[..., Any] = _no_range
+_nvtx_pop: Callable[..., Any] = _no_range
+if nvtx_listened():
+    try:
+        import nvtx as _nvtx
+
+        _nvtx_push, _nvtx_pop = _nvtx.push_range, _nvtx.pop_range
+    except Exception:  # nvtx is a dependency, but a broken install must not stop profiling
+        pass
 
 
 class DeviceClock(Protocol):
