@@ -1,13 +1,16 @@
-"""Step-time overhead of perfmagic's default mode, next to torch.profiler's.
+"""What perfmagic's default mode costs a training loop, next to torch.profiler's.
 
-The same small CPU training loop (1–3 ms steps: DataLoader, forward,
-backward, optimizer) runs unprofiled, under ``perfmagic.profile()`` and under
-``torch.profiler.profile()`` with default settings. Modes are interleaved in
-rotating order over several rounds, so drift and noise from other processes
-hit all of them alike; each round yields a step-time ratio to the unprofiled
-run of the same round, and the median ratio is reported.
+The same small CPU training loop (1–3 ms steps: DataLoader, forward, backward,
+optimizer) runs unprofiled, under ``perfmagic.profile()``, under it with a device
+clock on a simulated CUDA device (``tests/sim_cuda.py``: every stage marks events, as
+on a GPU) and under ``torch.profiler.profile()``. Each run lasts ``--seconds`` (10 s:
+longer than the 1 s spool period and the device-mark drains, so periodic costs count)
+and is timed whole, as seconds per step. Modes are interleaved in rotating order over
+``--rounds`` rounds, so drift and other processes hit all of them alike; each round
+gives each mode's ratio to the unprofiled run of the same round, and the median ratio
+is reported with its spread.
 
-    python benchmarks/overhead.py [--rounds 7] [--steps 300]
+    python benchmarks/overhead.py [--rounds 15] [--seconds 10] [--modes perfmagic,...]
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,11 +29,15 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import perfmagic
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.sim_cuda import SimCuda, installed
 
-def make_loop(steps: int) -> Callable[[], float]:
-    """A training loop; returns its median step time in seconds."""
+
+def make_loop(seconds: float) -> Callable[[], float]:
+    """A training loop that runs whole passes over its data for at least ``seconds``; returns its
+    seconds per step, everything included."""
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(steps * 64, 256), torch.randint(0, 10, (steps * 64,)))
+    data = TensorDataset(torch.randn(300 * 64, 256), torch.randint(0, 10, (300 * 64,)))
     loader = DataLoader(data, batch_size=64)
     model = torch.nn.Sequential(
         torch.nn.Linear(256, 512),
@@ -41,16 +50,14 @@ def make_loop(steps: int) -> Callable[[], float]:
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def loop() -> float:
-        times = []
-        last = time.perf_counter()
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss_fn(model(x), y).backward()
-            optimizer.step()
-            now = time.perf_counter()
-            times.append(now - last)
-            last = now
-        return statistics.median(times[5:])
+        steps, begin = 0, time.perf_counter()
+        while time.perf_counter() - begin < seconds:
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+                steps += 1
+        return (time.perf_counter() - begin) / steps
 
     return loop
 
@@ -67,9 +74,16 @@ def with_torch_profiler() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def with_perfmagic_device_clock() -> Iterator[None]:
+    with installed(SimCuda()), perfmagic.profile():
+        yield
+
+
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "unprofiled": contextlib.nullcontext,
     "perfmagic": with_perfmagic,
+    "perfmagic+device clock": with_perfmagic_device_clock,
     "torch.profiler": with_torch_profiler,
 }
 
@@ -78,15 +92,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each run")
+    parser.add_argument("--modes", default=",".join(list(MODES)[1:]), help="profiled modes, comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    loop = make_loop(args.steps)
-    loop()  # warm-up: allocator, first-call costs
+    names = ["unprofiled", *(m for m in args.modes.split(",") if m)]
+    unknown = [n for n in names if n not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; known: {list(MODES)}")
+    loop = make_loop(args.seconds)
+    make_loop(1.0)()  # warm-up: allocator, first-call costs
 
-    names = list(MODES)
-    medians: dict[str, list[float]] = {n: [] for n in names}
+    per_step: dict[str, list[float]] = {n: [] for n in names}
     ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
@@ -94,16 +112,20 @@ def main() -> None:
         for name in order:
             with MODES[name]():
                 this_round[name] = loop()
-            medians[name].append(this_round[name])
+            per_step[name].append(this_round[name])
         for name in names[1:]:
             ratios[name].append(this_round[name] / this_round["unprofiled"])
 
-    print(f"{args.rounds} rounds x {args.steps} steps, torch {torch.__version__}, 1 intra-op thread")
+    print(f"{args.rounds} rounds x {args.seconds:g} s per mode, torch {torch.__version__}, 1 intra-op thread")
     for name in names:
-        print(f"  {name:<15} median step {statistics.median(medians[name]) * 1e3:7.3f} ms")
+        print(f"  {name:<24} {statistics.median(per_step[name]) * 1e3:7.3f} ms per step (median)")
     for name in names[1:]:
-        ratio = statistics.median(ratios[name])
-        print(f"  {name:<15} overhead {100 * (ratio - 1):+6.2f}%  (median of per-round ratios {ratio:.4f})")
+        ranked = sorted(ratios[name])
+        q1, q3 = ranked[len(ranked) // 4], ranked[(3 * len(ranked)) // 4]
+        print(
+            f"  {name:<24} overhead {100 * (statistics.median(ranked) - 1):+6.2f}%  "
+            f"(middle half of rounds {100 * (q1 - 1):+.2f}% .. {100 * (q3 - 1):+.2f}%)"
+        )
 
 
 if __name__ == "__main__":

@@ -199,6 +199,21 @@ SURFACE = (
 )
 
 
+@contextmanager
+def installed(sim: SimCuda) -> Iterator[SimCuda]:
+    """The simulated device behind ``torch.cuda`` for a block (benchmarks; tests use ``install``)."""
+    import torch
+
+    real = {name: getattr(torch.cuda, name) for name in SURFACE}
+    try:
+        for name in SURFACE:
+            setattr(torch.cuda, name, getattr(sim, name))
+        yield sim
+    finally:
+        for name, value in real.items():
+            setattr(torch.cuda, name, value)
+
+
 def install(monkeypatch: pytest.MonkeyPatch, sim: SimCuda) -> SimCuda:
     """Put the simulated device behind ``torch.cuda`` for one test (monkeypatch puts the real one back)."""
     import torch
