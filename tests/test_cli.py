@@ -104,7 +104,13 @@ def test_demo_names_the_input_bottleneck(tmp_path: Path) -> None:
     assert report["steps"]["count"] == 30
     medians = {name: stage["median_s"] for name, stage in report["stages"].items()}
     assert max(medians, key=lambda name: medians[name]) == "data"
-    assert report["advice"][0]["id"] in {"input_bound", "dataloader_workers"}
+    # other processes crowding the machine are a real finding and may come first; then the data wait
+    lead = next(
+        c
+        for c in report["advice"]
+        if not (c["id"] == "cpu_contention" and c["metrics"]["other_cores"] >= 0.5)
+    )
+    assert lead["id"] in {"input_bound", "dataloader_workers"}, report["advice"]
 
 
 @pytest.mark.slow
