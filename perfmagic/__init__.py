@@ -11,6 +11,7 @@ from typing import Any
 from perfmagic.report import Report
 from perfmagic.server import _jupyter_labextension_paths, _jupyter_server_extension_points
 from perfmagic.session import Session, load, profile, stage, step
+from perfmagic.tuning import tune
 
 __version__ = "0.1.0"
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "profile",
     "stage",
     "step",
+    "tune",
     "unload_ipython_extension",
 ]
 

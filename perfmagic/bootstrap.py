@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 RUN_DIR_ENV = "PERFMAGIC_RUN_DIR"
 INTERVAL_ENV = "PERFMAGIC_INTERVAL"
 TRACE_ENV = "PERFMAGIC_TRACE_STEPS"
+TUNE_ENV = "PERFMAGIC_TUNE"
+"""Set: tune at the end of each process; its value, when not empty, is the budget in seconds."""
 
 SITECUSTOMIZE = '''\
 """Written by perfmagic run: profiles this interpreter, then runs the user's sitecustomize."""
@@ -79,6 +81,8 @@ def start_from_env() -> None:
         sample=False,  # the perfmagic run process samples the hardware for the whole tree
         source="run",
         trace=int(os.environ.get(TRACE_ENV, "0")),
+        tune=TUNE_ENV in os.environ,
+        tune_budget=float(os.environ[TUNE_ENV]) if os.environ.get(TUNE_ENV) else None,
     )
     session.start()
     atexit.register(_finish, session)

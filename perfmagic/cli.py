@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfmagic.bootstrap import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, write_sitecustomize
+from perfmagic.bootstrap import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV, write_sitecustomize
 from perfmagic.report import Report, report_from_timelines
 from perfmagic.session import Session
 from perfmagic.timeline import SPOOL_NAME, Timeline, TimelineFormatError
@@ -55,6 +55,19 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive_int,
         metavar="STEPS",
         help="also run torch.profiler in each process for STEPS training steps (default 5)",
+    )
+    run_p.add_argument(
+        "--tune",
+        action="store_true",
+        help="at the end of each training process, try more DataLoader workers and other thread counts on "
+        "copies of what it trained, and put measured speed-ups on the cards",
+    )
+    run_p.add_argument(
+        "--tune-budget",
+        type=_positive_budget,
+        metavar="S",
+        help="with --tune: seconds tuning may take per process (default: the smaller of 60 s and a quarter "
+        "of the profiled time)",
     )
     run_p.add_argument(
         "--outdir",
@@ -102,6 +115,17 @@ def _write_outputs(report: Report, args: argparse.Namespace, command: str) -> bo
         print(f"perfmagic {command}: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
         return False
     return True
+
+
+def _positive_budget(text: str) -> float:
+    """A time budget: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def _positive_float(text: str) -> float:
@@ -177,6 +201,11 @@ def run(args: argparse.Namespace) -> int:
     env[INTERVAL_ENV] = str(args.interval)
     if args.trace:
         env[TRACE_ENV] = str(args.trace)
+    if args.tune_budget is not None and not args.tune:
+        print("perfmagic run: --tune-budget sets how long --tune may take: add --tune", file=sys.stderr)
+        return 2
+    if args.tune:
+        env[TUNE_ENV] = str(args.tune_budget or "")
 
     try:
         child = subprocess.Popen(cmd, env=env)

@@ -88,6 +88,19 @@ class PerfMagics(Magics):
     @argument(
         "--outdir", metavar="DIR", help="where the spool, report.json and traces go (default: a temp dir)"
     )
+    @argument(
+        "--tune",
+        action="store_true",
+        help="after the cell, try more DataLoader workers and other thread counts on copies of what it "
+        "trained, and put measured speed-ups on the cards (see --tune-budget)",
+    )
+    @argument(
+        "--tune-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --tune: seconds tuning may take (default: the smaller of 60 s and a quarter of the cell's time)",
+    )
     @argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     @argument("--html", metavar="FILE", help="also write the report as one self-contained HTML file")
     @argument("--no-live", action="store_true", help="no live panel while the cell runs")
@@ -150,6 +163,10 @@ class PerfMagics(Magics):
             raise UsageError("--steps sets how many steps --trace records: add --trace")
         if args.steps is not None and args.steps < 1:
             raise UsageError(f"--steps must be at least 1, got {args.steps}")
+        if args.tune_budget is not None and not args.tune:
+            raise UsageError("--tune-budget sets how long --tune may take: add --tune")
+        if args.tune_budget is not None and not 0 < args.tune_budget < float("inf"):
+            raise UsageError(f"--tune-budget must be a positive number of seconds, got {args.tune_budget}")
         report, value = self._profile_cell(args, cell)
         if args.return_report:
             if value is not _NOTHING and value is not None:
@@ -208,7 +225,13 @@ class PerfMagics(Magics):
             if not torch_available():
                 raise UsageError("--trace runs torch.profiler, and torch is not installed")
         # --steps needs --trace; without --steps, Session's default number of steps
-        session = Session(interval=args.interval, outdir=args.outdir, trace=args.steps or args.trace)
+        session = Session(
+            interval=args.interval,
+            outdir=args.outdir,
+            trace=args.steps or args.trace,
+            tune=args.tune,
+            tune_budget=args.tune_budget,
+        )
         view = None if args.no_live or args.quiet else _LiveView(session)
         if view is not None:
             session.add_tick_listener(view.panel.update)

@@ -200,6 +200,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "timeseries": analysis.timeseries,
         "hotspots": analysis.hotspots,
         "torch_traces": analysis.torch_traces,
+        "tuning": analysis.tuning,
     }
     data = _clean(data)
     data["step_table"] = step_table(b)  # after _clean: numbers made JSON-safe by numpy, not one by one

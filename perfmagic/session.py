@@ -65,9 +65,17 @@ class Session:
         sources: list[Source] | None = None,
         source: str = "live",
         trace: bool | int = False,
+        tune: bool = False,
+        tune_budget: float | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        if tune_budget is not None and not (isinstance(tune_budget, (int, float)) and tune_budget > 0):
+            raise ValueError(f"tune_budget must be a positive number of seconds, got {tune_budget!r}")
+        if not isinstance(tune, bool):
+            raise ValueError(f"tune must be True or False, got {tune!r}")
+        self.tune = tune
+        self.tune_budget = tune_budget
         self.interval = float(interval)
         # torch.profiler over this many training steps (True: 5); the heavy mode is opt-in and bounded
         self.trace_steps = 5 if trace is True else int(trace)
@@ -207,6 +215,7 @@ class Session:
             if not self._running or self.recorder is None:
                 return
             hooks = torch_hooks.TorchStages(self.recorder)
+            hooks.keep_inputs = self.tune
             try:
                 hooks.install()  # on failure it has removed what it installed
             except Exception as e:  # an unexpected torch version must not fail the user's import or block
@@ -253,6 +262,8 @@ class Session:
         self.timeline.meta["wall_s"] = self._clock()
         try:
             self._teardown()
+            if self.tune:
+                self._tune()
         finally:
             with _active_lock:
                 _active = None
@@ -310,6 +321,32 @@ class Session:
                     "ticks": self._sampler.ticks,
                     "busy_s": self._sampler.busy_s,
                 }
+
+    def _tune(self) -> None:
+        """Try the fixes on what the window met (after it: the hooks are off), into ``meta["tuning"]``."""
+        from perfmagic.analyze.steady import steady_of
+        from perfmagic.analyze.steps import step_breakdown
+        from perfmagic.tuning import default_budget, tune
+
+        objects = self._torch.tuning_objects() if self._torch is not None else {}
+        if not objects:
+            self.warnings.append("tune: no DataLoader or model was seen in the window: nothing to try")
+            return
+        steady = steady_of(step_breakdown(self.timeline))
+        budget = self.tune_budget or default_budget(float(self.timeline.meta.get("wall_s") or 0.0))
+        try:
+            self.timeline.meta["tuning"] = tune(
+                **objects,
+                budget_s=max(budget, 0.5),
+                step_s=steady.step_s if steady else None,
+                data_s=steady.stage_s("data") if steady else None,
+            )
+        except Exception as e:  # the report of the window must not be lost to a tuning failure
+            self.warnings.append(f"tune: tuning failed ({e!r}); the report covers the window only")
+        finally:
+            assert self._torch is not None
+            self._torch.inputs.clear()  # the batches kept for tuning: no longer needed
+            self._torch.met.clear()
 
     def _finish_spool(self) -> None:
         """Bring the spool up to date (the recorder has closed: every span's times are final)."""

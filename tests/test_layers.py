@@ -28,6 +28,7 @@ LAYERS = {
     "perfmagic.timeline": 1,
     "perfmagic.collect": 2,
     "perfmagic.traces": 2,
+    "perfmagic.tuning": 2,
     "perfmagic.analyze": 3,
     "perfmagic.advise": 4,
     "perfmagic.compare": 4,

@@ -348,10 +348,13 @@ def _cheaper_samples_fix(ld: dict[str, Any] | None) -> str:
 
 
 def dataloader_workers(a: Analysis) -> Card | None:
-    """Too few DataLoader workers for the data wait, given this machine's CPUs."""
+    """Too few DataLoader workers for the data wait, given this machine's CPUs (measured where tuned)."""
     s = a.steady
     if s is None or s.share("data") < INPUT_SHARE:
         return None
+    tried = a.tuned("num_workers")
+    if tried is not None:
+        return _measured_workers(a, s, tried)
     plan, ld = _more_workers(a, s), a.config.loader
     if plan is None or ld is None:
         return None
@@ -395,6 +398,35 @@ def dataloader_workers(a: Analysis) -> Card | None:
         saving_s=step - plan.step_s,
         step_s=step,
         model=f"step = max(rest of step, load time per batch / workers) with {workers} workers",
+    )
+
+
+def _measured_workers(a: Analysis, s: Steady, tried: dict[str, Any]) -> Card | None:
+    """The worker count that tuning measured fastest on this very loader, and the step it predicts."""
+    base, best = tried["baseline"], tried["best"]
+    if best["value"] == base["value"]:
+        return None  # measured: more workers do not load faster here
+    ld = a.config.loader or {}
+    step = a.tuned("step")
+    predicted = step["best"]["seconds"] if step else max(s.step_s - s.stage_s("data"), best["seconds"])
+    table = ", ".join(f"{t['value']}: {fmt_seconds(t['seconds'])}" for t in tried["tried"])
+    return make_card(
+        "dataloader_workers",
+        f"Use {_workers(best['value'])} instead of {base['value']} (measured)",
+        f"Tried on this loader after the window: seconds per batch by num_workers — {table}. "
+        f"{_workers(best['value'])} load a batch in {fmt_seconds(best['seconds'])} against "
+        f"{fmt_seconds(base['seconds'])} now; with the rest of the step that predicts a "
+        f"{fmt_seconds(predicted)} step instead of {fmt_seconds(s.step_s)}.",
+        dataloader_code(ld, num_workers=best["value"], persistent_workers=True),
+        {
+            "num_workers": base["value"],
+            "recommended_workers": best["value"],
+            "tried": tried["tried"],
+            "predicted_step_s": predicted,
+        },
+        saving_s=max(0.0, s.step_s - predicted),
+        step_s=s.step_s,
+        model="measured",
     )
 
 

@@ -112,6 +112,13 @@ class Analysis:
     torch_traces: list[dict[str, Any]] = field(default_factory=list)  # torch.profiler traces of the window
     # per stage: the code the training thread was sampled in most (see hotspots)
     hotspots: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    tuning: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # knobs tried after the window (perfmagic.tuning)
+
+    def tuned(self, knob: str) -> dict[str, Any] | None:
+        """The measured result of one tuning knob, where it was tried."""
+        return next((t for t in self.tuning if t.get("knob") == knob and t.get("best")), None)
 
     def steady_mean(self, metric: str) -> float | None:
         """A sampled metric's mean over the steady steps (the whole window when too few samples fall there)."""
@@ -178,6 +185,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         timeseries=timeseries(sampled),
         hotspots=hotspots(tl),
         torch_traces=profiler_traces(timelines),
+        tuning=list(tl.meta.get("tuning") or []),
     )
 
 

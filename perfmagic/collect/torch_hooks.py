@@ -33,11 +33,13 @@ else would break the graph at every module call.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib.util
 import logging
 import os
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +98,11 @@ class TorchStages:
         self._handles: list[Any] = []
         self._torch: Any = None
         self._seen: set[int] = set()
+        # for tuning (``keep_inputs``): the loaders, models and optimizers met, and each top-level
+        # module's last inputs; weak where it can be, so that nothing lives longer for perfmagic
+        self.keep_inputs = False
+        self.met: dict[str, list[Callable[[], Any]]] = {}
+        self.inputs: dict[int, tuple[weakref.ref[Any], tuple[Any, ...], dict[str, Any]]] = {}
         self.warnings: list[str] = []
         self._device_clock_failed = False
         self.stats: dict[str, Any] = {
@@ -150,11 +157,39 @@ class TorchStages:
             self.recorder.timeline.add_mark(self._now(), "torch_stats", **self.stats)
         return [*self.warnings, *warnings]
 
+    def tuning_objects(self) -> dict[str, Any]:
+        """What tuning needs of what the window met: ``loader`` (the largest), ``model`` (the top-level
+        module with the most parameters) with its last ``batch`` (args, kwargs), its ``optimizer``."""
+        alive = {k: [o for r in refs if (o := r()) is not None] for k, refs in self.met.items()}
+        found: dict[str, Any] = {}
+        loaders = alive.get("_record_loader", [])
+        if loaders:
+            found["loader"] = max(loaders, key=_dataset_len)
+        called = [(m, args, kwargs) for ref, args, kwargs in self.inputs.values() if (m := ref()) is not None]
+        if called:
+            model, args, kwargs = max(called, key=lambda c: sum(p.numel() for p in c[0].parameters()))
+            found["model"], found["batch"] = model, (args if not kwargs else kwargs if not args else None)
+            own = {id(p) for p in model.parameters()}
+            found["optimizer"] = next(
+                (
+                    o
+                    for o in alive.get("_record_optimizer", [])
+                    if any(id(p) in own for g in o.param_groups for p in g["params"])
+                ),
+                None,
+            )
+        return found
+
     def _record_once(self, record: Callable[[Any], None], obj: Any) -> None:
         """``record(obj)`` once per object: what the hooks note of the user's objects never raises into their code."""
         if id(obj) in self._seen:
             return
         self._seen.add(id(obj))
+        if self.keep_inputs:  # kept alive for tuning: `for x in DataLoader(...)` holds its loader nowhere
+            self.met.setdefault(record.__name__, []).append(_Strong(obj))
+        else:
+            with contextlib.suppress(TypeError):  # an object without weak references is not kept
+                self.met.setdefault(record.__name__, []).append(weakref.ref(obj))
         try:
             record(obj)
         except Exception as e:
@@ -295,6 +330,8 @@ class TorchStages:
                 result = orig_call(module, *args, **kwargs)
                 if id(module) not in seen:  # after the call: a lazy module's parameters exist
                     self._record_once(self._record_model, module)
+                if self.keep_inputs:
+                    self.inputs[id(module)] = (weakref.ref(module), args, kwargs)
                 return result
             finally:
                 rec.exit()
@@ -572,6 +609,25 @@ def _subclasses(cls: type) -> list[type]:
     for sub in cls.__subclasses__():
         found += [sub, *_subclasses(sub)]
     return list(dict.fromkeys(found))
+
+
+class _Strong:
+    """A reference called like a weak one."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
+
+
+def _dataset_len(loader: Any) -> int:
+    try:
+        return len(loader.dataset)
+    except Exception:  # no __len__, or one that raises
+        return 0
 
 
 def _autocast_queries(torch: Any) -> tuple[Callable[[str], bool], Callable[[str], Any]]:

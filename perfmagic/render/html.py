@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfmagic.render.text import hotspot_lines, minor_line, most_to_gain, saving_words
+from perfmagic.render.text import hotspot_lines, minor_line, most_to_gain, saving_words, tuning_lines
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
@@ -113,6 +113,12 @@ def report_fragment(report: dict[str, Any], links: Sequence[tuple[str, str]] = (
     minor = minor_line(report)
     if minor:
         parts.append(f'<p class="pm-minor">{html.escape(minor[0].upper() + minor[1:])}.</p>')
+    tuned = tuning_lines(report)
+    if tuned:
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in tuned)
+        parts.append(
+            f'<div class="pm-tuning"><b>Tuning</b> (tried after the window, on copies)<ul>{items}</ul></div>'
+        )
     if report.get("warnings"):
         items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
         parts.append(

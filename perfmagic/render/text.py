@@ -74,6 +74,28 @@ def minor_line(report: dict[str, Any]) -> str | None:
     return "also checked, each under 2% of a step to gain: " + ", ".join(parts)
 
 
+def tuning_lines(report: dict[str, Any]) -> list[str]:
+    """One line per knob tuning tried: its settings' measured times, and the best against the baseline."""
+    lines = []
+    for knob in report.get("tuning") or []:
+        base, best = knob.get("baseline"), knob.get("best")
+        if knob["knob"] == "step" and best:
+            settings = ", ".join(f"{k}={v}" for k, v in best["value"].items())
+            lines.append(
+                f"predicted step with {settings}: {fmt_seconds(best['seconds'])} against "
+                f"{fmt_seconds(base['seconds'])} observed (~{knob['speedup']:.2g}× faster)"
+            )
+        elif best and base:
+            tried = ", ".join(f"{t['value']}: {fmt_seconds(t['seconds'])}" for t in knob["tried"])
+            lines.append(
+                f"{knob['knob']} (measured, {knob['unit']}): {tried}; best {best['value']} "
+                f"(~{knob['speedup']:.2g}× against {base['value']})"
+            )
+        else:
+            lines.append(f"{knob['knob']}: not compared ({'; '.join(knob.get('notes') or [])})")
+    return lines
+
+
 def render_text(report: dict[str, Any]) -> str:
     lines: list[str] = []
     steps = report["steps"]
@@ -159,6 +181,10 @@ def render_text(report: dict[str, Any]) -> str:
     minor = minor_line(report)
     if minor:
         lines += ["", minor]
+
+    tuned = tuning_lines(report)
+    if tuned:
+        lines += ["", "tuning (tried after the window, on copies):", *(f"  {line}" for line in tuned)]
 
     if report["warnings"]:
         lines += ["", "not measured:"]

@@ -1,0 +1,141 @@
+"""Tuning: the candidate fixes tried on the user's own loader and model, and their measured effect.
+
+After the profiled window (never inside the user's steps) and within a time budget,
+``tune`` rebuilds the user's DataLoader with other worker counts and times one training step
+on copies of the model and optimizer with other thread counts. The user's objects, random
+streams and thread count are left exactly as they were (:func:`perfmagic.tuning.guard.untouched`).
+
+Each result is one knob, as the report's ``tuning`` key holds it: ``{knob, unit, baseline:
+{value, seconds}, tried: [{value, seconds}], best: {value, seconds}, speedup, budget_s, notes}``.
+With the observed step, a last ``step`` entry predicts the step of the best combination.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from perfmagic.tuning.guard import untouched
+
+DEFAULT_BUDGET_S = 60.0
+"""The most a session spends tuning; it also spends at most a quarter of the profiled time."""
+
+BUDGET_SHARE = 0.25
+
+
+def default_budget(window_s: float) -> float:
+    return min(DEFAULT_BUDGET_S, BUDGET_SHARE * window_s)
+
+
+def tune(
+    loader: Any = None,
+    model: Any = None,
+    optimizer: Any = None,
+    batch: Any = None,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    step_s: float | None = None,
+    data_s: float | None = None,
+) -> list[dict[str, Any]]:
+    """Try the knobs that apply to what is given; returns one result per knob tried.
+
+    ``batch`` is what the model is called with: a tuple of arguments, a dict of keyword
+    arguments or one argument. ``step_s`` and ``data_s`` (the observed step and its wait for
+    data, seconds) let the loader stop at the worker count that keeps up and give the
+    predicted step. Ctrl-C ends tuning early with what was measured so far.
+    """
+    from perfmagic.tuning.compute import TrainingStep, tune_threads
+    from perfmagic.tuning.loader import tune_workers
+
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
+    rest_s = step_s - data_s if step_s is not None and data_s is not None else None
+    results: list[dict[str, Any]] = []
+    begin = time.perf_counter()
+    with untouched():
+        try:
+            step = None
+            if model is not None and batch is not None:
+                step = TrainingStep(model, optimizer, *_call_of(batch))
+            if loader is not None:
+                share = budget_s * (0.6 if step is not None else 1.0)
+                done = tune_workers(loader, share, rest_s, step)
+                if done is not None:
+                    results.append({**done, "budget_s": share})
+            if step is not None and not _on_cuda(model):
+                share = budget_s - (time.perf_counter() - begin)
+                if share > 0:
+                    done = tune_threads(step, share)
+                    if done is not None:
+                        results.append({**done, "budget_s": share})
+        except KeyboardInterrupt:
+            results.append(_note("interrupted", "Ctrl-C ended tuning: the knobs above were measured"))
+    if step_s is not None and data_s is not None:
+        predicted = predicted_step(results, step_s, data_s, loader)
+        if predicted is not None:
+            results.append(predicted)
+    return results
+
+
+def predicted_step(
+    results: list[dict[str, Any]], step_s: float, data_s: float, loader: Any
+) -> dict[str, Any] | None:
+    """The step the best settings predict: loading by workers overlaps the rest of the step."""
+    by_knob = {r["knob"]: r for r in results if r.get("best")}  # a knob that could not be compared: no part
+    workers, threads = by_knob.get("num_workers"), by_knob.get("num_threads")
+    if workers is None and threads is None:
+        return None
+    rest = step_s - data_s
+    best: dict[str, Any] = {}
+    if threads is not None:
+        rest = max(0.0, rest - (threads["baseline"]["seconds"] - threads["best"]["seconds"]))
+        best["num_threads"] = threads["best"]["value"]
+    load, count = data_s, getattr(loader, "num_workers", 0)
+    if workers is not None:
+        load, count = workers["best"]["seconds"], workers["best"]["value"]
+        best["num_workers"] = count
+    if workers is not None and workers["unit"] == "seconds per step":  # measured with the step beside it
+        step = workers["best"]["seconds"] - (step_s - data_s - rest)
+    else:
+        step = max(rest, load) if count else rest + load
+    return {
+        "knob": "step",
+        "unit": "seconds per step",
+        "baseline": {"value": "observed", "seconds": step_s},
+        "tried": [],
+        "best": {"value": best, "seconds": step},
+        "speedup": step_s / step if step > 0 else None,
+        "budget_s": None,
+        "notes": [
+            "the step measured with the best worker count (loading beside a training step on copies of "
+            "the model), less what the best thread count saved"
+            if workers is not None and workers["unit"] == "seconds per step"
+            else "predicted from the measured knobs: with workers, loading overlaps the rest of the step "
+            "(the step is the longer of the two); without, they add up"
+        ],
+    }
+
+
+def _note(knob: str, text: str) -> dict[str, Any]:
+    return {
+        "knob": knob,
+        "unit": None,
+        "baseline": None,
+        "tried": [],
+        "best": None,
+        "speedup": None,
+        "budget_s": None,
+        "notes": [text],
+    }
+
+
+def _call_of(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(batch, tuple):
+        return batch, {}
+    if isinstance(batch, dict):
+        return (), dict(batch)
+    return (batch,), {}
+
+
+def _on_cuda(model: Any) -> bool:
+    return any(p.is_cuda for p in model.parameters())

@@ -1,0 +1,154 @@
+"""The input pipeline tried with other settings: the user's DataLoader rebuilt, never changed."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+MAX_WORKERS = 32
+"""Beyond this many workers a loader's hand-over, not its workers, sets the pace."""
+
+MIN_BATCHES = 6
+"""Batches timed per setting, after the ones its workers had ready when timing began."""
+
+
+def candidate_workers(current: int, cpus: int, worker_bytes: int | None) -> list[int]:
+    """Worker counts worth a try: doubling from 1 up to four per CPU (workers that wait on storage
+    need no CPU each), at most :data:`MAX_WORKERS` and as many as half the available memory holds."""
+    cap = min(MAX_WORKERS, 4 * max(1, cpus))
+    if worker_bytes:
+        cap = min(cap, max(1, int(psutil.virtual_memory().available / 2 // worker_bytes)))
+    values = {current}
+    n = 1
+    while n <= cap:
+        values.add(n)
+        n *= 2
+    return sorted(v for v in values if v <= max(cap, current))
+
+
+def rebuilt(loader: Any, **settings: Any) -> Any:
+    """A new DataLoader over the same dataset, batching and collation, with ``settings`` changed."""
+    from torch.utils.data import DataLoader
+
+    options: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "collate_fn": loader.collate_fn,
+        "drop_last": loader.drop_last,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "num_workers": loader.num_workers,
+    }
+    if loader.batch_size is None:  # a batch sampler of the user's: keep it
+        options["batch_sampler"] = loader.batch_sampler
+        del options["batch_size"], options["drop_last"]
+    options.update(settings)
+    if options["num_workers"] > 0:
+        options["prefetch_factor"] = settings.get("prefetch_factor", loader.prefetch_factor or 2)
+        options["multiprocessing_context"] = loader.multiprocessing_context
+    return DataLoader(loader.dataset, **options)
+
+
+def seconds_per_batch(
+    loader: Any, deadline: float, work: Callable[[], None] | None = None
+) -> tuple[float | None, float, int]:
+    """(steady seconds per batch, seconds to the first batch, batches timed) of one pass, by a deadline.
+
+    The batches its workers make while the first one is awaited are skipped: prefetched batches
+    say nothing of the rate batches are made at. ``None`` when fewer than two could be timed.
+    """
+    ahead = loader.num_workers * (loader.prefetch_factor or 0) if loader.num_workers else 0
+    begin = time.perf_counter()
+    it = iter(loader)
+    try:
+        next(it)
+        first = time.perf_counter() - begin
+        for _ in range(ahead):
+            next(it)
+        start = last = time.perf_counter()
+        timed = 0
+        for _ in it:
+            if work is not None:  # the training step beside the loading, competing for the CPUs as it will
+                work()
+            timed, last = timed + 1, time.perf_counter()
+            if last >= deadline and (timed >= MIN_BATCHES or (timed >= 2 and last >= deadline + first)):
+                break
+    except StopIteration:  # a pass shorter than the workers' head start
+        return None, time.perf_counter() - begin, 0
+    finally:
+        del it  # ends the pass's worker processes now
+    if timed < 2:
+        return None, first, timed
+    return (last - start) / timed, first, timed
+
+
+def tune_workers(
+    loader: Any, budget_s: float, rest_s: float | None, work: Callable[[], None] | None = None
+) -> dict[str, Any] | None:
+    """``num_workers`` tried on a rebuilt loader: seconds per batch for each count, until one keeps up
+    with the rest of the step (``rest_s``) or the budget is spent.
+
+    With ``work`` (a training step on copies of the model), each batch is followed by it and the
+    figure is seconds per step: loading and computing on the same CPUs, as in the training.
+    """
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    rss = psutil.Process().memory_info().rss
+    candidates = candidate_workers(loader.num_workers, cpus, rss)
+    end = time.perf_counter() + budget_s
+    tried: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for k, workers in enumerate(candidates):
+        left = end - time.perf_counter()
+        if left <= 0:
+            notes.append(f"budget spent before {workers} workers were tried")
+            break
+        share = left / (len(candidates) - k)
+        try:
+            with warnings.catch_warnings():  # torch's advice on worker counts: these loaders are ours
+                warnings.simplefilter("ignore", UserWarning)
+                per_batch, first, timed = seconds_per_batch(
+                    rebuilt(loader, num_workers=workers), time.perf_counter() + share, work
+                )
+        except Exception as e:  # the dataset's own error (a file gone, a transform that raises)
+            notes.append(f"{workers} workers: the loader raised {e!r}; num_workers not tuned further")
+            break
+        if per_batch is None:
+            notes.append(f"{workers} workers: too few batches in {share:.1f} s to time")
+            continue
+        tried.append({"value": workers, "seconds": per_batch, "start_s": first, "batches": timed})
+        if work is None and rest_s is not None and per_batch <= rest_s and workers > loader.num_workers:
+            notes.append(
+                f"{workers} workers keep up with the rest of the step ({rest_s * 1e3:.1f} ms): no more tried"
+            )
+            break
+    baseline = next((t for t in tried if t["value"] == loader.num_workers), None)
+    if baseline is None or len(tried) < 2:  # nothing to compare: only what was seen is said
+        return {
+            "knob": "num_workers",
+            "unit": "seconds per batch" if work is None else "seconds per step",
+            "baseline": baseline,
+            "tried": tried,
+            "best": None,
+            "speedup": None,
+            "notes": notes or ["too little time to compare worker counts"],
+        }
+    best = min(tried, key=lambda t: t["seconds"])
+    # the fewest workers within 5% of the fastest: a worker costs memory and start-up for nothing more
+    best = min((t for t in tried if t["seconds"] <= best["seconds"] * 1.05), key=lambda t: t["value"])
+    if work is not None:
+        notes.append("each batch followed by a training step on copies of the model: seconds per step")
+    return {
+        "knob": "num_workers",
+        "unit": "seconds per batch" if work is None else "seconds per step",
+        "baseline": baseline,
+        "tried": tried,
+        "best": best,
+        "speedup": baseline["seconds"] / best["seconds"] if best["seconds"] > 0 else math.inf,
+        "notes": notes,
+    }

@@ -1,0 +1,210 @@
+"""Tuning on real loaders and a real model: measured speed-ups that hold when applied, nothing touched."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import perfmagic
+
+pytestmark = pytest.mark.slow
+
+
+class Sleepy(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Waits on "storage" for each sample: more workers than CPUs help."""
+
+    def __init__(self, n: int = 4096, wait_s: float = 0.002) -> None:
+        self.n, self.wait_s = n, wait_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(self.wait_s)
+        return torch.full((256,), float(i % 7)), torch.tensor(i % 10)
+
+
+class Busy(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Computes each sample on the CPU: workers help only as far as there are CPUs."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.full((48, 48), float(i % 5) / 10)
+        for _ in range(30):
+            x = torch.tanh(x @ x.T / 48)
+        return x.flatten()[:256], torch.tensor(i % 10)
+
+
+class FailsInWorkers(Sleepy):
+    """Reads a file only the main process can (a path relative to a directory a worker changed)."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.utils.data.get_worker_info() is not None:
+            raise FileNotFoundError(f"sample {i}: no such file")
+        return super().__getitem__(i)
+
+
+def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 1024),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1024, 1024),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1024, 10),
+    )
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def train(loader: DataLoader[Any], model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> float:
+    """The loop's median step, in seconds."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times, last = [], time.perf_counter()
+    for k, (x, y) in enumerate(loader):
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+        if k + 1 == steps:
+            break
+    return statistics.median(times[3:])
+
+
+def profiled_and_tuned(dataset: Dataset[Any], steps: int, budget_s: float) -> perfmagic.Report:
+    torch.set_num_threads(1)  # as the example notebooks: the loop's pace holds beside a busy core
+    model, opt = model_and_optimizer()
+    loader = DataLoader(dataset, batch_size=16)
+    with perfmagic.profile(sample=False, tune=True, tune_budget=budget_s) as session:
+        train(loader, model, opt, steps)
+    return session.report
+
+
+@pytest.mark.parametrize("dataset", [Sleepy(), Busy()], ids=["io-bound", "cpu-bound"])
+def test_the_measured_worker_count_gives_the_predicted_step(dataset: Dataset[Any]) -> None:
+    report = profiled_and_tuned(dataset, steps=30, budget_s=12)
+    tuning = {t["knob"]: t for t in report.to_dict()["tuning"]}
+    workers, step = tuning["num_workers"], tuning["step"]
+    best = workers["best"]["value"]
+    card = next((c for c in report.advice if c["id"] == "dataloader_workers"), None)
+    if best != workers["baseline"]["value"]:
+        assert card is not None and card["metrics"]["saving_model"] == "measured"
+        assert card["metrics"]["recommended_workers"] == best
+    else:  # measured: more workers load no faster here (a CPU-bound loader on a busy 2-CPU machine)
+        assert card is None
+    if isinstance(dataset, Sleepy):  # waiting on storage: workers overlap the waits, CPUs or not
+        assert best > 0 and workers["speedup"] > 1.5, workers
+    # the fix applied to the same loop: the step it gives is the step tuning predicted
+    model, opt = model_and_optimizer()
+    loader = DataLoader(dataset, batch_size=16, num_workers=best, persistent_workers=best > 0)
+    applied = train(loader, model, opt, steps=60)
+    assert applied == pytest.approx(step["best"]["seconds"], rel=0.2), (applied, step)
+
+
+def test_tuning_leaves_the_model_the_optimizer_and_every_random_stream_as_they_were() -> None:
+    model, opt = model_and_optimizer()
+    loader = DataLoader(Sleepy(n=512, wait_s=0.0005), batch_size=16, shuffle=True)
+    train(loader, model, opt, steps=5)  # momentum buffers exist
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    batch = torch.randn(16, 256)
+    states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state().clone())
+    threads = torch.get_num_threads()
+    begin = time.perf_counter()
+    results = perfmagic.tune(loader, model, opt, batch, budget_s=3)
+    took = time.perf_counter() - begin
+    assert {r["knob"] for r in results} >= {"num_workers", "num_threads"}
+    assert took <= 3 + 2, took
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert all(
+        torch.equal(m, opt.state[p]["momentum_buffer"])
+        for m, p in zip(momentum, model.parameters(), strict=True)
+    )
+    assert random.getstate() == states[0] and np.array_equal(np.random.get_state()[1], states[1])
+    assert torch.equal(torch.get_rng_state(), states[2]) and torch.get_num_threads() == threads
+
+
+def test_a_dataset_that_fails_in_workers_leaves_a_note_and_the_report() -> None:
+    report = profiled_and_tuned(FailsInWorkers(), steps=10, budget_s=4)
+    workers = next(t for t in report.to_dict()["tuning"] if t["knob"] == "num_workers")
+    assert workers["best"] is None and "no such file" in " ".join(workers["notes"])
+    assert report.to_dict()["steps"]["count"] == 10
+    card = next((c for c in report.advice if c["id"] == "dataloader_workers"), None)
+    assert card is None or card["metrics"]["saving_model"] != "measured"
+
+
+def test_an_oversubscribed_thread_count_is_found_slower() -> None:
+    """More intra-op threads than CPUs: tuning measures the faster count on a copy of the model."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0))
+    model, opt = model_and_optimizer()
+    torch.set_num_threads(4 * cpus)
+    try:
+        results = perfmagic.tune(model=model, optimizer=opt, batch=torch.randn(64, 256), budget_s=4)
+    finally:
+        torch.set_num_threads(1)
+    threads = next(r for r in results if r["knob"] == "num_threads")
+    assert threads["baseline"]["value"] == 4 * cpus
+    assert threads["best"]["value"] <= cpus and threads["speedup"] > 1.05, threads
+
+
+def test_tune_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="tune_budget"):
+        perfmagic.profile(tune=True, tune_budget=0)
+    with pytest.raises(ValueError, match="budget_s"):
+        perfmagic.tune(budget_s=-1)
+
+
+TRAIN_SCRIPT = """
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Sleepy(Dataset):
+    def __len__(self): return 2048
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.full((64,), float(i % 7)), torch.tensor(i % 10)
+torch.set_num_threads(1)
+model = torch.nn.Linear(64, 10)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for k, (x, y) in enumerate(DataLoader(Sleepy(), batch_size=16)):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    if k == 20:
+        break
+"""
+
+
+def test_perfmagic_run_tune_tunes_in_the_training_process(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script, out = tmp_path / "train.py", tmp_path / "out.json"
+    script.write_text(TRAIN_SCRIPT)
+    cmd = [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--tune", "--tune-budget", "4"]
+    done = subprocess.run(
+        [*cmd, "--json", str(out), "--", sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    workers = next(t for t in report["tuning"] if t["knob"] == "num_workers")
+    assert workers["best"]["value"] > 0 and workers["speedup"] > 1.5, workers
+    text = perfmagic.load(out).__str__()
+    assert "tuning (tried after the window, on copies)" in text and "predicted step" in text
