@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from perfmagic.tuning.guard import untouched
+from perfmagic.tuning.result import knob_result
 
 DEFAULT_BUDGET_S = 60.0
 """The most a session spends tuning; it also spends at most a quarter of the profiled time."""
@@ -69,7 +70,12 @@ def tune(
                     if done is not None:
                         results.append({**done, "budget_s": share})
         except KeyboardInterrupt:
-            results.append(_note("interrupted", "Ctrl-C ended tuning: the knobs above were measured"))
+            results.append(
+                {
+                    **knob_result("interrupted", None, [], None, None, ["Ctrl-C ended tuning"]),
+                    "budget_s": budget_s,
+                }
+            )
     if step_s is not None and data_s is not None:
         predicted = predicted_step(results, step_s, data_s, loader)
         if predicted is not None:
@@ -98,13 +104,9 @@ def predicted_step(
         step = workers["best"]["seconds"] - (step_s - data_s - rest)
     else:
         step = max(rest, load) if count else rest + load
+    observed, predicted = {"value": "observed", "seconds": step_s}, {"value": best, "seconds": step}
     return {
-        "knob": "step",
-        "unit": "seconds per step",
-        "baseline": {"value": "observed", "seconds": step_s},
-        "tried": [],
-        "best": {"value": best, "seconds": step},
-        "speedup": step_s / step if step > 0 else None,
+        **knob_result("step", "seconds per step", [], observed, predicted, []),
         "budget_s": None,
         "notes": [
             "the step measured with the best worker count (loading beside a training step on copies of "
@@ -113,19 +115,6 @@ def predicted_step(
             else "predicted from the measured knobs: with workers, loading overlaps the rest of the step "
             "(the step is the longer of the two); without, they add up"
         ],
-    }
-
-
-def _note(knob: str, text: str) -> dict[str, Any]:
-    return {
-        "knob": knob,
-        "unit": None,
-        "baseline": None,
-        "tried": [],
-        "best": None,
-        "speedup": None,
-        "budget_s": None,
-        "notes": [text],
     }
 
 

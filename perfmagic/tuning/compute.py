@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any
 
+from perfmagic.tuning.result import knob_result
+
 MIN_STEPS = 3
 """Steps timed per setting, after one to warm up."""
 
@@ -95,12 +97,4 @@ def tune_threads(step: TrainingStep, budget_s: float) -> dict[str, Any] | None:
     if baseline is None or len(tried) < 2:
         return None
     best = min(tried, key=lambda t: t["seconds"])
-    return {
-        "knob": "num_threads",
-        "unit": "seconds per step",
-        "baseline": baseline,
-        "tried": tried,
-        "best": best,
-        "speedup": baseline["seconds"] / best["seconds"],
-        "notes": notes,
-    }
+    return knob_result("num_threads", "seconds per step", tried, baseline, best, notes)

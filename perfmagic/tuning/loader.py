@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import warnings
@@ -10,6 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
+
+from perfmagic.tuning.result import knob_result
 
 MAX_WORKERS = 32
 """Beyond this many workers a loader's hand-over, not its workers, sets the pace."""
@@ -127,28 +128,15 @@ def tune_workers(
                 f"{workers} workers keep up with the rest of the step ({rest_s * 1e3:.1f} ms): no more tried"
             )
             break
+    unit = "seconds per batch" if work is None else "seconds per step"
     baseline = next((t for t in tried if t["value"] == loader.num_workers), None)
     if baseline is None or len(tried) < 2:  # nothing to compare: only what was seen is said
-        return {
-            "knob": "num_workers",
-            "unit": "seconds per batch" if work is None else "seconds per step",
-            "baseline": baseline,
-            "tried": tried,
-            "best": None,
-            "speedup": None,
-            "notes": notes or ["too little time to compare worker counts"],
-        }
-    best = min(tried, key=lambda t: t["seconds"])
+        return knob_result(
+            "num_workers", unit, tried, baseline, None, notes or ["too little time to compare"]
+        )
+    fastest = min(tried, key=lambda t: t["seconds"])
     # the fewest workers within 5% of the fastest: a worker costs memory and start-up for nothing more
-    best = min((t for t in tried if t["seconds"] <= best["seconds"] * 1.05), key=lambda t: t["value"])
+    best = min((t for t in tried if t["seconds"] <= fastest["seconds"] * 1.05), key=lambda t: t["value"])
     if work is not None:
         notes.append("each batch followed by a training step on copies of the model: seconds per step")
-    return {
-        "knob": "num_workers",
-        "unit": "seconds per batch" if work is None else "seconds per step",
-        "baseline": baseline,
-        "tried": tried,
-        "best": best,
-        "speedup": baseline["seconds"] / best["seconds"] if best["seconds"] > 0 else math.inf,
-        "notes": notes,
-    }
+    return knob_result("num_workers", unit, tried, baseline, best, notes)
