@@ -152,7 +152,7 @@ def test_an_oversubscribed_thread_count_is_found_slower() -> None:
     model, opt = model_and_optimizer()
     torch.set_num_threads(4 * cpus)
     try:
-        results = perfmagic.tune(model=model, optimizer=opt, batch=torch.randn(64, 256), budget_s=4)
+        results = perfmagic.tune(model=model, optimizer=opt, batch=torch.randn(64, 256), budget_s=6)
     finally:
         torch.set_num_threads(1)
     threads = next(r for r in results if r["knob"] == "num_threads")

@@ -77,45 +77,37 @@ def tune(
                 }
             )
     if step_s is not None and data_s is not None:
-        predicted = predicted_step(results, step_s, data_s, loader)
+        predicted = predicted_step(results, step_s, data_s)
         if predicted is not None:
             results.append(predicted)
     return results
 
 
-def predicted_step(
-    results: list[dict[str, Any]], step_s: float, data_s: float, loader: Any
-) -> dict[str, Any] | None:
-    """The step the best settings predict: loading by workers overlaps the rest of the step."""
+def predicted_step(results: list[dict[str, Any]], step_s: float, data_s: float) -> dict[str, Any] | None:
+    """The step the best settings predict.
+
+    Worker counts timed beside a training step give the step itself. A thread count, timed
+    alone, shortens the step by what it saved only where no worker count was: beside workers
+    that load on the same CPUs, faster compute need not make a faster step.
+    """
     by_knob = {r["knob"]: r for r in results if r.get("best")}  # a knob that could not be compared: no part
     workers, threads = by_knob.get("num_workers"), by_knob.get("num_threads")
-    if workers is None and threads is None:
-        return None
     rest = step_s - data_s
-    best: dict[str, Any] = {}
-    if threads is not None:
-        rest = max(0.0, rest - (threads["baseline"]["seconds"] - threads["best"]["seconds"]))
-        best["num_threads"] = threads["best"]["value"]
-    load, count = data_s, getattr(loader, "num_workers", 0)
-    if workers is not None:
-        load, count = workers["best"]["seconds"], workers["best"]["value"]
-        best["num_workers"] = count
-    if workers is not None and workers["unit"] == "seconds per step":  # measured with the step beside it
-        step = workers["best"]["seconds"] - (step_s - data_s - rest)
+    if workers is not None and workers["unit"] == "seconds per step":
+        best, step = {"num_workers": workers["best"]["value"]}, workers["best"]["seconds"]
+        how = "the step measured with the best worker count, loading beside a training step on copies of the model"
+    elif workers is not None:
+        count, load = workers["best"]["value"], workers["best"]["seconds"]
+        best, step = {"num_workers": count}, max(rest, load) if count else rest + load
+        how = "with workers, loading overlaps the rest of the step (the step is the longer of the two)"
+    elif threads is not None:
+        saved = threads["baseline"]["seconds"] - threads["best"]["seconds"]
+        best, step = {"num_threads": threads["best"]["value"]}, step_s - saved
+        how = "the observed step less what the best thread count saved on a training step"
     else:
-        step = max(rest, load) if count else rest + load
+        return None
     observed, predicted = {"value": "observed", "seconds": step_s}, {"value": best, "seconds": step}
-    return {
-        **knob_result("step", "seconds per step", [], observed, predicted, []),
-        "budget_s": None,
-        "notes": [
-            "the step measured with the best worker count (loading beside a training step on copies of "
-            "the model), less what the best thread count saved"
-            if workers is not None and workers["unit"] == "seconds per step"
-            else "predicted from the measured knobs: with workers, loading overlaps the rest of the step "
-            "(the step is the longer of the two); without, they add up"
-        ],
-    }
+    return {**knob_result("step", "seconds per step", [], observed, predicted, [how]), "budget_s": None}
 
 
 def _call_of(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
