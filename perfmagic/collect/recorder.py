@@ -55,11 +55,12 @@ def nvtx_listened() -> bool:
 
 _nvtx_push: Callable[..., Any] = _no_range
 _nvtx_pop: Callable[..., Any] = _no_range
+_NVTX = False  # checked before each range: no call at all on the hot path when nothing listens
 if nvtx_listened():
     try:
         import nvtx as _nvtx
 
-        _nvtx_push, _nvtx_pop = _nvtx.push_range, _nvtx.pop_range
+        _nvtx_push, _nvtx_pop, _NVTX = _nvtx.push_range, _nvtx.pop_range, True
     except Exception:  # nvtx is a dependency, but a broken install must not stop profiling
         pass
 
@@ -141,14 +142,16 @@ class StageRecorder:
         self._active[sid] += 1
         if sid in self._opaque_ids:
             self._opaque_depth += 1
-        _nvtx_push(self._names[sid], domain="perfmagic")
+        if _NVTX:
+            _nvtx_push(self._names[sid], domain="perfmagic")
         return True
 
     def exit(self) -> None:
         end = time.perf_counter()
         if not self._stack:  # the session was stopped inside this stage: close() has ended it
             return
-        _nvtx_pop(domain="perfmagic")
+        if _NVTX:
+            _nvtx_pop(domain="perfmagic")
         sid, start, token, note = self._stack.pop()
         if note is not None:
             note()

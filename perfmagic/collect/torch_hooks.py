@@ -105,6 +105,7 @@ class TorchStages:
         self.inputs: dict[int, tuple[weakref.ref[Any], tuple[Any, ...], dict[str, Any]]] = {}
         self.warnings: list[str] = []
         self._device_clock_failed = False
+        self._cuda_available = False  # asked once, at install: the hooks that start the clock run every step
         self.stats: dict[str, Any] = {
             "forwards": 0,
             "autocast_forwards": 0,
@@ -125,6 +126,7 @@ class TorchStages:
         import torch
 
         self._torch = torch
+        self._cuda_available = bool(torch.cuda.is_available())
         rec = self.recorder
         p = self._patcher
         self._record_environment()
@@ -218,9 +220,9 @@ class TorchStages:
         """Time stages on the device too, once CUDA is in use (called from hooks: must not raise)."""
         torch = self._torch
         if (
-            self.recorder.device_clock is None
+            self._cuda_available
+            and self.recorder.device_clock is None
             and not self._device_clock_failed
-            and torch.cuda.is_available()
             and torch.cuda.is_initialized()
         ):
             try:
