@@ -2,6 +2,7 @@
 
 import os
 import socket
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -9,7 +10,9 @@ import torch.multiprocessing as mp
 
 
 def train(rank: int, world_size: int) -> None:
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    # a peer that died (its port taken between the pick and the bind) fails this one within a minute,
+    # not gloo's default half hour, which would leave the test's processes behind
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(10):
