@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml labextension/package.json labextension/package-lock.jso
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	# torch named again: the frameworks must install against the pinned torch, never replace it
+	$(PY) -m pip install -q -e '.[dev,frameworks]' torch==2.13.0
 	$(VENV)/bin/jupyter-builder develop --overwrite .
 	touch $@
 

@@ -96,3 +96,14 @@ STACK_SAMPLES = "stack_samples"
 
 TORCH_TRACE_MARK = "torch_trace"
 """Mark a ``--trace`` collector leaves at the instant of the trace's ``clock_name`` event; ``path`` of the trace."""
+
+EVALUATION_MARK = "evaluation"
+"""An evaluation pass (validation, test, prediction, sanity check) at its start: ``seconds``, ``kind``."""
+
+TRAINER_MARK = "trainer"
+"""A training framework drove the loop: ``trainer`` (its name), ``version``, ``settings`` (what its fixes
+are written in)."""
+
+TRAINERS = ("transformers.Trainer", "lightning.Trainer", "lightning.Fabric", "accelerate")
+"""The report's ``trainer`` names; when several drove the loop (HF's Trainer drives an Accelerator), the
+first of them here is the one the user wrote against."""
