@@ -47,8 +47,8 @@ STEP_BOUNDARY_PREFIX = "step:"
 BOUNDARY_KINDS = ("profiler_step", "optimizer", "batch", "user")
 """Where step ends come from, in order of preference (``profiler_step``: a trace's ``ProfilerStep#`` ends).
 
-Two more boundary names are no step ends: ``loader_end`` (a DataLoader pass ran out) and
-``eval_end`` (an evaluation pass ended).
+More boundary names are no step ends: ``loader_end`` (a DataLoader pass ran out), ``eval_start`` and
+``eval_end`` (an evaluation pass began and ended).
 """
 
 # -- metrics -----------------------------------------------------------------

@@ -3,8 +3,10 @@
 A pass is seen two ways: a framework's evaluation routine runs (``begin``/``end``,
 called by the framework hooks), or a DataLoader pass ran out having trained
 nothing (``seen``, called by the torch hooks once it is over). Either way the pass
-leaves an ``evaluation`` mark (its start, ``seconds``, ``kind``) and a
-``step:eval_end`` boundary, so that the step after it starts where it ended.
+leaves an ``evaluation`` mark (its start, ``seconds``, ``kind``) and the boundaries
+``step:eval_start`` and ``step:eval_end``: the step before it ends where it begins
+(what ran after the optimizer step, such as a checkpoint, stays in that step) and the
+step after it starts where it ended.
 
 A checkpoint saved inside a pass (Lightning's ``ModelCheckpoint`` saves when
 validation ends) is training's saving, not evaluation: the pass ends where the
@@ -61,6 +63,7 @@ class EvaluationPasses:
             self._close(self._now())
 
     def _close(self, end: float) -> None:
+        self._recorder.boundary_at("eval_start", self._start)
         self._recorder.boundary("eval_end")
         self._recorder.timeline.add_mark(
             self._start, EVALUATION_MARK, seconds=max(0.0, end - self._start), kind=self._kind

@@ -79,6 +79,8 @@ _LIGHTNING_ENTRIES = ("fit", "validate", "test", "predict")
 PATCHES: tuple[FrameworkPatch, ...] = (
     FrameworkPatch("transformers.trainer", "Trainer", "train", "trainer", "transformers.Trainer"),
     FrameworkPatch("transformers.trainer", "Trainer", "evaluate", "trainer", "transformers.Trainer"),
+    # also per step: a ``trainer.train`` bound before profiling began still shows whose loop it is
+    FrameworkPatch("transformers.trainer", "Trainer", "training_step", "trainer", "transformers.Trainer"),
     FrameworkPatch(
         "transformers.trainer",
         "Trainer",

@@ -176,6 +176,15 @@ class StageRecorder:
         else:
             self._write_boundary(kind, t, token, clock_reading)
 
+    def boundary_at(self, kind: str, t: float) -> None:
+        """A boundary at an earlier time ``t`` that no step ends at (an evaluation pass's start, known once
+        the pass is over): no device mark, no thread clock reading."""
+        if threading.get_ident() != self.thread_id:
+            return
+        self.release_held()
+        self._boundaries[kind] = self._boundaries.get(kind, 0) + 1
+        self.timeline.add_span(self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind), t, t, -1)
+
     def release_held(self) -> None:
         """Write the boundary held back by ``boundary(..., hold=True)``, at the time it was marked."""
         held, self._held = self._held, None
