@@ -194,6 +194,9 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         ],
         "advice": [card.to_dict() for card in advice.cards],
         "warnings": [*analysis.warnings, *advice.warnings],
+        # additions to the contract (DESIGN.md, issues 7-17)
+        "trainer": analysis.trainer,
+        "evaluation": vars(analysis.evaluation),
         "advice_minor": [
             {"id": c.id, "saving_s": c.saving_s, "step_s": c.metrics.get("step_s")} for c in advice.minor
         ],

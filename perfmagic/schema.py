@@ -47,8 +47,8 @@ STEP_BOUNDARY_PREFIX = "step:"
 BOUNDARY_KINDS = ("profiler_step", "optimizer", "batch", "user")
 """Where step ends come from, in order of preference (``profiler_step``: a trace's ``ProfilerStep#`` ends).
 
-Two more boundary names are no step ends: ``loader_end`` (a DataLoader pass ran out) and
-``eval_end`` (an evaluation pass ended).
+More boundary names are no step ends: ``loader_end`` (a DataLoader pass ran out), ``eval_start`` and
+``eval_end`` (an evaluation pass began and ended).
 """
 
 # -- metrics -----------------------------------------------------------------
@@ -100,3 +100,14 @@ ALLOCATOR = "cuda_allocator"
 
 TORCH_TRACE_MARK = "torch_trace"
 """Mark a ``--trace`` collector leaves at the instant of the trace's ``clock_name`` event; ``path`` of the trace."""
+
+EVALUATION_MARK = "evaluation"
+"""An evaluation pass (validation, test, prediction, sanity check) at its start: ``seconds``, ``kind``."""
+
+TRAINER_MARK = "trainer"
+"""A training framework drove the loop: ``trainer`` (its name), ``version``, ``settings`` (what its fixes
+are written in)."""
+
+TRAINERS = ("transformers.Trainer", "lightning.Trainer", "lightning.Fabric", "accelerate")
+"""The report's ``trainer`` names; when several drove the loop (HF's Trainer drives an Accelerator), the
+first of them here is the one the user wrote against."""

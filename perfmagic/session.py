@@ -25,6 +25,8 @@ from perfmagic.schema import STEP_BOUNDARY_PREFIX, THREAD_PREFIX
 from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
 
 if TYPE_CHECKING:
+    from perfmagic.collect.evaluation import EvaluationPasses
+    from perfmagic.collect.frameworks import FrameworkHooks
     from perfmagic.collect.torch_hooks import TorchStages
     from perfmagic.collect.torch_profiler import TorchProfiler
     from perfmagic.report import Report
@@ -91,6 +93,9 @@ class Session:
         self._sources = sources
         self._sampler: Sampler | None = None
         self._torch: TorchStages | None = None
+        self._frameworks: FrameworkHooks | None = None
+        self._evaluation: EvaluationPasses | None = None  # shared by the torch and framework hooks
+        self._torch_failed = False
         self._tracer: TorchProfiler | None = None
         self._pending_import: PostImportHook | None = None
         # torch may be imported (and hooked) on another thread while this one stops the session
@@ -204,8 +209,27 @@ class Session:
         if not torch_hooks.torch_available():
             self.warnings.append("torch is not installed: no training stages were recorded")
             return
+        from perfmagic.collect.evaluation import EvaluationPasses
+
+        assert self.recorder is not None
+        self._evaluation = EvaluationPasses(self.recorder)
         # Hook torch now if it is imported, else as soon as the profiled code imports it.
         self._pending_import = when_imported("torch", self._install_torch)
+        if not self._torch_failed:
+            self._install_framework_hooks()
+
+    def _install_framework_hooks(self) -> None:
+        """Hook the training frameworks now for those imported, at their import for the others."""
+        from perfmagic.collect.frameworks import FrameworkHooks
+
+        assert self.recorder is not None and self._evaluation is not None
+        frameworks = FrameworkHooks(self.recorder, self._evaluation, lambda: self._torch)
+        try:
+            frameworks.install()
+        except Exception as e:  # an unexpected framework version must not fail the block
+            self.warnings += [*frameworks.uninstall(), f"framework hooks failed to install ({e!r})"]
+        else:
+            self._frameworks = frameworks
 
     def _install_torch(self, _module: object) -> None:
         """Hook torch; runs inside the profiled code's ``import torch`` when that comes later."""
@@ -214,7 +238,7 @@ class Session:
         with self._hooks_lock:
             if not self._running or self.recorder is None:
                 return
-            hooks = torch_hooks.TorchStages(self.recorder)
+            hooks = torch_hooks.TorchStages(self.recorder, self._evaluation)
             hooks.keep_inputs = self.tune
             try:
                 hooks.install()  # on failure it has removed what it installed
@@ -222,6 +246,10 @@ class Session:
                 self.warnings.append(
                     f"torch hooks failed to install ({e!r}): no training stages were recorded"
                 )
+                self._torch_failed = True
+                frameworks, self._frameworks = self._frameworks, None
+                if frameworks is not None:  # they would only call through: take them out too
+                    self.warnings += frameworks.uninstall()
                 return
             self._torch = hooks
             self.timeline.meta["framework"] = "torch"
@@ -304,6 +332,8 @@ class Session:
                     parts.append(("torch.profiler", self._tracer.stop))
                 if self._pending_import is not None:
                     parts.append(("the import hook", self._pending_import.remove))
+                if self._frameworks is not None:
+                    parts.append(("the framework hooks", self._frameworks.uninstall))
                 if self._torch is not None:
                     parts.append(("the torch hooks", self._torch.uninstall))
                 if self.recorder is not None:

@@ -127,6 +127,7 @@ class Run:
     torch: dict[str, Any] | None = field(default_factory=lambda: TORCH)
     counters: dict[str, Any] | None = None
     checkpoint_bytes: int | None = 40 * 1024**2
+    trainer: dict[str, Any] | None = None  # a ``trainer`` mark: {"trainer": name, "settings": {...}}
 
     @property
     def stage_table(self) -> dict[str, list[float]]:
@@ -168,6 +169,8 @@ def timeline(
         tl.add_mark(t, "model", **model)
     if optimizer is not None:
         tl.add_mark(t, "optimizer", **optimizer)
+    if run.trainer is not None:
+        tl.add_mark(t, "trainer", **run.trainer)
     table = run.stage_table
     for k in range(steps):
         for name in LAYOUT:
@@ -296,6 +299,7 @@ def plain(
     return Analysis(
         wall_s=float(b.end[-1]) + run.after_s,
         framework="torch",
+        trainer=run.trainer["trainer"] if run.trainer else None,
         breakdown=b,
         steady=steady,
         steps=step_stats(b),
@@ -312,6 +316,7 @@ def plain(
             checkpoints=[{"t": t, **saved} for t in b.start[saves].tolist()],
             torch=dict(run.torch or {}),
             counters=counters,
+            trainers=[dict(run.trainer)] if run.trainer else [],
         ),
         warnings=[],
         steady_means=dict(steady_means or {}),

@@ -45,6 +45,8 @@ CONTRACT_KEYS = (
     "ranks",
     "advice",
     "warnings",
+    "trainer",
+    "evaluation",
 )
 
 
@@ -212,6 +214,8 @@ def test_report_json_contract(tmp_path: Path) -> None:
     assert data["schema"] == "perfmagic.report/1"
     assert (data["source"], data["framework"]) == ("live", "torch")
     assert data["wall_s"] > 0
+    assert data["trainer"] is None  # a plain loop
+    assert data["evaluation"] == {"total_s": 0.0, "fraction_of_wall": 0.0, "passes": 0, "every_steps": None}
     assert set(data["steps"]) == {"count", "median_s", "p90_s", "first_s", "per_s", "warmup"}
     assert data["steps"]["count"] == 5 and data["steps"]["warmup"] == 1
     assert data["steps"]["first_s"] <= data["wall_s"]

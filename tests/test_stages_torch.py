@@ -492,6 +492,81 @@ def test_an_evaluation_pass_is_no_training_step(tmp_path: Path) -> None:
     assert report.analysis is not None
     assert report.analysis.breakdown.durations.max() < 0.04  # no step holds a 60 ms evaluation pass
     assert abs(step_total_s(report) - sum(step_s)) < 0.1 * sum(step_s)
+    evaluation = report["evaluation"]
+    assert evaluation["passes"] == 4 and evaluation["every_steps"] == 3  # after steps 3, 6, 9 and 12
+    assert evaluation["total_s"] >= 4 * 3 * 0.02
+    assert 0 < evaluation["fraction_of_wall"] < 1
+
+
+def test_two_optimizers_stepping_in_one_iteration_are_one_step(tmp_path: Path) -> None:
+    """A GAN's discriminator and generator steps: one training step per batch, and per iteration
+    without a DataLoader; an optimizer stepping twice on one batch is still two steps."""
+    generator, discriminator = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+    g_opt = torch.optim.SGD(generator.parameters(), lr=0.01)
+    d_opt = torch.optim.Adam(discriminator.parameters(), lr=0.01)
+    loader = DataLoader(SleepyDataset(10), batch_size=1)
+
+    def iteration(x: torch.Tensor) -> None:
+        fake = generator(torch.randn_like(x))
+        (discriminator(fake.detach()) - discriminator(x)).mean().backward()
+        d_opt.step()
+        d_opt.zero_grad()
+        (-discriminator(fake)).mean().backward()
+        g_opt.step()
+        g_opt.zero_grad()
+
+    def with_loader() -> None:
+        for x, _ in loader:
+            iteration(x)
+
+    def without_loader() -> None:
+        for _ in range(10):
+            iteration(torch.randn(1, 8))
+
+    def same_optimizer_twice() -> None:
+        for x, _ in loader:
+            for _ in range(2):  # two updates on each batch
+                discriminator(x).mean().backward()
+                d_opt.step()
+                d_opt.zero_grad()
+
+    for job, steps in ((with_loader, 10), (without_loader, 10), (same_optimizer_twice, 20)):
+        report, _ = profiled(tmp_path / job.__name__, job)
+        assert report.steps["count"] == steps, job.__name__
+        assert counters(report)["optimizer_steps"] == 20
+
+
+def test_host_work_in_an_optimizer_closure_is_not_optimizer_time(tmp_path: Path) -> None:
+    """``optimizer.step(closure)`` (LBFGS, Lightning): the closure's forward and backward are theirs,
+    the rest of it is ``other``; only the update itself is ``optimizer``."""
+    model, loss_fn = SleepyNet(forward_s=0.005, backward_s=0.005), torch.nn.MSELoss()
+    opt = SleepySGD(model.parameters(), step_s=0.005)
+    loader = DataLoader(SleepyDataset(STEPS), batch_size=1)
+    host, forward, backward, update = Stopwatch(), Stopwatch(), Stopwatch(), Stopwatch()
+
+    def loop() -> None:
+        for x, y in loader:
+
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+                opt.zero_grad()
+                with forward():
+                    loss = loss_fn(model(x), y)
+                with host():
+                    time.sleep(0.015)  # metrics, logging: the rest of a training_step
+                with backward():
+                    loss.backward()
+                return loss
+
+            with update():
+                opt.step(closure)
+
+    report, _ = profiled(tmp_path, loop)
+    assert report.steps["count"] == STEPS
+    assert_stage_matches(report, "forward", forward.total_s)
+    assert_stage_matches(report, "backward", backward.total_s)
+    assert_stage_matches(report, "other", host.total_s)
+    inside_closure = forward.total_s + host.total_s + backward.total_s
+    assert_stage_matches(report, "optimizer", update.total_s - inside_closure, min_share=0.05)
 
 
 def test_a_model_called_through_its_wrapper_attribute(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from perfmagic.advise.card import Card, make_card, severity_for
-from perfmagic.advise.fixes import dataloader_code
 from perfmagic.advise.host import contention
+from perfmagic.advise.trainer_fixes import loader_code, trainer_name
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.units import KiB, MiB, fmt_bytes, fmt_fraction, fmt_seconds
@@ -297,7 +297,7 @@ def _handoff(a: Analysis, s: Steady) -> Card:
             "# Return tensors (not Python lists or dicts of many small objects) from the Dataset,",
             "# and let the workers collate: a batch of few large tensors unpickles fastest.",
             "# When samples are cheap, loading in the training process may cost less than the hand-over:",
-            dataloader_code(ld, num_workers=0) if ld else "loader = DataLoader(dataset, num_workers=0)",
+            loader_code(a, ld, num_workers=0) if ld else "loader = DataLoader(dataset, num_workers=0)",
             "# (time a few hundred steps both ways: perfmagic.profile() before and after, then report.compare)",
         ]
     )
@@ -380,7 +380,7 @@ def dataloader_workers(a: Analysis) -> Card | None:
         "dataloader_workers",
         f"Use {_workers(workers)} instead of {m.workers}",
         evidence,
-        dataloader_code(ld, num_workers=workers, persistent_workers=True)
+        loader_code(a, ld, num_workers=workers, persistent_workers=True)
         + (
             "\n# torch warns of more workers than CPUs: workers that wait on I/O leave the CPUs idle"
             if io and workers >= (cpus or 0)
@@ -443,8 +443,9 @@ def pin_memory(a: Analysis) -> Card | None:
         return None
     h2d = s.stage_s("h2d")
     ld = a.config.loader
-    fix = dataloader_code(ld, pin_memory=True) + "\n" if ld and not ld.get("pin_memory") else ""
-    fix += "x = x.to(device, non_blocking=True)  # copies overlap with compute from pinned memory"
+    fix = loader_code(a, ld, pin_memory=True) + "\n" if ld and not ld.get("pin_memory") else ""
+    if trainer_name(a) is None:  # a framework copies batches itself, non-blocking from pinned memory
+        fix += "x = x.to(device, non_blocking=True)  # copies overlap with compute from pinned memory"
     return make_card(
         "pin_memory",
         "Copy batches from pinned memory, without blocking",
@@ -493,7 +494,7 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
             "        return self.transform(x), y  # the code now between `for x, y in loader:` and model(x)",
             "",
             "dataset = Preprocessed(dataset, transform)",
-            dataloader_code(ld, num_workers=workers, persistent_workers=True) if ld else "",
+            loader_code(a, ld, num_workers=workers, persistent_workers=True) if ld else "",
             "# (or, on a GPU: move the batch first and run the transform there)",
         ]
     )
@@ -537,7 +538,7 @@ def io_bound(a: Analysis) -> Card | None:
     workers = min(2 * cpus, 32)
     fix = "# Storage latency, not CPU, limits loading: keep more reads in flight than there are CPUs\n"
     if ld:
-        fix += dataloader_code(ld, num_workers=workers, prefetch_factor=4, persistent_workers=True) + "\n"
+        fix += loader_code(a, ld, num_workers=workers, prefetch_factor=4, persistent_workers=True) + "\n"
     fix += "# and/or copy the dataset to local NVMe or RAM (/dev/shm) before training."
     return make_card(
         "io_bound",

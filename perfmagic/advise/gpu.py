@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from perfmagic.advise.card import Card, make_card
+from perfmagic.advise.trainer_fixes import mixed_precision_code
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.schema import COMPUTE_STAGES
@@ -273,7 +274,10 @@ def amp(a: Analysis) -> Card | None:
     compute = s.stage_s("forward", "backward")
     bf16 = cc >= 8.0
     dtype = "bfloat16" if bf16 else "float16"
-    if bf16:
+    framework_fix = mixed_precision_code(a, bf16)
+    if framework_fix is not None:
+        fix = framework_fix
+    elif bf16:
         fix = "\n".join(
             [
                 "with torch.autocast('cuda', dtype=torch.bfloat16):  # bf16 needs no loss scaling",

@@ -9,6 +9,7 @@ import numpy as np
 
 from perfmagic.advise.card import Card, make_card
 from perfmagic.advise.fixes import nice_interval
+from perfmagic.advise.trainer_fixes import checkpoint_interval_code
 from perfmagic.analyze import Analysis
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
@@ -86,7 +87,7 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
     ]
     size = f" ({fmt_bytes(float(np.median(sizes)))} each)" if sizes else ""
     group = next(iter(calls.values()), [])
-    fix = "\n".join(
+    fix = checkpoint_interval_code(a, new_interval, every) or "\n".join(
         [
             f"CHECKPOINT_EVERY = {new_interval}  # steps; now {every}",
             "if step % CHECKPOINT_EVERY == 0:",

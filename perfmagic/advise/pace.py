@@ -7,8 +7,8 @@ import shlex
 import numpy as np
 
 from perfmagic.advise.card import Card, make_card
-from perfmagic.advise.fixes import dataloader_code
 from perfmagic.advise.host import contention, free_cpus
+from perfmagic.advise.trainer_fixes import compile_code, loader_code, mixed_precision_code
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.schema import COMPUTE_STAGES
@@ -119,7 +119,7 @@ def _startup_fix(a: Analysis, where: str, interpreter: bool) -> str:
         )
     fix = _STARTUP_FIX.get(where, f"# The first step's {where} does one-time work: move it before the loop.")
     if where == "data" and ld and ld.get("num_workers"):
-        fix += "\n" + dataloader_code(ld, persistent_workers=True)
+        fix += "\n" + loader_code(a, ld, persistent_workers=True)
     return fix
 
 
@@ -176,7 +176,7 @@ def step_outliers(a: Analysis) -> Card | None:
         and not ld.get("persistent_workers")
     ):
         why = "at each epoch's start, when DataLoader workers are started again"
-        fix = dataloader_code(ld, persistent_workers=True)
+        fix = loader_code(a, ld, persistent_workers=True)
     elif where == "data":
         why = "some batches are much slower to load"
         fix = "\n".join(
@@ -325,9 +325,14 @@ def compute_bound(a: Analysis) -> Card | None:
     on_gpu = bool(md and str(md.get("device") or "").startswith("cuda"))
     levers: list[str] = []
     if on_gpu and not c.get("autocast_forwards"):
-        levers += ["with torch.autocast('cuda', dtype=torch.bfloat16):  # mixed precision", "    loss = ..."]
+        levers += (mixed_precision_code(a, bf16=True) or "").splitlines() or [
+            "with torch.autocast('cuda', dtype=torch.bfloat16):  # mixed precision",
+            "    loss = ...",
+        ]
     if md and not md.get("compiled"):
-        levers.append("model = torch.compile(model)  # fused kernels, less Python overhead")
+        levers += (compile_code(a) or "").splitlines() or [
+            "model = torch.compile(model)  # fused kernels, less Python overhead"
+        ]
     ld = a.config.loader
     # an unmeasured peak counts as free memory; a GPU of unknown size is left out
     peak = max(

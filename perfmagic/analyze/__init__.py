@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 
 from perfmagic.analyze.devices import devices_summary
+from perfmagic.analyze.evaluation import EvaluationStats, evaluation_stats
 from perfmagic.analyze.host import host_summary
 from perfmagic.analyze.loop import LoopFacts, loop_facts
 from perfmagic.analyze.samples import window_means
 from perfmagic.analyze.steady import Steady, steady_of
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
 from perfmagic.analyze.timeseries import profiler_traces, timeseries
-from perfmagic.schema import STACK_SAMPLES, STEP_BOUNDARY_PREFIX
+from perfmagic.schema import STACK_SAMPLES, STEP_BOUNDARY_PREFIX, TRAINER_MARK, TRAINERS
 from perfmagic.timeline import Timeline
 
 
@@ -55,6 +56,9 @@ class TrainingConfig:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     torch: dict[str, Any] = field(default_factory=dict)
     counters: dict[str, Any] = field(default_factory=dict)  # forwards, autocast, h2d bytes, syncs, ...
+    trainers: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # frameworks that drove the loop (see TRAINERS)
 
     @property
     def loader(self) -> dict[str, Any] | None:
@@ -65,8 +69,17 @@ class TrainingConfig:
 
     @property
     def model(self) -> dict[str, Any] | None:
-        """The outermost model the hooks saw first."""
-        return self.models[0] if self.models else None
+        """The model: of the modules called at top level, the one with the most parameters (a loss, a
+        metric or a transform called first is not it); the first seen among equals."""
+        if not self.models:
+            return None
+        return max(self.models, key=lambda m: m.get("parameters") or 0)
+
+    @property
+    def trainer(self) -> dict[str, Any] | None:
+        """The framework the user wrote the loop against (``trainer``, ``version``, ``settings``), if any."""
+        known = [t for t in self.trainers if t.get("trainer") in TRAINERS]
+        return min(known, key=lambda t: TRAINERS.index(t["trainer"])) if known else None
 
     @property
     def gpu_index(self) -> int:
@@ -92,6 +105,7 @@ class Analysis:
 
     wall_s: float
     framework: str | None
+    trainer: str | None  # the training framework that drove the loop (schema.TRAINERS), None for a plain loop
     breakdown: StepBreakdown  # of the primary process (lowest rank with steps)
     steady: Steady | None  # its steps after warm-up
     steps: StepStats
@@ -104,6 +118,7 @@ class Analysis:
     config: TrainingConfig
     warnings: list[str]
     steady_means: dict[str, float] = field(default_factory=dict)  # sampled metrics over the steady steps
+    evaluation: EvaluationStats = field(default_factory=lambda: EvaluationStats(0.0, 0.0, 0, None))
     loop: LoopFacts = field(default_factory=LoopFacts)
     whole_process: bool = False  # the window starts with the interpreter (perfmagic run)
     argv: list[str] | None = None  # the primary process's command line, where known
@@ -164,9 +179,12 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         )
 
     argv = tl.meta.get("argv")
+    config = training_config(tl)
+    wall_s = max(_wall(t) for t in timelines)
     return Analysis(
-        wall_s=max(_wall(t) for t in timelines),
+        wall_s=wall_s,
         framework=next((t.meta["framework"] for t in timelines if t.meta.get("framework")), None),
+        trainer=config.trainer["trainer"] if config.trainer else None,
         breakdown=primary.breakdown,
         steady=steady,
         steps=primary.steps,
@@ -176,9 +194,10 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         host=host_summary(sampled),
         gpu=gpu if gpu is not None else primary.gpu,
         ranks=sorted(ranks, key=lambda r: r.rank),
-        config=training_config(tl),
+        config=config,
         warnings=warnings,
         steady_means=window_means(sampled, *window),
+        evaluation=evaluation_stats(tl, primary.breakdown, wall_s),
         loop=loop_facts(tl, primary.breakdown, steady),
         whole_process=tl.meta.get("source") == "run",
         argv=list(argv) if argv else None,
@@ -244,6 +263,7 @@ def training_config(timeline: Timeline) -> TrainingConfig:
         checkpoints=[{"t": m.t, **m.data} for m in timeline.marks("checkpoint")],
         torch=torch,
         counters=counters,
+        trainers=[m.data for m in timeline.marks(TRAINER_MARK)],
     )
 
 

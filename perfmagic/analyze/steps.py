@@ -4,10 +4,11 @@ Every instant of a step belongs to exactly one stage: the innermost stage
 open at that instant, or ``other`` when none is. So per-step stage times
 always add up to the step time, and fractions to 1.
 
-An evaluation pass inside the window (a DataLoader pass that trained nothing:
-``step:eval_end`` marks its end) is no training step: a step that holds one
-starts where it ended, so validation neither inflates one step nor the
-forward share. With batch boundaries (no optimizer: inference) every pass
+An evaluation pass inside the window (a framework's evaluation loop, or a
+DataLoader pass that trained nothing: ``step:eval_start`` and ``step:eval_end``
+mark it) is no training step: the step before it ends where it began and the
+step after it starts where it ended, so validation neither inflates one step
+nor the forward share. With batch boundaries (no optimizer: inference) every pass
 is made of steps and nothing is cut.
 
 On long runs the session folds old steps into rows (:func:`plan_fold`): the
@@ -249,6 +250,14 @@ def _steps(
             if len(evals):  # a step that holds an evaluation pass starts where the last one ended
                 last = np.searchsorted(evals, ends, side="right") - 1
                 starts = np.where(last >= 0, np.maximum(starts, evals[np.maximum(last, 0)]), starts)
+                # ...and the step before it ends where the pass began: what ran after its optimizer step
+                # and before the pass (a checkpoint, logging) is that step's, not dropped with the pass
+                began = _boundary_times(spans, span_is_boundary, STEP_BOUNDARY_PREFIX + "eval_start")
+                if len(began):
+                    following = np.append(ends[1:], np.inf)
+                    j = np.searchsorted(began, ends, side="right")
+                    nxt = began[np.minimum(j, len(began) - 1)]
+                    ends = np.where((j < len(began)) & (nxt < following), np.maximum(ends, nxt), ends)
         if len(starts):
             return kind, starts.astype(float), ends.astype(float)
     return None, np.zeros(0), np.zeros(0)

@@ -118,6 +118,8 @@ class StageRecorder:
         self._drained_at = time.perf_counter() - origin
         self._boundaries: dict[str, int] = {}
         self._boundary_ids: dict[str, int] = {}
+        # a boundary held back (kind, time, device mark, thread clock reading): see ``boundary``
+        self._held: tuple[str, float, object | None, tuple[float, float, float] | None] | None = None
 
     def stage_id(self, name: str) -> int:
         sid = self.timeline.name_id(name)
@@ -165,22 +167,58 @@ class StageRecorder:
         origin = self.origin
         self.timeline.add_span(sid, start - origin, end - origin, len(self._stack))
 
-    def boundary(self, kind: str) -> None:
-        """Mark a step boundary (``kind``: optimizer, batch, user; or loader_end, see ``analyze.steps``)."""
+    def boundary(self, kind: str, *, hold: bool = False) -> None:
+        """Mark a step boundary (``kind``: optimizer, batch, user; or loader_end, see ``analyze.steps``).
+
+        ``hold=True`` keeps the boundary back, with its time: the next boundary of any kind or
+        :meth:`release_held` writes it, :meth:`drop_held` forgets it (two optimizers stepping in
+        one iteration: only the last one's step ends the training step).
+        """
         if threading.get_ident() != self.thread_id:
             return
+        self.release_held()
         t = time.perf_counter() - self.origin
+        token = self._mark() if self.device_clock is not None else None
+        # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
+        clock_reading = None
+        if self.thread_clock is not None and (kind != "batch" or not self._boundaries.keys() & _STEP_ENDS):
+            clock_reading = self._read_thread_clock()
+        if hold:
+            self._held = (kind, t, token, clock_reading)
+        else:
+            self._write_boundary(kind, t, token, clock_reading)
+
+    def boundary_at(self, kind: str, t: float) -> None:
+        """A boundary at an earlier time ``t`` that no step ends at (an evaluation pass's start, known once
+        the pass is over): no device mark, no thread clock reading."""
+        if threading.get_ident() != self.thread_id:
+            return
+        self.release_held()
+        self._boundaries[kind] = self._boundaries.get(kind, 0) + 1
+        self.timeline.add_span(self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind), t, t, -1)
+
+    def release_held(self) -> None:
+        """Write the boundary held back by ``boundary(..., hold=True)``, at the time it was marked."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._write_boundary(*held)
+
+    def drop_held(self) -> None:
+        """Forget the boundary held back: the step it would have ended goes on."""
+        self._held = None
+
+    def _write_boundary(
+        self, kind: str, t: float, token: object | None, clock_reading: tuple[float, float, float] | None
+    ) -> None:
         self._boundaries[kind] = self._boundaries.get(kind, 0) + 1
         sid = self._boundary_ids.get(kind)
         if sid is None:  # once per kind: this runs every step
             sid = self._boundary_ids[kind] = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
-        token = self._mark() if self.device_clock is not None else None
         if token is not None:
             self._device_marks.append((self.timeline.span_count, token, token))
         self.timeline.add_span(sid, t, t, -1)
-        # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
-        if self.thread_clock is not None and (kind != "batch" or not self._boundaries.keys() & _STEP_ENDS):
-            self._sample_thread_clock(t)
+        if clock_reading is not None:
+            self._add_thread_clock(t, clock_reading)
         clock = self.device_clock
         if clock is not None and (
             len(self._device_marks) >= _DRAIN_AT or t - self._drained_at >= _DRAIN_EVERY_S
@@ -229,9 +267,17 @@ class StageRecorder:
             self._device_warnings += self._apply_device_times(clock, marks[:lo])
 
     def _sample_thread_clock(self, t: float) -> None:
+        self._add_thread_clock(t, self._read_thread_clock())
+
+    def _read_thread_clock(self) -> tuple[float, float, float]:
+        """The recorded thread's cumulative CPU, run-queue wait and GC seconds, now."""
         assert self.thread_clock is not None
         on_cpu, waiting = self.thread_clock.read()
-        self.timeline.add_sample(THREAD_GC, t, self.thread_clock.gc_s)
+        return on_cpu, waiting, self.thread_clock.gc_s
+
+    def _add_thread_clock(self, t: float, reading: tuple[float, float, float]) -> None:
+        on_cpu, waiting, gc_s = reading
+        self.timeline.add_sample(THREAD_GC, t, gc_s)
         self.timeline.add_sample(THREAD_CPU, t, on_cpu)
         self.timeline.add_sample(THREAD_WAIT, t, waiting)
 
@@ -246,6 +292,10 @@ class StageRecorder:
         n = self.timeline.span_count  # read first: a span counted here has its mark listed already
         marks = self._device_marks
         return min(n, marks[0][0]) if marks else n
+
+    def on_recorded_thread(self) -> bool:
+        """Whether the caller is the thread this recorder records (never, once closed)."""
+        return threading.get_ident() == self.thread_id
 
     def is_open(self, sid: int) -> bool:
         """Whether stage ``sid`` is open (on the recorded thread)."""
@@ -295,6 +345,7 @@ class StageRecorder:
         """Record nothing more from now on (a forked child's copy of the recorder)."""
         self.thread_id = _CLOSED
         self._stack.clear()
+        self._held = None
         if self.thread_clock is not None:
             self.thread_clock.close()
 
@@ -305,6 +356,7 @@ class StageRecorder:
         """
         while self._stack:
             self.exit()
+        self.release_held()
         self.thread_id = _CLOSED
         if self.thread_clock is not None:
             self.thread_clock.close()

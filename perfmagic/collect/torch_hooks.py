@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perfmagic.collect.cuda import CudaEventClock
+from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import THREAD_DATA_CPU
@@ -92,7 +93,7 @@ def torch_available() -> bool:
 class TorchStages:
     """Installs the stage hooks on torch; :meth:`uninstall` removes every one."""
 
-    def __init__(self, recorder: StageRecorder) -> None:
+    def __init__(self, recorder: StageRecorder, evaluation: EvaluationPasses | None = None) -> None:
         self.recorder = recorder
         self._patcher = Patcher()
         self._handles: list[Any] = []
@@ -104,6 +105,12 @@ class TorchStages:
         self.met: dict[str, list[Callable[[], Any]]] = {}
         self.inputs: dict[int, tuple[weakref.ref[Any], tuple[Any, ...], dict[str, Any]]] = {}
         self.warnings: list[str] = []
+        self.evaluation = evaluation if evaluation is not None else EvaluationPasses(recorder)
+        # ids of the optimizers that stepped since the last step end or batch: a second optimizer
+        # stepping in the same iteration (a GAN's generator after its discriminator) ends no step
+        self._stepped: set[int] = set()
+        # bytes each save wrote inside a framework's checkpoint routine (None outside one)
+        self._inner_saves: list[int | None] | None = None
         self._device_clock_failed = False
         self._cuda_available = False  # asked once, at install: the hooks that start the clock run every step
         self.stats: dict[str, Any] = {
@@ -245,22 +252,29 @@ class TorchStages:
         stats = self.stats
         boundary = rec.boundary
         add_sample, now, thread_time = rec.timeline.add_sample, self._now, time.thread_time
-        # id(iterator) -> what had trained when its pass began (optimizer steps, forwards with grad)
-        passes: dict[int, tuple[int, int]] = {}
+        # id(iterator) -> when its pass began and what had trained by then (optimizer steps, forwards with grad)
+        passes: dict[int, tuple[float, int, int]] = {}
         # CPU the training thread spends getting batches: loading itself (no workers) or taking them over
         # from workers; against the data stage's wall time it tells CPU-bound loading from waiting
         data_cpu = [0.0]
 
+        evaluation, stepped = self.evaluation, self._stepped
+
         def next_batch(it: Any) -> Any:
             boundary("batch")
+            stepped.clear()  # a batch between two optimizer steps: they are two iterations
             entered = rec.enter(data_id)
             cpu = thread_time()
             try:
                 batch = orig_next(it)
             except StopIteration:
                 boundary("loader_end")  # this fetch found the epoch over: it starts no step
-                if passes.pop(id(it), None) == (stats["optimizer_steps"], stats["grad_enabled_forwards"]):
-                    boundary("eval_end")  # the pass trained nothing: an evaluation, not training steps
+                began = passes.pop(id(it), None)
+                if began is not None and began[1:] == (
+                    stats["optimizer_steps"],
+                    stats["grad_enabled_forwards"],
+                ):
+                    evaluation.seen(began[0])  # the pass trained nothing: an evaluation, not training steps
                 raise
             finally:
                 if entered:
@@ -278,7 +292,7 @@ class TorchStages:
             finally:
                 if entered:
                     rec.exit()
-            passes[id(it)] = (stats["optimizer_steps"], stats["grad_enabled_forwards"])
+            passes[id(it)] = (now(), stats["optimizer_steps"], stats["grad_enabled_forwards"])
             return it
 
         p.set(dl._BaseDataLoaderIter, "__next__", next_batch)
@@ -459,11 +473,47 @@ class TorchStages:
             p.set(cls, "step", guarded_step)
             guarded.add(cls)
 
-        def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+        stepped = self._stepped
+        other_id = rec.stage_id("other")
+        enter, exit_ = rec.enter, rec.exit
+
+        def pre(optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
             self._record_once(self._record_optimizer, optimizer)
             if type(optimizer) not in guarded and "step" in type(optimizer).__dict__:
                 guard(type(optimizer))
+            outermost = not open_steps
             open_steps.append(rec.enter(optimizer_id))
+            if not outermost:
+                return None
+            # The last step ended is held back until now: another optimizer's step in the same
+            # iteration (no batch fetched since) continues it; the same optimizer again starts a new one.
+            if id(optimizer) in stepped:
+                rec.release_held()
+                stepped.clear()
+            else:
+                rec.drop_held()
+            stepped.add(id(optimizer))
+            return _with_timed_closure(args, kwargs)
+
+        def _with_timed_closure(args: Any, kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
+            """A closure (Lightning runs ``training_step`` in one, LBFGS re-evaluates the loss) is not the
+            optimizer's time: inside it, what is no forward or backward is ``other``."""
+            # torch hands the hooks the step's own arguments: (optimizer, closure?, ...)
+            closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+            if closure is None or not callable(closure):
+                return None
+
+            def timed_closure(*a: Any, **k: Any) -> Any:
+                if not enter(other_id):
+                    return closure(*a, **k)
+                try:
+                    return closure(*a, **k)
+                finally:
+                    exit_()
+
+            if "closure" in kwargs:
+                return args, {**kwargs, "closure": timed_closure}
+            return (args[0], timed_closure, *args[2:]), kwargs
 
         def post(optimizer: Any, args: Any, kwargs: Any) -> None:
             if open_steps and open_steps.pop():
@@ -473,7 +523,7 @@ class TorchStages:
                 # the training step ends once, with the outermost.
                 return
             stats["optimizer_steps"] += 1
-            rec.boundary("optimizer")
+            rec.boundary("optimizer", hold=True)
             self._maybe_start_device_clock()
 
         # Classes torch already hooked (their instances exist): guard them before their first step.
@@ -524,22 +574,29 @@ class TorchStages:
     # -- checkpoint ------------------------------------------------------
 
     def _install_checkpoint(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
-        p.set(torch, "save", self._timed_save(torch.save, "torch.save"))
-        if importlib.util.find_spec("safetensors") is not None:
-            try:
-                import safetensors.torch as st
-            except ImportError:
-                return
-            for name in ("save_file", "save_model"):
-                p.set(st, name, self._timed_save(getattr(st, name), f"safetensors.torch.{name}"))
+        saves: dict[Any, Any] = {torch.save: self._timed_save(torch.save, "torch.save")}
+        p.set(torch, "save", saves[torch.save])
+        st = _safetensors_torch()
+        for name in ("save_file", "save_model") if st is not None else ():
+            orig = getattr(st, name)
+            saves[orig] = self._timed_save(orig, f"safetensors.torch.{name}")
+            p.set(st, name, saves[orig])
+        _rebind_copies(saves, p)
 
     def _timed_save(self, orig: Any, label: str) -> Any:
         rec = self.recorder
         checkpoint_id = rec.stage_id("checkpoint")
+        evaluation = self.evaluation
 
         def save(*args: Any, **kwargs: Any) -> Any:
             if not rec.enter(checkpoint_id):
-                return orig(*args, **kwargs)
+                if self._inner_saves is None or not rec.on_recorded_thread():
+                    return orig(*args, **kwargs)
+                try:  # a save inside a framework's checkpoint routine: only its size is noted
+                    return orig(*args, **kwargs)
+                finally:
+                    self._inner_saves.append(_saved_size(args, kwargs))
+            evaluation.checkpoint_starts()
             start = self._now()
             try:
                 return orig(*args, **kwargs)
@@ -556,6 +613,34 @@ class TorchStages:
 
         save.__wrapped__ = orig  # type: ignore[attr-defined]
         return save
+
+    def run_checkpoint_routine(
+        self, orig: Callable[..., Any], label: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``orig(*args, **kwargs)``, a framework's whole checkpoint routine (model, optimizer, scheduler
+        and RNG state, its own files, the rotation of old checkpoints), recorded as one ``checkpoint``;
+        the size of a checkpoint is what the saves inside it wrote."""
+        rec = self.recorder
+        if not rec.enter(rec.stage_id("checkpoint")):
+            return orig(*args, **kwargs)
+        self.evaluation.checkpoint_starts()
+        start = self._now()
+        outer, self._inner_saves = self._inner_saves, []
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            inner, self._inner_saves = self._inner_saves, outer
+            rec.exit()
+            sizes = [n for n in inner if n is not None]
+            rec.timeline.add_mark(
+                start,
+                "checkpoint",
+                fn=label,
+                seconds=self._now() - start,
+                bytes=sum(sizes) if inner and len(sizes) == len(inner) else None,
+                what="checkpoint",
+                files=len(inner),
+            )
 
     # -- logging ---------------------------------------------------------
 
@@ -603,6 +688,56 @@ class _TimedStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def _safetensors_torch() -> Any:
+    """``safetensors.torch`` where installed (importing it is cheap), else None."""
+    if importlib.util.find_spec("safetensors") is None:
+        return None
+    try:
+        import safetensors.torch as st
+    except ImportError:
+        return None
+    return st
+
+
+_BINDS_COPIES = (
+    "transformers",
+    "accelerate",
+    "diffusers",
+    "peft",
+    "lightning",
+    "pytorch_lightning",
+    "lightning_fabric",
+    "timm",
+    "sentence_transformers",
+    "huggingface_hub",
+)
+"""Packages whose modules bind copies of save functions (``from safetensors.torch import save_file as
+safe_save_file``). Only their modules are searched: every module of a big environment would cost the
+start of each profile ~10 ms (3,000 modules with transformers and Lightning loaded), ~2 ms here."""
+
+
+def _rebind_copies(saves: dict[Any, Any], p: Patcher) -> None:
+    """Patch the copies of save functions that the frameworks' modules bound before profiling began.
+
+    ``from safetensors.torch import save_file as safe_save_file`` (transformers does)
+    copies the function into the importing module: patching ``safetensors.torch`` alone
+    leaves those calls unseen. Modules imported while profiling bind the patched ones.
+    """
+    by_id = {id(orig): wrapped for orig, wrapped in saves.items()}  # by identity: no user __eq__ runs
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(_BINDS_COPIES):
+            continue
+        try:
+            namespace = vars(module)
+            if by_id.keys().isdisjoint(map(id, namespace.values())):
+                continue
+            found = [(attr, by_id[id(v)]) for attr, v in list(namespace.items()) if id(v) in by_id]
+        except (TypeError, RuntimeError):  # no __dict__ (a lazy proxy), or one changing under us
+            continue
+        for attr, wrapped in found:
+            p.set(module, attr, wrapped)
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfmagic.render.text import hotspot_lines, minor_line, most_to_gain, saving_words, tuning_lines
+from perfmagic.render.text import (
+    evaluation_line,
+    hotspot_lines,
+    minor_line,
+    most_to_gain,
+    saving_words,
+    tuning_lines,
+)
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
@@ -207,7 +214,12 @@ def _header(report: dict[str, Any]) -> str:
     sub = f"{report.get('source', 'live')}"
     if report.get("framework"):
         sub += f", {report['framework']}"
+    if report.get("trainer"):
+        sub += f", {report['trainer']}"
     sub += f", {fmt_seconds(report.get('wall_s'))} profiled"
+    evaluation = evaluation_line(report)
+    if evaluation:
+        sub += f"; {evaluation}"
     boxes = "".join(f'<div class="pm-kpi"><span>{k}</span><b>{html.escape(v)}</b></div>' for k, v in kpis)
     color = _bottleneck_color(report)
     if steps.get("count"):

@@ -60,6 +60,19 @@ def hotspot_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def evaluation_line(report: dict[str, Any]) -> str | None:
+    """Evaluation passes, kept out of the steps: "evaluation: 8% of wall time, every 10 steps (3 passes, 0.25 s)"."""
+    ev = report.get("evaluation") or {}
+    if not ev.get("passes"):
+        return None
+    every = f", every {ev['every_steps']:g} steps" if ev.get("every_steps") else ""
+    passes = f"{ev['passes']} pass{'es' if ev['passes'] != 1 else ''}"
+    return (
+        f"evaluation: {fmt_fraction(ev.get('fraction_of_wall'))} of wall time{every} "
+        f"({passes}, {fmt_seconds(ev.get('total_s'))}; not in the steps)"
+    )
+
+
 def minor_line(report: dict[str, Any]) -> str | None:
     """The rules that fired with too little to gain for a card, on one line."""
     minor = report.get("advice_minor") or []
@@ -102,6 +115,8 @@ def render_text(report: dict[str, Any]) -> str:
     head = f"perfmagic report ({report['source']}"
     if report.get("framework"):
         head += f", {report['framework']}"
+    if report.get("trainer"):
+        head += f", {report['trainer']}"
     head += f") — {fmt_seconds(report['wall_s'])} profiled"
     lines += [head, "=" * len(head)]
     if steps.get("count"):
@@ -116,6 +131,9 @@ def render_text(report: dict[str, Any]) -> str:
             )
     else:
         lines.append("steps: none seen")
+    evaluation = evaluation_line(report)
+    if evaluation:
+        lines.append(evaluation)
     if report.get("bottleneck"):
         share = report["stages"].get(report["bottleneck"], {}).get("fraction")
         tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""

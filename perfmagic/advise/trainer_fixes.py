@@ -1,0 +1,130 @@
+"""Fix code in the user's own framework: ``TrainingArguments(...)`` for the Hugging Face Trainer,
+``Trainer(...)``/``ModelCheckpoint(...)`` for Lightning, ``Accelerator(...)`` for Accelerate.
+
+A user of a framework does not write the DataLoader, the autocast block or the
+``step % N`` save: the framework's own settings do. Each function returns the
+code for the trainer that drove the loop (``a.config.trainer``), or None for a
+plain loop, where the plain PyTorch fix applies. The HF code carries over the
+``TrainingArguments`` the user set (those that differ from the defaults), so that
+it replaces theirs as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfmagic.advise.fixes import dataloader_code
+from perfmagic.analyze import Analysis
+
+HF = "transformers.Trainer"
+LIGHTNING = "lightning.Trainer"
+FABRIC = "lightning.Fabric"
+ACCELERATE = "accelerate"
+
+_LOADER_ARGUMENTS = {
+    "num_workers": "dataloader_num_workers",
+    "pin_memory": "dataloader_pin_memory",
+    "persistent_workers": "dataloader_persistent_workers",
+    "prefetch_factor": "dataloader_prefetch_factor",
+}
+"""DataLoader arguments → the ``TrainingArguments`` that set them on the DataLoaders the Trainer builds."""
+
+
+def trainer_name(a: Analysis) -> str | None:
+    trainer = a.config.trainer
+    return str(trainer["trainer"]) if trainer else None
+
+
+def training_arguments_code(a: Analysis, changes: dict[str, Any]) -> str:
+    """The user's ``TrainingArguments`` with ``changes``, each change commented with the old value."""
+    settings = (a.config.trainer or {}).get("settings") or {}
+    current: dict[str, Any] = dict(settings.get("training_args") or {})
+    cls = str(settings.get("training_args_class") or "TrainingArguments")
+    lines = [f"args = {cls}("]
+    for key, value in current.items():
+        if key not in changes and value is not None:
+            lines.append(f"    {key}={value!r},")
+    for key, value in changes.items():
+        old = current.get(key)
+        note = f"  # was {old!r}" if key in current and old != value else ""
+        lines.append(f"    {key}={value!r},{note}")
+    lines += [
+        ")",
+        "trainer = Trainer(model=model, args=args)  # and the rest of your Trainer call, unchanged",
+    ]
+    return "\n".join(lines)
+
+
+def loader_code(a: Analysis, ld: dict[str, Any], **changes: Any) -> str:
+    """DataLoader changes where the user makes them: ``TrainingArguments`` under the HF Trainer (which
+    builds the DataLoaders), the ``DataLoader`` call otherwise (Lightning: in ``train_dataloader``)."""
+    name = trainer_name(a)
+    if name == HF:
+        workers = changes.get("num_workers", ld.get("num_workers") or 0)
+        hf = {
+            _LOADER_ARGUMENTS[k]: v
+            for k, v in changes.items()
+            if k in _LOADER_ARGUMENTS and (workers or k not in ("persistent_workers", "prefetch_factor"))
+        }
+        return training_arguments_code(a, hf)
+    code = dataloader_code(ld, **changes)
+    if name in (LIGHTNING, FABRIC):
+        return "# in your LightningModule's train_dataloader() (or LightningDataModule):\n" + code
+    return code
+
+
+def checkpoint_interval_code(a: Analysis, every: int, now: str) -> str | None:
+    """Save every ``every`` steps with the framework's own setting (None: a plain loop)."""
+    name = trainer_name(a)
+    if name == HF:
+        return f"# checkpoints now {now}\n" + training_arguments_code(
+            a, {"save_strategy": "steps", "save_steps": every}
+        )
+    if name == LIGHTNING:
+        settings = (a.config.trainer or {}).get("settings") or {}
+        dirpath = settings.get("checkpoint_dirpath")
+        where = f"dirpath={dirpath!r}, " if dirpath else ""
+        return "\n".join(
+            [
+                "from lightning.pytorch.callbacks import ModelCheckpoint",
+                f"checkpoint = ModelCheckpoint({where}every_n_train_steps={every})  # now {now}",
+                "trainer = Trainer(callbacks=[checkpoint])  # with your other Trainer arguments",
+            ]
+        )
+    if name == ACCELERATE:
+        return "\n".join(
+            [
+                f"CHECKPOINT_EVERY = {every}  # steps; now {now}",
+                "if step % CHECKPOINT_EVERY == 0:",
+                "    accelerator.save_state(output_dir)  # your save, unchanged",
+            ]
+        )
+    return None
+
+
+def mixed_precision_code(a: Analysis, bf16: bool) -> str | None:
+    """Mixed precision switched on in the framework (None: a plain loop)."""
+    name = trainer_name(a)
+    if name == HF:
+        return training_arguments_code(a, {"bf16": True} if bf16 else {"fp16": True})
+    precision = "bf16-mixed" if bf16 else "16-mixed"
+    if name == LIGHTNING:
+        return f"trainer = Trainer(precision={precision!r})  # with your other Trainer arguments"
+    if name == FABRIC:
+        return f"fabric = Fabric(precision={precision!r})  # with your other Fabric arguments"
+    if name == ACCELERATE:
+        mode = "bf16" if bf16 else "fp16"
+        return f"accelerator = Accelerator(mixed_precision={mode!r})  # with your other Accelerator arguments"
+    return None
+
+
+def compile_code(a: Analysis) -> str | None:
+    """``torch.compile`` the way the framework applies it (None: a plain loop)."""
+    name = trainer_name(a)
+    if name == HF:
+        return training_arguments_code(a, {"torch_compile": True})
+    if name in (LIGHTNING, FABRIC):
+        return "model = torch.compile(model)  # the LightningModule, before trainer.fit(model, ...)"
+    if name == ACCELERATE:
+        return "model = torch.compile(model)  # before accelerator.prepare(model, ...)"
+    return None
