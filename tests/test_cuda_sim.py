@@ -56,9 +56,9 @@ def device_sgd(sim: SimCuda, params: Any, seconds: float = OPTIMIZER_S) -> Any:
     return DeviceSGD(params, lr=0.01)
 
 
-def train(sim: SimCuda, steps: int, model: Any = None) -> None:
+def train(sim: SimCuda, steps: int, model: Any = None, opt: Any = None) -> None:
     model = model or Net(sim)
-    opt = device_sgd(sim, model.parameters())
+    opt = opt or device_sgd(sim, model.parameters())
     x = torch.randn(4, 8)
     for _ in range(steps):
         opt.zero_grad()
@@ -113,14 +113,14 @@ def test_nothing_is_marked_or_queried_while_a_cuda_graph_is_captured(sim: SimCud
     opt = device_sgd(sim, model.parameters())
     x = torch.randn(4, 8)
     with perfmagic.profile(sample=False) as session:
-        train(sim, 3, model)
+        train(sim, 3, model, opt)
         recorded = sim.events_recorded
         with sim.capture():  # a step captured as a graph: any event query would raise CaptureError
             opt.zero_grad()
             model(x).sum().backward()
             opt.step()
         assert sim.events_recorded == recorded
-        train(sim, 3, model)
+        train(sim, 3, model, opt)
     assert not [w for w in session.report.warnings if "device" in w]
     assert session.report.to_dict()["steps"]["count"] == 7
 

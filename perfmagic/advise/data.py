@@ -417,7 +417,7 @@ def _measured_workers(a: Analysis, s: Steady, tried: dict[str, Any]) -> Card | N
         f"{_workers(best['value'])} load a batch in {fmt_seconds(best['seconds'])} against "
         f"{fmt_seconds(base['seconds'])} now; with the rest of the step that predicts a "
         f"{fmt_seconds(predicted)} step instead of {fmt_seconds(s.step_s)}.",
-        dataloader_code(ld, num_workers=best["value"], persistent_workers=True),
+        loader_code(a, ld, num_workers=best["value"], persistent_workers=True),
         {
             "num_workers": base["value"],
             "recommended_workers": best["value"],
