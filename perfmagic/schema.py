@@ -85,6 +85,12 @@ THREAD_WAIT = "thread.wait_s"
 """…and the seconds it was runnable but waited for a CPU (NaN where the OS does not say)."""
 THREAD_GC = "thread.gc_s"
 """…and the seconds Python's garbage collector ran on it."""
+THREAD_SAMPLES = "thread.samples"
+"""Samples the training thread has taken from DataLoaders so far (a batch's leading dimension)."""
+
+THREAD_TOKENS = "thread.tokens"
+"""Token ids among them so far: a batch's ``input_ids``, or its one 2-D integer tensor (padding included)."""
+
 THREAD_DATA_CPU = "thread.data_cpu_s"
 """Cumulative CPU seconds the profiled thread spent getting batches (in ``data``), sampled after each."""
 

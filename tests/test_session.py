@@ -216,7 +216,16 @@ def test_report_json_contract(tmp_path: Path) -> None:
     assert data["wall_s"] > 0
     assert data["trainer"] is None  # a plain loop
     assert data["evaluation"] == {"total_s": 0.0, "fraction_of_wall": 0.0, "passes": 0, "every_steps": None}
-    assert set(data["steps"]) == {"count", "median_s", "p90_s", "first_s", "per_s", "warmup"}
+    assert set(data["steps"]) == {
+        "count",
+        "median_s",
+        "p90_s",
+        "first_s",
+        "per_s",
+        "warmup",
+        "samples_per_s",
+        "tokens_per_s",
+    }
     assert data["steps"]["count"] == 5 and data["steps"]["warmup"] == 1
     assert data["steps"]["first_s"] <= data["wall_s"]
     # throughput, shares and stage times all over the same steady steps: the 4 after warm-up

@@ -7,7 +7,7 @@ holds everything the rules and the report need, and no timeline.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,14 @@ from perfmagic.analyze.samples import window_means
 from perfmagic.analyze.steady import Steady, steady_of
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
 from perfmagic.analyze.timeseries import profiler_traces, timeseries
-from perfmagic.schema import STACK_SAMPLES, STEP_BOUNDARY_PREFIX, TRAINER_MARK, TRAINERS
+from perfmagic.schema import (
+    STACK_SAMPLES,
+    STEP_BOUNDARY_PREFIX,
+    THREAD_SAMPLES,
+    THREAD_TOKENS,
+    TRAINER_MARK,
+    TRAINERS,
+)
 from perfmagic.timeline import Timeline
 
 
@@ -44,6 +51,10 @@ class StepStats:
     first_s: float | None  # from the window's start to the end of the first step
     per_s: float | None
     warmup: int = 0  # steps left out of the figures as warm-up (the first, when there are three or more)
+    samples_per_s: float | None = (
+        None  # DataLoader samples per second of steady steps (None: no batches seen)
+    )
+    tokens_per_s: float | None = None  # token ids per second, for sequence batches
 
 
 @dataclass(frozen=True)
@@ -187,7 +198,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         trainer=config.trainer["trainer"] if config.trainer else None,
         breakdown=primary.breakdown,
         steady=steady,
-        steps=primary.steps,
+        steps=_with_throughput(primary.steps, tl, primary.breakdown, primary.steady),
         stages=primary.stages,
         bottleneck=bottleneck(primary.stages),
         devices=devices_summary(sampled),
@@ -206,6 +217,38 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         torch_traces=profiler_traces(timelines),
         tuning=list(tl.meta.get("tuning") or []),
     )
+
+
+def _with_throughput(
+    steps: StepStats, timeline: Timeline, breakdown: StepBreakdown, steady: Steady | None
+) -> StepStats:
+    samples, tokens = throughput(timeline, breakdown, steady)
+    return replace(steps, samples_per_s=samples, tokens_per_s=tokens)
+
+
+def throughput(
+    timeline: Timeline, breakdown: StepBreakdown, steady: Steady | None
+) -> tuple[float | None, float | None]:
+    """(samples, tokens) per second of steady step time, as the frameworks log them; over the steps whose
+    counters are still held where old steps were folded."""
+    if steady is None:
+        return None, None
+    point = timeline.fold_point
+    first = max(steady.first, int(np.searchsorted(breakdown.start, point[1])) if point else 0)
+    starts, ends = breakdown.start[first:], breakdown.end[first:]
+    seconds = float((ends - starts).sum())
+    rates: list[float | None] = []
+    for metric in (THREAD_SAMPLES, THREAD_TOKENS):
+        t, v = timeline.series(metric)
+        # a count grows in jumps, one batch at a time: the count at an instant is the last one reached
+        counted = np.concatenate(([v[0] if point else 0.0], v)) if len(v) else np.zeros(1)
+        grown = (
+            counted[np.searchsorted(t, ends, side="right")]
+            - counted[np.searchsorted(t, starts, side="right")]
+        )
+        total = float(grown.sum())
+        rates.append(total / seconds if total > 0 and seconds > 0 else None)
+    return rates[0], rates[1]
 
 
 def bottleneck(stages: dict[str, StageStats]) -> str | None:

@@ -47,7 +47,7 @@ from perfmagic.collect.cuda import CudaEventClock
 from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
-from perfmagic.schema import THREAD_DATA_CPU
+from perfmagic.schema import THREAD_DATA_CPU, THREAD_SAMPLES, THREAD_TOKENS
 
 _COLLECTIVES = (
     "all_reduce",
@@ -257,6 +257,8 @@ class TorchStages:
         # CPU the training thread spends getting batches: loading itself (no workers) or taking them over
         # from workers; against the data stage's wall time it tells CPU-bound loading from waiting
         data_cpu = [0.0]
+        counted = [0, 0]  # samples and tokens taken so far: throughput as the frameworks log it
+        Tensor = torch.Tensor
 
         evaluation, stepped = self.evaluation, self._stepped
 
@@ -282,6 +284,14 @@ class TorchStages:
                     data_cpu[0] += thread_time() - cpu
                     add_sample(THREAD_DATA_CPU, now(), data_cpu[0])
             stats["batches"] += 1
+            size = batch_size(batch, Tensor)
+            if size is not None:
+                t = now()
+                counted[0] += size[0]
+                add_sample(THREAD_SAMPLES, t, counted[0])
+                if size[1]:
+                    counted[1] += size[1]
+                    add_sample(THREAD_TOKENS, t, counted[1])
             return batch
 
         def start_iter(loader: Any) -> Any:
@@ -758,6 +768,25 @@ class _Strong:
 
     def __call__(self) -> Any:
         return self.obj
+
+
+def batch_size(batch: Any, tensor_cls: Any) -> tuple[int, int] | None:
+    """(samples, token ids) of a batch: the leading dimension of its ``input_ids`` or first tensor, and
+    the ids in ``input_ids`` (or in its one 2-D integer tensor: a sequence batch); None without a tensor."""
+    if isinstance(batch, dict):
+        ids = batch.get("input_ids")
+        if isinstance(ids, tensor_cls) and ids.dim() == 2:
+            return int(ids.shape[0]), int(ids.numel())
+        values = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        values = list(batch)
+    else:
+        values = [batch]
+    tensors = [v for v in values if isinstance(v, tensor_cls) and v.dim() > 0]
+    if not tensors:
+        return None
+    ids = [t for t in tensors if t.dim() == 2 and not t.is_floating_point() and not t.is_complex()]
+    return int(tensors[0].shape[0]), int(ids[0].numel()) if len(ids) == 1 and ids[0] is tensors[0] else 0
 
 
 def _dataset_len(loader: Any) -> int:

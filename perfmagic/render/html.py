@@ -199,6 +199,8 @@ def _header(report: dict[str, Any]) -> str:
             ("step time (median)", fmt_seconds(steps.get("median_s"))),
             ("p90 step", fmt_seconds(steps.get("p90_s"))),
             ("steps/s", f"{steps['per_s']:.3g}" if steps.get("per_s") else "n/a"),
+            *([("samples/s", f"{steps['samples_per_s']:,.0f}")] if steps.get("samples_per_s") else []),
+            *([("tokens/s", f"{steps['tokens_per_s']:,.0f}")] if steps.get("tokens_per_s") else []),
             ("steps", str(steps.get("count", 0))),
             ("GPU busy", gpu_note),
         ]

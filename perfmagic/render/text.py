@@ -87,6 +87,16 @@ def minor_line(report: dict[str, Any]) -> str | None:
     return "also checked, each under 2% of a step to gain: " + ", ".join(parts)
 
 
+def throughput_words(steps: dict[str, Any]) -> str:
+    """ ", 2,050 samples/s, 65,600 tokens/s" where the batches told them."""
+    words = [
+        f", {steps[key]:,.0f} {unit}/s" if steps[key] >= 100 else f", {steps[key]:.3g} {unit}/s"
+        for key, unit in (("samples_per_s", "samples"), ("tokens_per_s", "tokens"))
+        if steps.get(key)
+    ]
+    return "".join(words)
+
+
 def tuning_lines(report: dict[str, Any]) -> list[str]:
     """One line per knob tuning tried: its settings' measured times, and the best against the baseline."""
     lines = []
@@ -122,7 +132,7 @@ def render_text(report: dict[str, Any]) -> str:
     if steps.get("count"):
         lines.append(
             f"steps: {steps['count']}, median {fmt_seconds(steps['median_s'])}, "
-            f"p90 {fmt_seconds(steps['p90_s'])}, {steps['per_s']:.2f} steps/s, "
+            f"p90 {fmt_seconds(steps['p90_s'])}, {steps['per_s']:.2f} steps/s{throughput_words(steps)}, "
             f"first step done after {fmt_seconds(steps['first_s'])}"
         )
         if steps.get("warmup"):
