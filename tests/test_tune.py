@@ -194,7 +194,7 @@ def test_perfmagic_run_tune_tunes_in_the_training_process(tmp_path: Path) -> Non
 
     script, out = tmp_path / "train.py", tmp_path / "out.json"
     script.write_text(TRAIN_SCRIPT)
-    cmd = [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--tune", "--tune-budget", "4"]
+    cmd = [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--tune", "--tune-budget", "8"]
     done = subprocess.run(
         [*cmd, "--json", str(out), "--", sys.executable, str(script)],
         cwd=tmp_path,

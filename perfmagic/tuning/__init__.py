@@ -42,15 +42,13 @@ def tune(
 
     ``batch`` is what the model is called with: a tuple of arguments, a dict of keyword
     arguments or one argument. ``step_s`` and ``data_s`` (the observed step and its wait for
-    data, seconds) let the loader stop at the worker count that keeps up and give the
-    predicted step. Ctrl-C ends tuning early with what was measured so far.
+    data, seconds) give the predicted step. Ctrl-C ends tuning early with what was measured so far.
     """
     from perfmagic.tuning.compute import TrainingStep, tune_threads
     from perfmagic.tuning.loader import tune_workers
 
     if not budget_s > 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
-    rest_s = step_s - data_s if step_s is not None and data_s is not None else None
     results: list[dict[str, Any]] = []
     begin = time.perf_counter()
     with untouched():
@@ -60,7 +58,7 @@ def tune(
                 step = TrainingStep(model, optimizer, *_call_of(batch))
             if loader is not None:
                 share = budget_s * (0.6 if step is not None else 1.0)
-                done = tune_workers(loader, share, rest_s, step)
+                done = tune_workers(loader, share, step)
                 if done is not None:
                     results.append({**done, "budget_s": share})
             if step is not None and not _on_cuda(model):

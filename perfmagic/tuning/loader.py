@@ -90,17 +90,20 @@ def seconds_per_batch(
 
 
 def tune_workers(
-    loader: Any, budget_s: float, rest_s: float | None, work: Callable[[], None] | None = None
+    loader: Any, budget_s: float, work: Callable[[], None] | None = None
 ) -> dict[str, Any] | None:
-    """``num_workers`` tried on a rebuilt loader: seconds per batch for each count, until one keeps up
-    with the rest of the step (``rest_s``) or the budget is spent.
+    """``num_workers`` tried on a rebuilt loader within the budget; the best is the fewest workers within
+    5% of the fastest (beyond what keeps up, a worker costs memory and start-up for nothing).
 
     With ``work`` (a training step on copies of the model), each batch is followed by it and the
     figure is seconds per step: loading and computing on the same CPUs, as in the training.
     """
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     rss = psutil.Process().memory_info().rss
-    candidates = candidate_workers(loader.num_workers, cpus, rss)
+    # the current count first, then from the most down: where the budget runs out, the counts left
+    # untried are the middle ones, and the two ends say whether more workers help at all
+    others = [w for w in candidate_workers(loader.num_workers, cpus, rss) if w != loader.num_workers]
+    candidates = [loader.num_workers, *reversed(others)]
     end = time.perf_counter() + budget_s
     tried: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -123,11 +126,6 @@ def tune_workers(
             notes.append(f"{workers} workers: too few batches in {share:.1f} s to time")
             continue
         tried.append({"value": workers, "seconds": per_batch, "start_s": first, "batches": timed})
-        if work is None and rest_s is not None and per_batch <= rest_s and workers > loader.num_workers:
-            notes.append(
-                f"{workers} workers keep up with the rest of the step ({rest_s * 1e3:.1f} ms): no more tried"
-            )
-            break
     unit = "seconds per batch" if work is None else "seconds per step"
     baseline = next((t for t in tried if t["value"] == loader.num_workers), None)
     if baseline is None or len(tried) < 2:  # nothing to compare: only what was seen is said
