@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -86,22 +87,80 @@ def start_from_env() -> None:
     )
     session.start()
     atexit.register(_finish, session)
+    handled = threading.Event()
+    ours = []
     for sig in ENDING_SIGNALS:
         if signal.getsignal(sig) is signal.SIG_DFL:  # the program's own handlers stay its own
             with contextlib.suppress(ValueError):  # not the main thread of the main interpreter
-                signal.signal(sig, _ended_by(session))
+                signal.signal(sig, _ended_by(session, handled))
+                ours.append(sig)
+    if ours:
+        _watch_for_a_stuck_main_thread(session, frozenset(ours), handled)
 
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 """Signals that end a process by default: its record is finished first, then it ends as it would have."""
 
 
-def _ended_by(session: Session) -> Callable[[int, FrameType | None], None]:
+STUCK_AFTER_S = 3.0
+"""How long an ending signal may wait for the main thread before it is taken as stuck in native code."""
+
+
+def _ended_by(session: Session, handled: threading.Event) -> Callable[[int, FrameType | None], None]:
     def handler(signum: int, frame: FrameType | None) -> None:
+        handled.set()
         _finish(session)
         _die(signum)
 
     return handler
+
+
+def _watch_for_a_stuck_main_thread(session: Session, ours: frozenset[int], handled: threading.Event) -> None:
+    """A Python signal handler runs only when the main thread is back in the interpreter: one stuck in
+    native code (a thread join in a library's destructor) would make SIGTERM, which ended it before
+    perfmagic, do nothing at all. Python writes each signal's number to a wakeup fd as it arrives; a
+    thread reads it and, if the handler has not run within :data:`STUCK_AFTER_S`, writes what the spool
+    lacks and ends the process with the status the signal would have given (128 + its number)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread
+        previous = None
+    if previous != -1:  # the program's own wakeup fd (or none could be set): leave it as it is
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+
+    def forget_in_child() -> None:  # a forked child's signals are its own, not this process's
+        with contextlib.suppress(ValueError, OSError):
+            if signal.set_wakeup_fd(-1) != write_fd:
+                signal.set_wakeup_fd(-1)
+
+    os.register_at_fork(after_in_child=forget_in_child)
+
+    def watch() -> None:
+        while True:
+            try:
+                received = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not received:
+                return
+            ending = [n for n in received if n in ours]
+            if ending and not handled.wait(STUCK_AFTER_S):
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(
+                        f"perfmagic: signal {ending[0]} found the main thread stuck in native code for "
+                        f"{STUCK_AFTER_S:.0f} s; ending the process with its record as spooled\n"
+                    )
+                    sys.stderr.flush()
+                    session.flush_spool()
+                os._exit(128 + ending[0])
+
+    threading.Thread(target=watch, name="perfmagic-signals", daemon=True).start()
 
 
 def _finish(session: Session) -> None:

@@ -387,6 +387,12 @@ class Session:
         self._spool_file = None
         self.timeline.record = self.outdir / SPOOL_NAME
 
+    def flush_spool(self) -> None:
+        """Write what the spool lacks now, from any thread (a process about to end without ``stop``)."""
+        spooler = self._spooler
+        if spooler is not None and not self._forked:
+            spooler.flush()
+
     def _settled_spans(self) -> int:
         """Spans whose times are final (a device time may still move the others): the spool takes these."""
         recorder = self.recorder

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -221,6 +222,50 @@ def test_a_signal_to_run_reaches_the_command_and_the_report_is_written(
     assert not Path(f"/proc/{child}").exists(), "the training was left running"
     report = json.loads(out.read_text())
     assert report["steps"]["count"] > 10 and (tmp_path / "run" / "report.json").exists()
+
+
+STUCK_IN_NATIVE_CODE = """
+import ctypes, os, sys, torch
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(20):
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+mutex = ctypes.create_string_buffer(64)  # a default pthread mutex, locked twice: no signal ends the wait
+libc = ctypes.CDLL(None)
+libc.pthread_mutex_lock(mutex)
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+libc.pthread_mutex_lock(mutex)  # as a library's destructor joining a thread that never ends
+"""
+
+
+def test_sigterm_ends_a_process_stuck_in_native_code(tmp_path: Path) -> None:
+    """Python runs signal handlers only in the interpreter: before the watchdog, perfmagic's SIGTERM
+    handler made a training stuck in native code impossible to end with SIGTERM."""
+    script, pid_file, out = tmp_path / "train.py", tmp_path / "pid", tmp_path / "out.json"
+    script.write_text(STUCK_IN_NATIVE_CODE)
+    cmd = [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--outdir", str(tmp_path / "run")]
+    proc = subprocess.Popen(
+        [*cmd, "--json", str(out), "--", sys.executable, str(script), str(pid_file)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert proc.returncode == 143, stderr
+    assert "stuck in native code" in stderr
+    assert json.loads(out.read_text())["steps"]["count"] >= 19  # the last boundary is held for the next step
 
 
 def test_run_exit_codes_follow_the_shell(tmp_path: Path) -> None:

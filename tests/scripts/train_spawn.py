@@ -19,6 +19,10 @@ def train(rank: int, world_size: int) -> None:
         optimizer.zero_grad()
         model(torch.randn(8, 16)).sum().backward()
         optimizer.step()
+    # both ranks done before either tears gloo down: one that leaves first can make the other's teardown
+    # abort ("terminate called without an active exception", torch 2.13) or join a thread forever
+    dist.barrier()
+    del model, optimizer
     dist.destroy_process_group()
 
 
