@@ -196,13 +196,11 @@ for _ in range(100_000):  # long enough to be stopped from outside
 """
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
-def test_a_signal_to_run_reaches_the_command_and_the_report_is_written(
-    tmp_path: Path, sig: signal.Signals, code: int
-) -> None:
-    """kill, docker stop, a scheduler's preemption or timeout signal perfmagic, not the training."""
+def run_until_it_writes_its_pid(tmp_path: Path, training: str) -> tuple[subprocess.Popen[str], Path, Path]:
+    """``perfmagic run`` on a script that writes its pid to its first argument, once it has; with the
+    pid file and the --json report's path."""
     script, pid_file, out = tmp_path / "train.py", tmp_path / "pid", tmp_path / "out.json"
-    script.write_text(LONG_TRAINING)
+    script.write_text(training)
     cmd = [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--outdir", str(tmp_path / "run")]
     proc = subprocess.Popen(
         [*cmd, "--json", str(out), "--", sys.executable, str(script), str(pid_file)],
@@ -214,6 +212,15 @@ def test_a_signal_to_run_reaches_the_command_and_the_report_is_written(
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
+    return proc, pid_file, out
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_a_signal_to_run_reaches_the_command_and_the_report_is_written(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """kill, docker stop, a scheduler's preemption or timeout signal perfmagic, not the training."""
+    proc, pid_file, out = run_until_it_writes_its_pid(tmp_path, LONG_TRAINING)
     time.sleep(0.5)  # some steps
     os.kill(proc.pid, sig)  # to perfmagic alone, as kill and docker stop do
     _, stderr = proc.communicate(timeout=60)
@@ -244,19 +251,7 @@ libc.pthread_mutex_lock(mutex)  # as a library's destructor joining a thread tha
 def test_sigterm_ends_a_process_stuck_in_native_code(tmp_path: Path) -> None:
     """Python runs signal handlers only in the interpreter: before the watchdog, perfmagic's SIGTERM
     handler made a training stuck in native code impossible to end with SIGTERM."""
-    script, pid_file, out = tmp_path / "train.py", tmp_path / "pid", tmp_path / "out.json"
-    script.write_text(STUCK_IN_NATIVE_CODE)
-    cmd = [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--outdir", str(tmp_path / "run")]
-    proc = subprocess.Popen(
-        [*cmd, "--json", str(out), "--", sys.executable, str(script), str(pid_file)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc, pid_file, out = run_until_it_writes_its_pid(tmp_path, STUCK_IN_NATIVE_CODE)
     os.kill(proc.pid, signal.SIGTERM)
     try:
         _, stderr = proc.communicate(timeout=60)
