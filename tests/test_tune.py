@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 class Sleepy(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Waits on "storage" for each sample: more workers than CPUs help."""
 
-    def __init__(self, n: int = 4096, wait_s: float = 0.002) -> None:
+    def __init__(self, n: int = 8192, wait_s: float = 0.002) -> None:
         self.n, self.wait_s = n, wait_s
 
     def __len__(self) -> int:
@@ -36,7 +36,7 @@ class Busy(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Computes each sample on the CPU: workers help only as far as there are CPUs."""
 
     def __len__(self) -> int:
-        return 4096
+        return 8192
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.full((48, 48), float(i % 5) / 10)
@@ -66,20 +66,32 @@ def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def train(loader: DataLoader[Any], model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> float:
-    """The loop's median step, in seconds."""
+def train(
+    loader: DataLoader[Any],
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    steps: int,
+    timed_s: float = 0,
+) -> float:
+    """The loop's mean step in seconds, over the steps after the workers' head start: at least
+    ``steps`` steps in all and ``timed_s`` seconds of timed ones.
+
+    The mean, as an epoch's time divides: with workers, steps alternate between a batch ready and a
+    wait for one, and a median says nothing of the rate.
+    """
     loss_fn = torch.nn.CrossEntropyLoss()
-    times, last = [], time.perf_counter()
+    head_start = 3 + loader.num_workers * (loader.prefetch_factor or 0)
+    begin = now = 0.0
     for k, (x, y) in enumerate(loader):
+        if k == head_start:
+            begin = time.perf_counter()
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
         now = time.perf_counter()
-        times.append(now - last)
-        last = now
-        if k + 1 == steps:
-            break
-    return statistics.median(times[3:])
+        if k + 1 >= steps and k >= head_start and now - begin >= timed_s:
+            return (now - begin) / (k + 1 - head_start)
+    raise AssertionError(f"the loader ended before {steps} steps and {timed_s} s")
 
 
 def profiled_and_tuned(dataset: Dataset[Any], steps: int, budget_s: float) -> perfmagic.Report:
@@ -105,14 +117,18 @@ def test_the_measured_worker_count_gives_the_predicted_step(dataset: Dataset[Any
         assert card is None
     if isinstance(dataset, Sleepy):  # waiting on storage: workers overlap the waits, CPUs or not
         assert best > 0 and workers["speedup"] > 1.5, workers
-    # the fix applied to the same loop: the step it gives is the step tuning predicted
-    model, opt = model_and_optimizer()
-    loader = DataLoader(dataset, batch_size=16, num_workers=best, persistent_workers=best > 0)
-    applied = train(loader, model, opt, steps=60)
-    if isinstance(dataset, Sleepy):  # a waiting loader: the prediction holds to the 20% the issue asks
-        assert applied == pytest.approx(step["best"]["seconds"], rel=0.2), (applied, step)
-    else:  # CPU-bound on 2 CPUs the prediction runs high (by 16-40% in CI runs): only never optimistic
-        assert applied <= step["best"]["seconds"] * 1.2, (applied, step)
+
+    # the fix applied to the same loop gives the step tuning predicted. The machine's pace may have
+    # changed since (another process on its 2 CPUs): the loop as profiled is timed again beside the
+    # fixed one, in pairs, and the prediction is held to the speed-up it promised
+    def timed(workers: int) -> float:
+        model, opt = model_and_optimizer()
+        loader = DataLoader(dataset, batch_size=16, num_workers=workers, persistent_workers=workers > 0)
+        return train(loader, model, opt, steps=20, timed_s=0.6)
+
+    speedups = [timed(0) / timed(best) for _ in range(4)]
+    promised = step["baseline"]["seconds"] / step["best"]["seconds"]
+    assert statistics.median(speedups) == pytest.approx(promised, rel=0.2), (speedups, step)
 
 
 def test_tuning_leaves_the_model_the_optimizer_and_every_random_stream_as_they_were() -> None:
