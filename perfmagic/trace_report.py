@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import sys
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 """What a trace file's name ends with (``*.pt.trace.json.gz`` included)."""
 
 POOL_MIN_JSON_BYTES = 64 << 20
-"""Below this much JSON in all, the traces are read in this process: a worker takes ~0.3 s to start."""
+"""Below this much JSON in all, the traces are read in this process: a spawned worker takes ~0.3 s to start."""
 GZIP_RATIO = 20  # JSON bytes per gzipped byte of a Kineto trace, about (13-20 on the shared traces)
 WORKER_BYTES = 64 << 20  # a worker process before it reads anything
 WORKER_BYTES_PER_JSON_BYTE = (
@@ -59,14 +62,7 @@ def report_from_traces(paths: Sequence[str | os.PathLike[str]]) -> Report:
     files = trace_paths(paths)
     if not files:
         raise TraceFormatError("no trace given")
-    workers = pool_size(files)
-    if workers > 1:
-        # spawned, not forked: the caller may be a notebook kernel with threads running
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            read = list(pool.map(_read_rank, files, range(len(files))))
-    else:
-        read = [_read_rank(p, i) for i, p in enumerate(files)]
+    read = _read_ranks(files, pool_size(files))
     ranks = [r.rank for r in read]
     for i, rank in enumerate(ranks):
         if rank in ranks[:i]:
@@ -76,6 +72,20 @@ def report_from_traces(paths: Sequence[str | os.PathLike[str]]) -> Report:
     analysis = analyze([r.timeline for r in read])
     skew = collective_skew({r.rank: r.collectives for r in read})
     return build_report(dataclasses.replace(analysis, collective_skew=skew), source="trace")
+
+
+def _read_ranks(files: list[Path], workers: int) -> list[_RankTrace]:
+    if workers > 1:
+        # forked where that is safe (Linux, one thread): no imports to repeat and the caller's
+        # script is not run again; else spawned (a notebook kernel has threads running)
+        forked = sys.platform == "linux" and threading.active_count() == 1
+        context = multiprocessing.get_context("fork" if forked else "spawn")
+        try:
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+                return list(pool.map(_read_rank, files, range(len(files))))
+        except BrokenProcessPool:
+            pass  # workers could not start (a script without a __main__ guard): read them here
+    return [_read_rank(p, i) for i, p in enumerate(files)]
 
 
 def pool_size(files: Sequence[Path]) -> int:
