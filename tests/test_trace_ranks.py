@@ -103,6 +103,17 @@ def test_the_cli_reads_a_directory(rank_dir: Path, tmp_path: Path) -> None:
     assert len(json.loads(out.read_text())["ranks"]) == RANKS
 
 
+def test_a_bad_rank_in_a_directory_read_by_workers_is_a_clear_error(rank_dir: Path, tmp_path: Path) -> None:
+    for f in trace_paths([rank_dir]):
+        (tmp_path / f.name).symlink_to(f)
+    bad = tmp_path / "host9_rank99.pt.trace.json.gz"
+    bad.write_bytes(gzip.compress(b'{"traceEvents": []}' * 50)[:40])
+    assert pool_size(trace_paths([tmp_path])) > 1
+    with pytest.raises(TraceFormatError, match="truncated gzip") as info:
+        report_from_traces([tmp_path])
+    assert str(bad) in str(info.value)
+
+
 def test_a_directory_without_traces_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("")
     with pytest.raises(TraceFormatError, match="no trace files"):
