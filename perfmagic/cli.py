@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -87,11 +88,24 @@ def _parser() -> argparse.ArgumentParser:
     report_p = sub.add_parser(
         "report",
         help="analyze traces that torch.profiler wrote",
-        description="Analyze traces written by torch.profiler (one file per rank, .json or .json.gz) "
-        "and print one report. Exit status 2 when a file is not a readable trace.",
+        description="Analyze traces written by torch.profiler (one file per rank, .json or .json.gz; "
+        "a directory: every trace in it) and print one report; with --compare, compare two. "
+        "Exit status 2 when a file is not a readable trace.",
     )
     _add_output_args(report_p)
-    report_p.add_argument("traces", nargs="+", metavar="TRACE", help="a torch.profiler trace, one per rank")
+    report_p.add_argument(
+        "traces",
+        nargs="*",
+        metavar="TRACE",
+        help="a torch.profiler trace (one per rank) or a directory of them",
+    )
+    report_p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        help="compare trace (or directory) A with B: steps, stages, GPU figures and kernels; "
+        "--json writes the comparison",
+    )
 
     demo_p = sub.add_parser("demo", help="profile a built-in, deliberately input-bound training job")
     demo_p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
@@ -260,14 +274,30 @@ def report_traces(args: argparse.Namespace) -> int:
     from perfmagic.trace_report import report_from_traces
     from perfmagic.traces import TraceFormatError
 
+    if bool(args.compare) == bool(args.traces) or (args.compare and args.html):
+        print("perfmagic report: give traces, or --compare A B (with --json, not --html)", file=sys.stderr)
+        return 2
     try:
-        report = report_from_traces(args.traces)
+        if args.compare:
+            before, after = (report_from_traces([p]) for p in args.compare)
+        else:
+            report = report_from_traces(args.traces)
     except TraceFormatError as e:
         print(f"perfmagic report: {e}", file=sys.stderr)
         return 2
-    written = _write_outputs(report, args, "report")  # before printing: a broken pipe loses nothing
-    print(report)
-    return 0 if written else 1
+    if not args.compare:
+        written = _write_outputs(report, args, "report")  # before printing: a broken pipe loses nothing
+        print(report)
+        return 0 if written else 1
+    comparison = before.compare(after)
+    try:
+        if args.json:
+            Path(args.json).write_text(json.dumps(comparison.to_dict(), indent=1))
+    except OSError as e:
+        print(f"perfmagic report: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
+    print(comparison)
+    return 0
 
 
 def _process_timelines(outdir: Path) -> list[Timeline]:

@@ -3,7 +3,9 @@
 Works from report dictionaries alone (reports read back from JSON). Step and stage
 times are the reports' own means over their steady steps (after the warm-up), the
 window every figure of a report uses; that is what throughput follows, periodic
-checkpoints included.
+checkpoints included. Reports with GPU trace figures (``perfmagic report``, ``--trace``
+runs) are also compared kernel by kernel, as HolisticTraceAnalysis's TraceDiff compares
+operators: each GPU event name's count and total time over each trace's GPU window.
 """
 
 from __future__ import annotations
@@ -11,7 +13,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from perfmagic.units import fmt_seconds
+from perfmagic.units import fmt_fraction, fmt_seconds
+
+GPU_FIGURES = (
+    "busy_fraction",
+    "idle_fraction",
+    "compute_fraction",
+    "non_compute_fraction",
+    "comm_fraction",
+    "memory_fraction",
+    "window_s",
+)
+"""The ``gpu`` figures a comparison shows before and after."""
+KERNELS_SHOWN = 10
+
+
+@dataclass(frozen=True)
+class KernelChange:
+    """One GPU event name in two traces; None where that report's table left it out (too short to keep)."""
+
+    name: str
+    kind: str
+    count_before: int | None
+    count_after: int | None
+    before_s: float | None
+    after_s: float | None
+
+    @property
+    def delta_s(self) -> float | None:
+        return None if self.before_s is None or self.after_s is None else self.after_s - self.before_s
 
 
 @dataclass(frozen=True)
@@ -39,6 +69,13 @@ class Comparison:
         self.resolved = [c for i, c in cards_before.items() if i not in cards_after]
         self.remaining = [(c, cards_after[i]) for i, c in cards_before.items() if i in cards_after]
         self.new = [c for i, c in cards_after.items() if i not in cards_before]
+        # GPU figures and kernels where both reports have a GPU trace's
+        self.gpu: dict[str, tuple[Any, Any]] = {}
+        self.kernels: list[KernelChange] = []
+        gpu_before, gpu_after = before.get("gpu"), after.get("gpu")
+        if gpu_before and gpu_after:
+            self.gpu = {k: (gpu_before.get(k), gpu_after.get(k)) for k in GPU_FIGURES}
+            self.kernels = _kernel_changes(gpu_before, gpu_after)
 
     @property
     def speedup(self) -> float | None:
@@ -54,6 +91,12 @@ class Comparison:
                 {"name": c.name, "before_s": c.before_s, "after_s": c.after_s, "delta_s": c.delta_s}
                 for c in self.stages
             ],
+            "gpu": {
+                k: {"before": a, "after": b, "delta": None if a is None or b is None else b - a}
+                for k, (a, b) in self.gpu.items()
+            }
+            or None,
+            "kernels": [{**vars(k), "delta_s": k.delta_s} for k in self.kernels],
             "advice": {
                 "resolved": [_brief(c) for c in self.resolved],
                 "remaining": [{**_brief(a), "saving_after_s": b.get("saving_s")} for a, b in self.remaining],
@@ -87,6 +130,7 @@ class Comparison:
                     f"  {c.name:<{width}}  {fmt_seconds(c.before_s):>9}  {fmt_seconds(c.after_s):>9}  "
                     f"{sign + fmt_seconds(abs(c.delta_s)):>10}"
                 )
+        lines += self._gpu_lines()
         lines.append("")
         for label, cards in (("resolved", self.resolved), ("new", self.new)):
             for c in cards:
@@ -108,6 +152,31 @@ class Comparison:
         if not (self.resolved or self.new or self.remaining):
             lines.append("advice: none before or after")
         return "\n".join(lines)
+
+    def _gpu_lines(self) -> list[str]:
+        if not self.gpu:
+            return []
+        figures = ", ".join(
+            f"{k.removesuffix('_fraction').replace('_', '-')} {fmt_fraction(a)} → {fmt_fraction(b)}"
+            for k, (a, b) in self.gpu.items()
+            if k.endswith("_fraction") and k not in ("idle_fraction", "memory_fraction")
+        )
+        lines = ["", f"GPU (trace): {figures}"]
+        changed = [k for k in self.kernels if k.delta_s is not None and abs(k.delta_s) >= 5e-7]
+        if changed:
+            lines += [
+                "",
+                f"  {'kernel (largest changes in total time)':<60}  {'count':>13}  {'before':>9}  {'after':>9}  {'change':>10}",
+            ]
+            for k in changed[:KERNELS_SHOWN]:
+                assert k.before_s is not None and k.after_s is not None and k.delta_s is not None
+                name = k.name if len(k.name) <= 60 else k.name[:57] + "..."
+                sign = "+" if k.delta_s > 0 else "−"
+                lines.append(
+                    f"  {name:<60}  {f'{k.count_before} → {k.count_after}':>13}  {fmt_seconds(k.before_s):>9}  "
+                    f"{fmt_seconds(k.after_s):>9}  {sign + fmt_seconds(abs(k.delta_s)):>10}"
+                )
+        return lines
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> Comparison:
@@ -140,6 +209,38 @@ def saving_change(before: dict[str, Any], after: dict[str, Any]) -> str:
     if not before.get("saving_s") or not after.get("saving_s"):
         return ""
     return f"saving {fmt_seconds(before['saving_s'])} → {fmt_seconds(after['saving_s'])}/step"
+
+
+def _kernel_changes(before: dict[str, Any], after: dict[str, Any]) -> list[KernelChange]:
+    """Every GPU event name of either trace, the largest change in total time first.
+
+    A name missing from one table is 0 there, unless that table left names out
+    (``kernels_omitted``): then it is unknown (None), short enough to be among them.
+    """
+    tables = []
+    for gpu in (before, after):
+        rows = {k["name"]: k for k in gpu.get("kernels") or []}
+        tables.append((rows, gpu.get("kernels_omitted") is None))
+    (rows_a, whole_a), (rows_b, whole_b) = tables
+    names = [*rows_a, *(n for n in rows_b if n not in rows_a)]
+
+    def side(rows: dict[str, Any], whole: bool, name: str, key: str, zero: float) -> Any:
+        if name in rows:
+            return rows[name][key]
+        return zero if whole else None
+
+    changes = [
+        KernelChange(
+            name,
+            (rows_a.get(name) or rows_b[name])["kind"],
+            side(rows_a, whole_a, name, "count", 0),
+            side(rows_b, whole_b, name, "count", 0),
+            side(rows_a, whole_a, name, "total_s", 0.0),
+            side(rows_b, whole_b, name, "total_s", 0.0),
+        )
+        for name in names
+    ]
+    return sorted(changes, key=lambda k: -abs(k.delta_s) if k.delta_s is not None else 0.0)
 
 
 def _brief(card: dict[str, Any]) -> dict[str, Any]:

@@ -204,6 +204,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "hotspots": analysis.hotspots,
         "torch_traces": analysis.torch_traces,
         "tuning": analysis.tuning,
+        "collective_skew": analysis.collective_skew,
     }
     data = _clean(data)
     data["step_table"] = step_table(b)  # after _clean: numbers made JSON-safe by numpy, not one by one

@@ -180,6 +180,15 @@ class Timeline:
         # take it at once, so a reader never sees columns cut half-way and the writer never waits
         self._cut_lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the locks: a worker process hands its timeline back pickled."""
+        return {k: v for k, v in vars(self).items() if k not in ("_lock", "_cut_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self._lock = threading.Lock()
+        self._cut_lock = threading.Lock()
+
     # -- writing ---------------------------------------------------------
 
     def name_id(self, name: str) -> int:

@@ -2,54 +2,143 @@
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
 import os
+import sys
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
 
 from perfmagic.analyze import analyze
 from perfmagic.analyze.gpu import trace_gpu
+from perfmagic.analyze.ranks import collective_skew, collective_starts
 from perfmagic.report import Report, build_report
+from perfmagic.timeline import Timeline
 from perfmagic.traces.kineto import TraceFormatError, read_trace
 from perfmagic.traces.stages import trace_timeline
 
+TRACE_SUFFIXES = (".json", ".json.gz")
+"""What a trace file's name ends with (``*.pt.trace.json.gz`` included)."""
+
+POOL_MIN_JSON_BYTES = 64 << 20
+"""Below this much JSON in all, the traces are read in this process: a spawned worker takes ~0.3 s to start."""
+GZIP_RATIO = 20  # JSON bytes per gzipped byte of a Kineto trace, about (13-20 on the shared traces)
+WORKER_BYTES = 64 << 20  # a worker process before it reads anything
+WORKER_BYTES_PER_JSON_BYTE = (
+    0.5  # its peak grows by about this per byte of the trace's JSON (measured 0.2-0.6)
+)
+
+
+def trace_paths(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The trace files named, a directory standing for every trace in it (sorted by name)."""
+    out: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            out.append(path)
+            continue
+        found = sorted(p for p in path.iterdir() if p.name.endswith(TRACE_SUFFIXES) and p.is_file())
+        if not found:
+            raise TraceFormatError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
+        out += found
+    return out
+
 
 def report_from_traces(paths: Sequence[str | os.PathLike[str]]) -> Report:
-    """One report from one trace per rank.
+    """One report from one trace per rank (a directory: every trace in it).
 
     The ``gpu`` section is the primary rank's (the one the step figures come from);
-    each rank's own is in ``ranks[i]["gpu"]``. Raises :class:`TraceFormatError` on a
-    file that is not a readable trace, or on two files of the same rank.
+    each rank's own is in ``ranks[i]["gpu"]``; ``collective_skew`` says which ranks
+    reach the collectives last. Many traces are read in parallel worker processes, as
+    many as the CPUs and the memory allow. Raises :class:`TraceFormatError` on a file
+    that is not a readable trace, or on two files of the same rank.
     """
-    if not paths:
+    files = trace_paths(paths)
+    if not files:
         raise TraceFormatError("no trace given")
-    traces = [read_trace(p) for p in paths]
-    ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
+    read = _read_ranks(files, pool_size(files))
+    ranks = [r.rank for r in read]
     for i, rank in enumerate(ranks):
         if rank in ranks[:i]:
-            other = traces[ranks.index(rank)].path
-            raise TraceFormatError(
-                f"{traces[i].path} and {other} are both rank {rank}: give one trace per rank"
-            )
-    timelines = []
-    for trace, rank in zip(traces, ranks, strict=True):
-        timeline = trace_timeline(trace, rank)
-        if trace.dropped:
-            reasons = ", ".join(f"{why}: {n}" for why, n in trace.dropped.items())
-            timeline.meta["warnings"].append(
-                f"{trace.path.name}: {sum(trace.dropped.values())} events left out, their fields unreadable ({reasons})"
-            )
-        gpu = trace_gpu(trace)
-        if gpu is None:
-            timeline.meta["warnings"].append(
-                f"{trace.path.name}: no GPU events (kernels, memcpy, memset) in the trace, so no GPU "
-                "figures: it was recorded on the CPU only or without ProfilerActivity.CUDA"
-            )
-        else:
-            timeline.meta["gpu"] = gpu
-            if len(timeline.meta["profiler_steps"]) < 2:
-                timeline.meta["warnings"].append(
-                    f"{trace.path.name}: fewer than two ProfilerStep# ranges, so the GPU figures cover "
-                    "the whole trace rather than the complete steps (as HTA does)"
-                )
-        timelines.append(timeline)
+            other = files[ranks.index(rank)]
+            raise TraceFormatError(f"{files[i]} and {other} are both rank {rank}: give one trace per rank")
     # analyze() takes the primary rank's GPU figures (and each rank's) from timeline.meta["gpu"]
-    return build_report(analyze(timelines), source="trace")
+    analysis = analyze([r.timeline for r in read])
+    skew = collective_skew({r.rank: r.collectives for r in read})
+    return build_report(dataclasses.replace(analysis, collective_skew=skew), source="trace")
+
+
+def _read_ranks(files: list[Path], workers: int) -> list[_RankTrace]:
+    if workers > 1:
+        # forked where that is safe (Linux, one thread): no imports to repeat and the caller's
+        # script is not run again; else spawned (a notebook kernel has threads running)
+        forked = sys.platform == "linux" and threading.active_count() == 1
+        context = multiprocessing.get_context("fork" if forked else "spawn")
+        try:
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+                return list(pool.map(_read_rank, files, range(len(files))))
+        except BrokenProcessPool:
+            pass  # workers could not start (a script without a __main__ guard): read them here
+    return [_read_rank(p, i) for i, p in enumerate(files)]
+
+
+def pool_size(files: Sequence[Path]) -> int:
+    """Worker processes for reading ``files``: 1 (in this process) for little JSON, else as many as
+    the CPUs and half the available memory hold, each worker's peak estimated from the largest file."""
+    sizes = np.array([_json_bytes(p) for p in files], dtype=np.float64)
+    if len(files) < 2 or sizes.sum() < POOL_MIN_JSON_BYTES:
+        return 1
+    peak = WORKER_BYTES + WORKER_BYTES_PER_JSON_BYTE * float(sizes.max())
+    budget = psutil.virtual_memory().available / 2
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, len(files), int(budget // peak)))
+
+
+def _json_bytes(path: Path) -> float:
+    """The JSON a trace file holds, estimated from its size."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return 0.0  # read_trace says why
+    return float(size * GZIP_RATIO if path.name.endswith(".gz") else size)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankTrace:
+    """What the report needs of one rank's trace: small enough to hand back from a worker."""
+
+    rank: int
+    timeline: Timeline
+    collectives: dict[str, np.ndarray]
+
+
+def _read_rank(path: Path, index: int) -> _RankTrace:
+    trace = read_trace(path)
+    rank = trace.rank if trace.rank is not None else index
+    timeline = trace_timeline(trace, rank)
+    warnings: list[Any] = timeline.meta["warnings"]
+    if trace.dropped:
+        reasons = ", ".join(f"{why}: {n}" for why, n in trace.dropped.items())
+        warnings.append(
+            f"{path.name}: {sum(trace.dropped.values())} events left out, their fields unreadable ({reasons})"
+        )
+    gpu = trace_gpu(trace)
+    if gpu is None:
+        warnings.append(
+            f"{path.name}: no GPU events (kernels, memcpy, memset) in the trace, so no GPU "
+            "figures: it was recorded on the CPU only or without ProfilerActivity.CUDA"
+        )
+    else:
+        timeline.meta["gpu"] = gpu
+        if len(timeline.meta["profiler_steps"]) < 2:
+            warnings.append(
+                f"{path.name}: fewer than two ProfilerStep# ranges, so the GPU figures cover "
+                "the whole trace rather than the complete steps (as HTA does)"
+            )
+    return _RankTrace(rank, timeline, collective_starts(trace))

@@ -20,7 +20,7 @@ from perfmagic.analyze.gpu import gpu_summary, trace_gpu
 from perfmagic.cli import main
 from perfmagic.trace_report import report_from_traces
 from perfmagic.traces import TraceFormatError, read_trace
-from perfmagic.traces.kineto import COMMUNICATION, COMPUTATION, MEMORY, GpuEvents
+from perfmagic.traces.kineto import COMMUNICATION, COMPUTATION, MEMORY, GpuEvents, _whole
 from perfmagic.traces.stages import profiler_steps
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -85,6 +85,20 @@ def test_ns_resolution_counts_whole_microseconds_like_hta() -> None:
     # HTA's inward rounding makes each few-µs kernel up to 2 µs shorter: ~1 point more idle
     assert exact["idle_fraction"] * 100 == pytest.approx(1.68, abs=0.01)
     assert hta["idle_fraction"] - exact["idle_fraction"] == pytest.approx(0.0095, abs=0.001)
+
+
+@pytest.mark.parametrize("name", ["a100_rank3_control.json.gz", "v100_ns_resolution.json.gz"])
+def test_the_streamed_read_is_the_whole_documents(name: str) -> None:
+    """A trace is decoded a few MiB at a time (each cut between two events); the events are
+    those of the whole document read at once."""
+    path = real(name)
+    streamed, whole = read_trace(path), _whole(path)
+    for side in ("cpu", "gpu"):
+        a, b = getattr(streamed, side), getattr(whole, side)
+        assert a.names == b.names and len(a) == len(b) > 1000
+        for column in ("name_id", "start", "dur", "correlation"):
+            assert np.array_equal(getattr(a, column), getattr(b, column), equal_nan=True), (side, column)
+    assert streamed.distributed == whole.distributed and streamed.device_properties == whole.device_properties
 
 
 def test_gpu_extras_a100() -> None:

@@ -141,6 +141,8 @@ class Analysis:
     tuning: list[dict[str, Any]] = field(
         default_factory=list
     )  # knobs tried after the window (perfmagic.tuning)
+    # across the ranks of a multi-rank trace: who reaches the collectives last (analyze.ranks)
+    collective_skew: dict[str, Any] | None = None
 
     def tuned(self, knob: str) -> dict[str, Any] | None:
         """The measured result of one tuning knob, where it was tried."""

@@ -34,6 +34,8 @@ IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 """Idle-gap categories, in the order ``_classify`` numbers them."""
 
 TOP_KERNELS = 10
+KERNEL_TABLE = 200
+"""GPU event names the ``kernels`` table keeps (by total time); the rest are summed in ``kernels_omitted``."""
 
 
 def gpu_summary(
@@ -89,6 +91,7 @@ def gpu_summary(
         "kernel_count": int(is_kernel.sum()),
         "streams": np.unique(ev.stream).tolist(),
         "top_kernels": _top_kernels(ev, start, end, is_kernel, span),
+        **_kernel_table(ev, start, end),
         "memcpy_bytes": _memcpy_bytes(ev),
     }
 
@@ -153,18 +156,24 @@ def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.nda
     return out
 
 
+def _by_name(
+    ev: GpuEvents, start: np.ndarray, end: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per name of the events in ``mask``: (total µs, count, kind, name ids by total time, longest first)."""
+    ids = ev.name_id[mask]
+    n = len(ev.names)
+    total = np.bincount(ids, weights=(end - start)[mask], minlength=n)
+    count = np.bincount(ids, minlength=n)
+    kind = np.zeros(n, dtype=np.int8)
+    kind[ids] = ev.kind[mask]
+    order = np.argsort(-total, kind="stable")
+    return total, count, kind, order[count[order] > 0]
+
+
 def _top_kernels(
     ev: GpuEvents, start: np.ndarray, end: np.ndarray, is_kernel: np.ndarray, span: float
 ) -> list[dict[str, Any]]:
-    ids = ev.name_id[is_kernel]
-    if not len(ids):
-        return []
-    n = len(ev.names)
-    total = np.bincount(ids, weights=(end - start)[is_kernel], minlength=n)
-    count = np.bincount(ids, minlength=n)
-    kind = np.zeros(n, dtype=np.int8)
-    kind[ids] = ev.kind[is_kernel]
-    top = np.argsort(-total, kind="stable")[:TOP_KERNELS]
+    total, count, kind, order = _by_name(ev, start, end, is_kernel)
     return [
         {
             "name": ev.names[i],
@@ -173,9 +182,33 @@ def _top_kernels(
             "total_s": float(total[i]) / 1e6,
             "fraction": float(total[i]) / span if span > 0 else None,
         }
-        for i in top
-        if count[i]
+        for i in order[:TOP_KERNELS]
     ]
+
+
+def _kernel_table(ev: GpuEvents, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:
+    """``kernels``: every GPU event name (kernels, memcpy, memset) with its count and total time, the
+    ``KERNEL_TABLE`` longest; ``kernels_omitted``: the rest summed (None when nothing was left out)."""
+    total, count, kind, order = _by_name(ev, start, end, np.ones(len(ev), dtype=bool))
+    rest = order[KERNEL_TABLE:]
+    return {
+        "kernels": [
+            {
+                "name": ev.names[i],
+                "kind": KINDS[kind[i]],
+                "count": int(count[i]),
+                "total_s": float(total[i]) / 1e6,
+            }
+            for i in order[:KERNEL_TABLE]
+        ],
+        "kernels_omitted": {
+            "names": len(rest),
+            "count": int(count[rest].sum()),
+            "total_s": float(total[rest].sum()) / 1e6,
+        }
+        if len(rest)
+        else None,
+    }
 
 
 def _memcpy_bytes(ev: GpuEvents) -> dict[str, float]:

@@ -192,9 +192,28 @@ def render_text(report: dict[str, Any]) -> str:
     if len(report.get("ranks", [])) > 1:
         lines += ["", "ranks:"]
         for r in report["ranks"]:
-            lines.append(
-                f"  rank {r['rank']}: {r['steps']['count']} steps, median {fmt_seconds(r['steps']['median_s'])}"
+            gpu = r.get("gpu") or {}
+            busy = (
+                f", GPU busy {fmt_fraction(gpu['busy_fraction'])}"
+                if gpu.get("busy_fraction") is not None
+                else ""
             )
+            lines.append(
+                f"  rank {r['rank']}: {r['steps']['count']} steps, median {fmt_seconds(r['steps']['median_s'])}{busy}"
+            )
+        skew = report.get("collective_skew")
+        if skew:
+            lines.append(
+                f"  collectives: {skew['instances']} matched across ranks, start skew mean "
+                f"{fmt_seconds(skew['skew_mean_s'])} (p90 {fmt_seconds(skew['skew_p90_s'])}); "
+                f"rank {skew['last_rank']} arrives last most often"
+            )
+            latest = sorted(skew["ranks"], key=lambda x: -x["late_mean_s"])[:5]
+            for x in latest:
+                lines.append(
+                    f"    rank {x['rank']}: late by {fmt_seconds(x['late_mean_s'])} on average "
+                    f"(p90 {fmt_seconds(x['late_p90_s'])}), last in {fmt_fraction(x['last_fraction'])}"
+                )
 
     if report["advice"]:
         lines += ["", "advice:"]

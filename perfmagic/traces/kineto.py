@@ -6,10 +6,14 @@ complete events (``"ph": "X"``) matter here: GPU events (``kernel``, ``gpu_memcp
 every other one is a CPU event (operators, ``record_function`` annotations, CUDA runtime
 calls) in :class:`CpuEvents`. Times stay in microseconds on the trace's clock.
 
-The JSON parse dominates the cost. The cyclic garbage collector is paused while a
-trace is read: the parse creates hundreds of thousands of acyclic dicts and lists,
-which the collector would otherwise traverse again and again (it doubles the time),
-and they are freed by reference counting once the columns are built.
+The JSON parse dominates the cost, so a trace is streamed: decompressed and decoded a
+few MiB at a time by msgspec into structs of only the fields used (the rest of each
+event is skipped unread), each chunk turned into columns before the next is read. A
+trace with odd values (a string where a number belongs, NaN) or another layout is read
+whole with the standard library instead, where each odd event is left out and counted.
+The cyclic garbage collector is paused while a trace is read: the whole-document parse
+creates hundreds of thousands of acyclic dicts and lists, which the collector would
+otherwise traverse again and again (it doubles the time).
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ import gc
 import gzip
 import json
 import os
+import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -148,32 +155,256 @@ def read_trace(path: str | os.PathLike[str]) -> KinetoTrace:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _read(p)
+        try:
+            return _streamed(p)
+        except _Unstreamable:
+            return _whole(p)
     finally:
         if enabled:
             gc.enable()
 
 
-def _read(p: Path) -> KinetoTrace:
-    root = _load_json(p)
-    if not isinstance(root, dict):
-        raise TraceFormatError(
-            f"{p}: not a torch.profiler trace: the JSON is a {type(root).__name__}, "
-            "expected an object with 'traceEvents'"
-        )
-    events = root.get("traceEvents")
-    if not isinstance(events, list):
-        what = "has no 'traceEvents'" if events is None else "has a 'traceEvents' that is not a list"
-        raise TraceFormatError(f"{p}: not a torch.profiler trace: the JSON object {what}")
-    dropped: dict[str, int] = {}
+_INT64 = 2**63
+_Int64 = Annotated[int, msgspec.Meta(ge=-_INT64, le=_INT64 - 1)]
+
+
+class _Args(msgspec.Struct, gc=False):
+    device: _Int64 = -1
+    stream: _Int64 = -1
+    correlation: _Int64 = -1
+    bytes: float = 0.0
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The fields of an event that the columns hold; every other field is skipped unread."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | msgspec.UnsetType | None = msgspec.UNSET  # null: complete, with a time to drop
+    args: _Args | None = None
+
+
+class _Facts(msgspec.Struct, gc=False):
+    """The trace-wide facts beside ``traceEvents``."""
+
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+
+
+class _Rest(_Facts, gc=False):
+    """The end of the document: its last events and the facts after them."""
+
+    traceEvents: list[_Event] = []
+
+
+class _Unstreamable(Exception):
+    """The streamed reader met something it leaves to the whole-document reader."""
+
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_CHUNK = 1 << 22  # bytes of JSON decoded at a time
+_decode_events = msgspec.json.Decoder(list[_Event]).decode
+_decode_facts = msgspec.json.Decoder(_Facts).decode
+_decode_rest = msgspec.json.Decoder(_Rest).decode
+_NO_ARGS = _Args()
+
+
+def _streamed(p: Path) -> KinetoTrace:
+    """The trace decoded ``_CHUNK`` bytes at a time, so memory follows the events, not the file.
+
+    The text before ``traceEvents`` gives the facts. Each chunk of events is cut after its
+    last ``}, {`` and decoded as an array: a cut inside a string or a nested object leaves
+    unbalanced JSON, which does not decode, so a decoded chunk is whole events. What
+    follows the last cut is the rest of the document's object. Anything unexpected (odd
+    values, another layout, bad input) raises :class:`_Unstreamable`.
+    """
+    columns = _Columns()
+    chunks = _json_chunks(p)
+    buf = bytearray()
     try:
-        cpu, gpu = _columns(events)
-    except (TypeError, ValueError, OverflowError):  # odd values somewhere: sort the events one by one
-        cpu, gpu = _columns(_sound_events(events, dropped))
+        for chunk in chunks:
+            buf += chunk
+            key = _EVENTS_KEY.search(buf)
+            if key is not None:
+                break
+        else:
+            raise _Unstreamable
+        facts = _decode_facts(buf[: key.end()] + b"]}")
+        del buf[: key.end() - 1]  # keep the "[" that opens the events
+        for chunk in chunks:
+            buf += chunk
+            cut = _last_boundary(buf)
+            if cut > 0:
+                buf[cut] = ord("]")  # what follows the cut is whitespace or the comma
+                columns.add(_decode_events(memoryview(buf)[: cut + 1]))
+                del buf[1 : buf.index(b"{", cut)]
+        rest = _decode_rest(b'{"traceEvents":' + buf)
+        columns.add(rest.traceEvents)
+        return _trace(
+            p,
+            columns,
+            rest.distributedInfo or facts.distributedInfo,
+            rest.deviceProperties or facts.deviceProperties,
+            rest.baseTimeNanoseconds or facts.baseTimeNanoseconds,
+            {},
+        )
+    except (msgspec.DecodeError, TypeError, ValueError, OverflowError):
+        raise _Unstreamable from None
+
+
+def _last_boundary(buf: bytearray) -> int:
+    """Offset just past the ``}`` that ends the last event followed by another; -1 if none."""
+    window = _CHUNK // 4
+    while True:
+        start = max(0, len(buf) - window)
+        last = None
+        for last in _BOUNDARY.finditer(buf, start):  # noqa: B007 (the last one is wanted)
+            pass
+        if last is not None:
+            return last.start() + 1
+        if start == 0:
+            return -1
+        window *= 4
+
+
+def _json_chunks(p: Path) -> Iterator[bytes]:
+    """The file's text in chunks of at most ``_CHUNK`` bytes, decompressed when gzipped."""
+    try:
+        f = p.open("rb")
+    except OSError:
+        raise _Unstreamable from None
+    with f:
+        gzipped = f.read(2) == _GZIP_MAGIC
+        f.seek(0)
+        if not gzipped:
+            if p.suffix == ".gz":
+                raise _Unstreamable
+            while chunk := f.read(_CHUNK):
+                yield chunk
+            return
+        inflate = zlib.decompressobj(wbits=31)
+        pending = b""
+        while True:
+            if not pending and not (pending := f.read(_CHUNK // 8)):
+                break
+            if inflate.eof:  # a multi-member gzip file: the next member starts here
+                inflate = zlib.decompressobj(wbits=31)
+            try:
+                out = inflate.decompress(pending, _CHUNK)
+            except zlib.error:
+                raise _Unstreamable from None
+            pending = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
+            yield out
+        if not inflate.eof:  # truncated
+            raise _Unstreamable
+
+
+class _Columns:
+    """Columns built a chunk of events at a time."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, int] = {}
+        self.threads: dict[tuple[Any, Any], int] = {}
+        self.cpu: list[tuple[np.ndarray, ...]] = []
+        self.gpu: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, events: list[_Event]) -> None:
+        names, threads = self.names, self.threads
+        c_name: list[int] = []
+        c_ts: list[Any] = []
+        c_dur: list[Any] = []
+        c_thread: list[int] = []
+        c_corr: list[int] = []
+        g_name: list[int] = []
+        g_mem: list[bool] = []
+        g_ts: list[Any] = []
+        g_dur: list[Any] = []
+        g_dev: list[int] = []
+        g_stream: list[int] = []
+        g_corr: list[int] = []
+        g_bytes: list[float] = []
+        for e in events:
+            if e.ph != "X" or e.dur is msgspec.UNSET:
+                continue
+            nid = names.setdefault(e.name, len(names))
+            args = e.args or _NO_ARGS
+            if e.cat in GPU_CATEGORIES:
+                g_name.append(nid)
+                g_mem.append(e.cat in _MEMORY_CATEGORIES)
+                g_ts.append(e.ts)
+                g_dur.append(e.dur)
+                g_dev.append(args.device)
+                g_stream.append(args.stream)
+                g_corr.append(args.correlation)
+                g_bytes.append(args.bytes)
+            else:
+                c_name.append(nid)
+                c_ts.append(e.ts)
+                c_dur.append(e.dur)
+                c_thread.append(threads.setdefault((e.pid, e.tid), len(threads)))
+                c_corr.append(args.correlation)
+        f64, i64, i32 = np.float64, np.int64, np.int32
+        self.cpu.append(
+            (
+                np.array(c_name, i32),
+                np.array(c_ts, f64),
+                np.array(c_dur, f64),
+                np.array(c_thread, i32),
+                np.array(c_corr, i64),
+            )
+        )
+        self.gpu.append(
+            (
+                np.array(g_name, i32),
+                np.array(g_mem, bool),
+                np.array(g_ts, f64),
+                np.array(g_dur, f64),
+                np.array(g_dev, i64),
+                np.array(g_stream, i64),
+                np.array(g_corr, i64),
+                np.array(g_bytes, f64),
+            )
+        )
+
+    def events(self) -> tuple[CpuEvents, GpuEvents]:
+        name_list = list(self.names)
+        name_id, start, dur, thread, corr = _joined(self.cpu, 5)
+        cpu = CpuEvents(name_list, name_id, start, dur, list(self.threads), thread, corr)
+        g_name, g_mem, g_start, g_dur, g_dev, g_stream, g_corr, g_bytes = _joined(self.gpu, 8)
+        by_name = np.array([kernel_kind(n, False) for n in name_list], dtype=np.int8)[g_name]
+        kind = np.where(g_mem.astype(bool) & (by_name == COMPUTATION), np.int8(MEMORY), by_name)
+        gpu = GpuEvents(
+            names=name_list,
+            name_id=g_name,
+            kind=kind,
+            start=g_start,
+            dur=g_dur,
+            device=g_dev,
+            stream=g_stream,
+            launch=_launch_times(cpu, g_corr),
+            bytes=g_bytes,
+            correlation=g_corr,
+        )
+        return cpu, gpu
+
+
+def _joined(parts: list[tuple[np.ndarray, ...]], width: int) -> list[np.ndarray]:
+    if not parts:
+        return [np.zeros(0)] * width
+    return [np.concatenate([p[i] for p in parts]) for i in range(width)]
+
+
+def _trace(
+    p: Path, columns: _Columns, info: Any, props: Any, base: Any, dropped: dict[str, int]
+) -> KinetoTrace:
+    cpu, gpu = columns.events()
     cpu, gpu = _drop_bad_times(cpu, "CPU", dropped), _drop_bad_times(gpu, "GPU", dropped)
-    info = root.get("distributedInfo")
-    props = root.get("deviceProperties")
-    base = root.get("baseTimeNanoseconds")
     return KinetoTrace(
         path=p,
         cpu=cpu,
@@ -187,15 +418,37 @@ def _read(p: Path) -> KinetoTrace:
     )
 
 
+# -- the slow path: the whole document, every event checked -----------------------------
+
+
+def _whole(p: Path) -> KinetoTrace:
+    root = _load_json(p)
+    if not isinstance(root, dict):
+        raise TraceFormatError(
+            f"{p}: not a torch.profiler trace: the JSON is a {type(root).__name__}, "
+            "expected an object with 'traceEvents'"
+        )
+    events = root.get("traceEvents")
+    if not isinstance(events, list):
+        what = "has no 'traceEvents'" if events is None else "has a 'traceEvents' that is not a list"
+        raise TraceFormatError(f"{p}: not a torch.profiler trace: the JSON object {what}")
+    dropped: dict[str, int] = {}
+    columns = _Columns()
+    columns.add(msgspec.convert(_sound_events(events, dropped), list[_Event]))
+    info, props, base = (root.get(k) for k in ("distributedInfo", "deviceProperties", "baseTimeNanoseconds"))
+    return _trace(p, columns, info, props, base, dropped)
+
+
 def _finite_number(value: Any) -> bool:
     return type(value) in (int, float) and np.isfinite(value)
 
 
-_INT64 = 2**63
+_ARG_INTS = ("device", "stream", "correlation")
 
 
 def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, Any]]:
-    """The complete events whose fields the columns can hold; the others counted in ``dropped`` by reason."""
+    """The complete events whose fields the columns can hold, as :class:`_Event`'s fields;
+    the others counted in ``dropped`` by reason."""
     out: list[dict[str, Any]] = []
 
     def drop(reason: str) -> None:
@@ -204,7 +457,8 @@ def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, 
     for e in events:
         if type(e) is not dict or e.get("ph") != "X" or "dur" not in e:
             continue
-        if not isinstance(e.get("name", ""), str):
+        name = e.get("name", "")
+        if not isinstance(name, str):
             drop("name not a string")
         elif not (_finite_number(e.get("ts")) and _finite_number(e["dur"])):
             drop("ts or dur not a number")
@@ -212,13 +466,24 @@ def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, 
             drop("pid or tid not a number or a name")
         else:
             args = e.get("args")
-            if type(args) is dict:
-                ints = ("device", "stream", "correlation")
-                bad = [k for k in ints if k in args and not (type(args[k]) is int and abs(args[k]) < _INT64)]
-                if bad or ("bytes" in args and not _finite_number(args["bytes"])):
-                    drop("args not numbers")
-                    continue
-            out.append(e)
+            args = args if type(args) is dict else {}
+            bad = [k for k in _ARG_INTS if k in args and not (type(args[k]) is int and abs(args[k]) < _INT64)]
+            if bad or ("bytes" in args and not _finite_number(args["bytes"])):
+                drop("args not numbers")
+                continue
+            cat = e.get("cat")
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": cat if isinstance(cat, str) else "",
+                    "name": name,
+                    "pid": e.get("pid"),
+                    "tid": e.get("tid"),
+                    "ts": e["ts"],
+                    "dur": e["dur"],
+                    "args": {k: args[k] for k in (*_ARG_INTS, "bytes") if k in args},
+                }
+            )
     return out
 
 
@@ -252,79 +517,6 @@ def _load_json(p: Path) -> Any:
         raise TraceFormatError(f"{p}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from e
     except UnicodeDecodeError as e:
         raise TraceFormatError(f"{p}: not UTF-8 text ({e.reason})") from e
-
-
-def _columns(events: list[Any]) -> tuple[CpuEvents, GpuEvents]:
-    """The events as columns; raises TypeError, ValueError or OverflowError on a field they cannot hold."""
-    names: dict[str, int] = {}
-    threads: dict[tuple[Any, Any], int] = {}
-    c_name: list[int] = []
-    c_ts: list[Any] = []
-    c_dur: list[Any] = []
-    c_thread: list[int] = []
-    c_corr: list[Any] = []
-    g_name: list[int] = []
-    g_mem: list[bool] = []
-    g_ts: list[Any] = []
-    g_dur: list[Any] = []
-    g_dev: list[Any] = []
-    g_stream: list[Any] = []
-    g_corr: list[Any] = []
-    g_bytes: list[Any] = []
-    for e in events:
-        if type(e) is not dict or e.get("ph") != "X" or "dur" not in e:
-            continue
-        nid = names.setdefault(e.get("name", ""), len(names))
-        args = e.get("args")
-        if type(args) is not dict:
-            args = {}
-        cat = e.get("cat", "")
-        if cat in GPU_CATEGORIES:
-            g_name.append(nid)
-            g_mem.append(cat in _MEMORY_CATEGORIES)
-            g_ts.append(e.get("ts"))
-            g_dur.append(e["dur"])
-            g_dev.append(args.get("device", -1))
-            g_stream.append(args.get("stream", -1))
-            g_corr.append(args.get("correlation", -1))
-            g_bytes.append(args.get("bytes", 0))
-        else:
-            c_name.append(nid)
-            c_ts.append(e.get("ts"))
-            c_dur.append(e["dur"])
-            c_thread.append(threads.setdefault((e.get("pid"), e.get("tid")), len(threads)))
-            c_corr.append(args.get("correlation", -1))
-
-    name_list = list(names)
-    if not all(type(n) is str for n in name_list):
-        raise TypeError("an event's name is not a string")
-    cpu = CpuEvents(
-        names=name_list,
-        name_id=np.array(c_name, dtype=np.int32),
-        start=np.array(c_ts, dtype=np.float64),
-        dur=np.array(c_dur, dtype=np.float64),
-        threads=list(threads),
-        thread=np.array(c_thread, dtype=np.int32),
-        correlation=np.array(c_corr, dtype=np.int64),
-    )
-    g_start = np.array(g_ts, dtype=np.float64)
-    g_correlation = np.array(g_corr, dtype=np.int64)
-    g_name_id = np.array(g_name, dtype=np.int32)
-    gpu = GpuEvents(
-        names=name_list,
-        name_id=g_name_id,
-        kind=np.array(
-            [kernel_kind(name_list[i], m) for i, m in zip(g_name, g_mem, strict=True)], dtype=np.int8
-        ),
-        start=g_start,
-        dur=np.array(g_dur, dtype=np.float64),
-        device=np.array(g_dev, dtype=np.int64),
-        stream=np.array(g_stream, dtype=np.int64),
-        launch=_launch_times(cpu, g_correlation),
-        bytes=np.array(g_bytes, dtype=np.float64),
-        correlation=g_correlation,
-    )
-    return cpu, gpu
 
 
 def _launch_times(cpu: CpuEvents, correlation: np.ndarray) -> np.ndarray:
