@@ -71,7 +71,7 @@ GPU_STAMP := $(VENV)/.gpu-installed
 $(GPU_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	timeout 900 $(PY) -m pip install -q torch==2.13.0 'numpy>=1.24' 'psutil>=5.9' 'nvidia-ml-py>=12.535' \
-	  'nvtx>=0.2.10' 'pytest>=8' 'pytest-jupyter[server]>=0.10'
+	  'nvtx>=0.2.10' 'msgspec>=0.18' 'pytest>=8' 'pytest-jupyter[server]>=0.10'
 	touch $@
 
 gpu-check: $(if $(wildcard $(STAMP)),,$(GPU_STAMP))
