@@ -117,6 +117,7 @@ class StageRecorder:
         self._device_warnings: list[str] = []
         self._drained_at = time.perf_counter() - origin
         self._boundaries: dict[str, int] = {}
+        self._steps_end_elsewhere = False  # an optimizer or user boundary was written: batches end no step
         self._boundary_ids: dict[str, int] = {}
         # a boundary held back (kind, time, device mark, thread clock reading): see ``boundary``
         self._held: tuple[str, float, object | None, tuple[float, float, float] | None] | None = None
@@ -181,7 +182,7 @@ class StageRecorder:
         token = self._mark() if self.device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
         clock_reading = None
-        if self.thread_clock is not None and (kind != "batch" or not self._boundaries.keys() & _STEP_ENDS):
+        if self.thread_clock is not None and (kind != "batch" or not self._steps_end_elsewhere):
             clock_reading = self._read_thread_clock()
         if hold:
             self._held = (kind, t, token, clock_reading)
@@ -211,6 +212,8 @@ class StageRecorder:
         self, kind: str, t: float, token: object | None, clock_reading: tuple[float, float, float] | None
     ) -> None:
         self._boundaries[kind] = self._boundaries.get(kind, 0) + 1
+        if kind in _STEP_ENDS:
+            self._steps_end_elsewhere = True
         sid = self._boundary_ids.get(kind)
         if sid is None:  # once per kind: this runs every step
             sid = self._boundary_ids[kind] = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
@@ -296,6 +299,12 @@ class StageRecorder:
     def on_recorded_thread(self) -> bool:
         """Whether the caller is the thread this recorder records (never, once closed)."""
         return threading.get_ident() == self.thread_id
+
+    @property
+    def active(self) -> list[int]:
+        """How often each stage id is open on the recorded thread, by id: the list itself, for hooks
+        that must skip a nested call at the cost of one read (read it, never write it)."""
+        return self._active
 
     def is_open(self, sid: int) -> bool:
         """Whether stage ``sid`` is open (on the recorded thread)."""

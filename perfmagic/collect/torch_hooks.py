@@ -335,18 +335,23 @@ class TorchStages:
         orig_call = torch.nn.Module.__call__
         stats = self.stats
         is_autocast, autocast_dtype = _autocast_queries(torch)
+        # one call where most forwards have no autocast (torch >= 2.4), else each device asked
+        any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+        autocast_devices = ("cuda", "cpu")
         grad_enabled = torch.is_grad_enabled
         is_compiling = _is_compiling(torch)
         seen = self._seen
+        active = rec.active
 
         def call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if is_compiling() or not rec.enter(forward_id):
+            # a module inside the forward pass (most calls): one list read and on
+            if active[forward_id] or is_compiling() or not rec.enter(forward_id):
                 return orig_call(module, *args, **kwargs)
             try:
                 stats["forwards"] += 1
                 if grad_enabled():
                     stats["grad_enabled_forwards"] += 1
-                for device in ("cuda", "cpu"):
+                for device in autocast_devices if any_autocast() else ():
                     if is_autocast(device):
                         stats["autocast_forwards"] += 1
                         dtype = str(autocast_dtype(device)).replace("torch.", "")
@@ -772,21 +777,35 @@ class _Strong:
 
 def batch_size(batch: Any, tensor_cls: Any) -> tuple[int, int] | None:
     """(samples, token ids) of a batch: the leading dimension of its ``input_ids`` or first tensor, and
-    the ids in ``input_ids`` (or in its one 2-D integer tensor: a sequence batch); None without a tensor."""
+    the ids in ``input_ids`` (or in its one 2-D integer tensor: a sequence batch); None without a tensor.
+
+    Runs on every batch: one pass over the batch's values, the dtype asked of 2-D tensors only.
+    """
     if isinstance(batch, dict):
         ids = batch.get("input_ids")
         if isinstance(ids, tensor_cls) and ids.dim() == 2:
             return int(ids.shape[0]), int(ids.numel())
-        values = list(batch.values())
+        values: Any = batch.values()
     elif isinstance(batch, (list, tuple)):
-        values = list(batch)
+        values = batch
     else:
-        values = [batch]
-    tensors = [v for v in values if isinstance(v, tensor_cls) and v.dim() > 0]
-    if not tensors:
+        values = (batch,)
+    first = None
+    first_is_ids = False
+    id_tensors = 0
+    for v in values:
+        if not isinstance(v, tensor_cls):
+            continue
+        shape = v.shape
+        if not shape:
+            continue
+        is_ids = len(shape) == 2 and not v.is_floating_point() and not v.is_complex()
+        id_tensors += is_ids
+        if first is None:
+            first, first_is_ids = v, is_ids
+    if first is None:
         return None
-    ids = [t for t in tensors if t.dim() == 2 and not t.is_floating_point() and not t.is_complex()]
-    return int(tensors[0].shape[0]), int(ids[0].numel()) if len(ids) == 1 and ids[0] is tensors[0] else 0
+    return int(first.shape[0]), int(first.numel()) if first_is_ids and id_tensors == 1 else 0
 
 
 def _dataset_len(loader: Any) -> int:
