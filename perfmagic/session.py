@@ -370,6 +370,7 @@ class Session:
                 budget_s=max(budget, 0.5),
                 step_s=steady.step_s if steady else None,
                 data_s=steady.stage_s("data") if steady else None,
+                autocast_in_use=bool(self._torch.stats["autocast_forwards"]) if self._torch else False,
             )
         except Exception as e:  # the report of the window must not be lost to a tuning failure
             self.warnings.append(f"tune: tuning failed ({e!r}); the report covers the window only")

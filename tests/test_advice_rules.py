@@ -11,6 +11,7 @@ from analysis_builder import CUDA_TORCH, HEALTHY, HOST, HOST_SAMPLES, LOADER, MO
 from perfmagic.advise import Card, advise, data, distributed, gpu, host, loop, pace
 from perfmagic.advise.catalog import RULES
 from perfmagic.advise.fixes import nice_interval
+from perfmagic.tuning.result import knob_result
 
 IDS = [
     "input_bound",
@@ -351,6 +352,27 @@ def test_amp() -> None:
     assert gpu.amp(_gpu(devices=[gpu_static(cc="6.1")])) is None
     assert gpu.amp(_gpu(counters={"autocast_forwards": 30})) is None
     assert gpu.amp(build()) is None  # CPU
+
+
+def _tuned(a: Any, knob: str, tried: list[tuple[Any, float]]) -> Any:
+    """The analysis with ``knob`` measured by tuning: (value, seconds per step), the first the baseline."""
+    rows = [{"value": v, "seconds": t} for v, t in tried]
+    best = min(rows, key=lambda r: r["seconds"])
+    result = knob_result(knob, "seconds per step", rows, rows[0], best, [])
+    return dataclasses.replace(a, tuning=[result])
+
+
+def test_amp_and_tf32_take_what_tuning_measured() -> None:
+    ampere = _gpu(devices=[gpu_static(cc="8.0")])
+    measured = check(gpu.amp(_tuned(ampere, "autocast", [(None, 0.010), ("float16", 0.004)])), "amp")
+    assert (
+        measured.metrics["saving_model"] == "measured" and "GradScaler" in measured.fix
+    )  # fp16 measured best
+    assert measured.saving_s == pytest.approx(0.006)
+    assert gpu.amp(_tuned(ampere, "autocast", [(None, 0.004), ("bfloat16", 0.005)])) is None  # no faster
+    tf32 = check(gpu.tf32(_tuned(ampere, "tf32", [(False, 0.010), (True, 0.007)])), "tf32")
+    assert tf32.metrics["saving_model"] == "measured" and tf32.saving_s == pytest.approx(0.003)
+    assert gpu.tf32(_tuned(ampere, "tf32", [(False, 0.007), (True, 0.0071)])) is None
 
 
 def test_tf32() -> None:

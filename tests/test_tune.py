@@ -179,6 +179,49 @@ def test_an_oversubscribed_thread_count_is_found_slower() -> None:
     assert threads["best"]["value"] <= cpus and threads["speedup"] > 1.05, threads
 
 
+def conv_model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 8 * 8, 10),
+    )
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def test_compute_knobs_are_timed_in_turns_on_copies_and_leave_torch_as_it_was() -> None:
+    """Batches of two images: the step is mostly per-call overhead, so a doubled batch costs far less
+    than twice; autocast and channels_last are tried and whatever they measure is reported."""
+    model, opt = conv_model_and_optimizer()
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # BatchNorm's running stats too
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two intra-op threads beside a busy core spin: the pace would be the machine's
+    try:
+        results = perfmagic.tune(model=model, optimizer=opt, batch=torch.randn(2, 3, 8, 8), budget_s=6)
+    finally:
+        torch.set_num_threads(threads)
+    knobs = {r["knob"]: r for r in results}
+    assert {"autocast", "channels_last", "batch_size"} <= knobs.keys(), list(knobs)
+    assert [t["value"] for t in knobs["autocast"]["tried"]] == [None, "bfloat16"]
+    assert [t["value"] for t in knobs["channels_last"]["tried"]] == [False, True]
+    doubled = knobs["batch_size"]
+    assert doubled["unit"] == "seconds per sample" and doubled["best"]["value"] == 4, doubled
+    assert doubled["speedup"] > 1.3, doubled
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert not torch.is_autocast_enabled("cpu") and not torch.backends.cuda.matmul.allow_tf32
+    assert next(model.parameters()).is_contiguous()  # the user's model is not channels_last
+
+
+def test_a_loop_already_in_autocast_gets_no_autocast_tried() -> None:
+    model, opt = conv_model_and_optimizer()
+    results = perfmagic.tune(
+        model=model, optimizer=opt, batch=torch.randn(2, 3, 8, 8), budget_s=2, autocast_in_use=True
+    )
+    assert "autocast" not in {r["knob"] for r in results}
+
+
 def test_tune_options_are_checked() -> None:
     with pytest.raises(ValueError, match="tune_budget"):
         perfmagic.profile(tune=True, tune_budget=0)

@@ -274,6 +274,11 @@ def amp(a: Analysis) -> Card | None:
     compute = s.stage_s("forward", "backward")
     bf16 = cc >= 8.0
     dtype = "bfloat16" if bf16 else "float16"
+    measured = _measured_saving(a, "autocast")
+    if measured is not None:
+        if measured[0] is None:
+            return None  # tried on copies of the model: autocast was no faster here
+        dtype, bf16 = measured[0], measured[0] == "bfloat16"
     framework_fix = mixed_precision_code(a, bf16)
     if framework_fix is not None:
         fix = framework_fix
@@ -304,9 +309,9 @@ def amp(a: Analysis) -> Card | None:
         f"forward+backward take {fmt_fraction(s.share('forward', 'backward'))} of the step ({fmt_seconds(compute)}).",
         fix,
         {"compute_s": compute, "compute_capability": cc, "dtype": dtype},
-        saving_s=compute * (1 - 1 / AMP_SPEEDUP),
+        saving_s=measured[1] if measured else compute * (1 - 1 / AMP_SPEEDUP),
         step_s=s.step_s,
-        model=f"forward+backward {AMP_SPEEDUP:.0f}x faster on tensor cores",
+        model="measured" if measured else f"forward+backward {AMP_SPEEDUP:.0f}x faster on tensor cores",
     )
 
 
@@ -320,6 +325,9 @@ def tf32(a: Analysis) -> Card | None:
         return None
     s, cc = found
     compute = s.stage_s("forward", "backward")
+    measured = _measured_saving(a, "tf32")
+    if measured is not None and measured[0] is not True:
+        return None  # tried on copies of the model: TF32 was no faster here
     fix = "torch.set_float32_matmul_precision('high')  # TF32 tensor cores for float32 matmuls"
     if t.get("cudnn_allow_tf32") is False:
         fix += "\ntorch.backends.cudnn.allow_tf32 = True  # and for convolutions"
@@ -331,7 +339,17 @@ def tf32(a: Analysis) -> Card | None:
         "of the step.",
         fix,
         {"compute_s": compute, "compute_capability": cc},
-        saving_s=compute * (1 - 1 / TF32_SPEEDUP),
+        saving_s=measured[1] if measured else compute * (1 - 1 / TF32_SPEEDUP),
         step_s=s.step_s,
-        model=f"forward+backward {TF32_SPEEDUP}x faster with TF32 matmuls",
+        model="measured" if measured else f"forward+backward {TF32_SPEEDUP}x faster with TF32 matmuls",
     )
+
+
+def _measured_saving(a: Analysis, knob: str) -> tuple[Any, float] | None:
+    """(the best setting tuning measured, seconds it saved per training step on copies of the model);
+    None where the knob was not tried."""
+    tried = a.tuned(knob)
+    if tried is None:
+        return None
+    base, best = tried["baseline"], tried["best"]
+    return best["value"], max(0.0, base["seconds"] - best["seconds"])

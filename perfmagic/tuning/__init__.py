@@ -2,7 +2,8 @@
 
 After the profiled window (never inside the user's steps) and within a time budget,
 ``tune`` rebuilds the user's DataLoader with other worker counts and times one training step
-on copies of the model and optimizer with other thread counts. The user's objects, random
+on copies of the model and optimizer with other thread counts, autocast dtypes, TF32, channels_last
+and a doubled batch. The user's objects, random
 streams and thread count are left exactly as they were (:func:`perfmagic.tuning.guard.untouched`).
 
 Each result is one knob, as the report's ``tuning`` key holds it: ``{knob, unit, baseline:
@@ -37,14 +38,16 @@ def tune(
     budget_s: float = DEFAULT_BUDGET_S,
     step_s: float | None = None,
     data_s: float | None = None,
+    autocast_in_use: bool = False,
 ) -> list[dict[str, Any]]:
     """Try the knobs that apply to what is given; returns one result per knob tried.
 
     ``batch`` is what the model is called with: a tuple of arguments, a dict of keyword
     arguments or one argument. ``step_s`` and ``data_s`` (the observed step and its wait for
-    data, seconds) give the predicted step. Ctrl-C ends tuning early with what was measured so far.
+    data, seconds) give the predicted step; ``autocast_in_use`` (the loop ran under autocast) leaves
+    precision untried. Ctrl-C ends tuning early with what was measured so far.
     """
-    from perfmagic.tuning.compute import TrainingStep, tune_threads
+    from perfmagic.tuning.compute import TrainingStep, tune_compute, tune_threads
     from perfmagic.tuning.loader import tune_workers
 
     if not budget_s > 0:
@@ -57,16 +60,20 @@ def tune(
             if model is not None and batch is not None:
                 step = TrainingStep(model, optimizer, *_call_of(batch))
             if loader is not None:
-                share = budget_s * (0.6 if step is not None else 1.0)
+                share = budget_s * (0.5 if step is not None else 1.0)
                 done = tune_workers(loader, share, step)
                 if done is not None:
                     results.append({**done, "budget_s": share})
             if step is not None and not _on_cuda(model):
-                share = budget_s - (time.perf_counter() - begin)
+                share = (budget_s - (time.perf_counter() - begin)) / 2
                 if share > 0:
                     done = tune_threads(step, share)
                     if done is not None:
                         results.append({**done, "budget_s": share})
+            if step is not None:
+                share = budget_s - (time.perf_counter() - begin)
+                if share > 0:
+                    results += tune_compute(step, share, autocast_in_use)
         except KeyboardInterrupt:
             results.append(
                 {

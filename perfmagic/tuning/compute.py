@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from perfmagic.tuning.result import knob_result
@@ -42,12 +44,38 @@ class TrainingStep:
         self.model, self.optimizer, self.args, self.kwargs = copy.deepcopy((model, optimizer, args, kwargs))
         self.model.train()
 
+        self.around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+        self.device = next((p.device for p in self.model.parameters()), None)
+
     def __call__(self) -> None:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        scalar_of(self.model(*self.args, **self.kwargs)).backward()
+        with self.around():
+            scalar_of(self.model(*self.args, **self.kwargs)).backward()
         if self.optimizer is not None:
             self.optimizer.step()
+        if self.device is not None and self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)  # the step's time is the device's, not its launches'
+
+    @property
+    def samples(self) -> int | None:
+        """The leading dimension of the batch's first tensor: the samples one step trains on."""
+        import torch
+
+        first = next((a for a in (*self.args, *self.kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        return int(first.shape[0]) if first is not None and first.dim() else None
+
+    def variant(self, **changes: Any) -> TrainingStep:
+        """A copy of this step with ``changes`` (``model``, ``args``, ``kwargs``, ``around``); the
+        optimizer is rebuilt over the changed model's parameters."""
+        other = copy.copy(self)
+        for name, value in changes.items():
+            setattr(other, name, value)
+        if "model" in changes and self.optimizer is not None:
+            other.optimizer = type(self.optimizer)(other.model.parameters(), **self.optimizer.defaults)
+        return other
 
     def seconds(self, deadline: float) -> float:
         """Steady seconds per step by ``deadline`` (at least :data:`MIN_STEPS` timed)."""
@@ -98,3 +126,130 @@ def tune_threads(step: TrainingStep, budget_s: float) -> dict[str, Any] | None:
         return None
     best = min(tried, key=lambda t: t["seconds"])
     return knob_result("num_threads", "seconds per step", tried, baseline, best, notes)
+
+
+def _tensors_mapped(step: TrainingStep, fn: Callable[[Any], Any]) -> dict[str, Any]:
+    import torch
+
+    def each(v: Any) -> Any:
+        return fn(v) if isinstance(v, torch.Tensor) else v
+
+    return {"args": tuple(each(a) for a in step.args), "kwargs": {k: each(v) for k, v in step.kwargs.items()}}
+
+
+def compute_variants(step: TrainingStep, autocast_seen: bool) -> dict[str, list[tuple[Any, TrainingStep]]]:
+    """Per knob, the settings worth timing against the step as it is (value, step), in order.
+
+    ``autocast``: bf16 (and fp16 on CUDA) where the loop ran without autocast; ``tf32``: on CUDA,
+    where it is off; ``channels_last``: for a model with 2-D convolutions fed 4-D tensors;
+    ``batch_size``: the batch twice over (compared per sample).
+    """
+    import torch
+
+    device = step.device.type if step.device is not None else "cpu"
+    knobs: dict[str, list[tuple[Any, TrainingStep]]] = {}
+    if not autocast_seen and device in ("cuda", "cpu"):
+        dtypes = [torch.bfloat16] + ([torch.float16] if device == "cuda" else [])
+        knobs["autocast"] = [(None, step)] + [
+            (str(d).replace("torch.", ""), step.variant(around=_autocast(device, d))) for d in dtypes
+        ]
+    if device == "cuda" and not torch.backends.cuda.matmul.allow_tf32:
+        knobs["tf32"] = [(False, step), (True, step.variant(around=_tf32))]
+    convs = any(isinstance(m, torch.nn.Conv2d) for m in step.model.modules())
+    if convs and any(isinstance(a, torch.Tensor) and a.dim() == 4 for a in step.args):
+        with contextlib.suppress(Exception):  # an optimizer that cannot be rebuilt from its defaults
+            as_cl = copy.deepcopy(step.model).to(memory_format=torch.channels_last)
+            changed = _tensors_mapped(
+                step, lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+            )
+            knobs["channels_last"] = [(False, step), (True, step.variant(model=as_cl, **changed))]
+    size = step.samples
+    if size:
+        doubled = _tensors_mapped(step, lambda t: torch.cat([t, t]) if t.dim() and t.shape[0] == size else t)
+        knobs["batch_size"] = [(size, step), (2 * size, step.variant(**doubled))]
+    return knobs
+
+
+def _autocast(device: str, dtype: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    import torch
+
+    return lambda: torch.autocast(device, dtype=dtype)
+
+
+@contextlib.contextmanager
+def _tf32() -> Iterator[None]:
+    import torch
+
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+_NOTES = {
+    "autocast": "mixed precision changes the numerics: check the loss curve (fp16 also needs a GradScaler)",
+    "tf32": "TF32 matmuls round inputs to 10 mantissa bits: check the loss curve",
+    "channels_last": "model and 4-D inputs converted with .to(memory_format=torch.channels_last)",
+    "batch_size": "seconds per sample: a larger batch changes the optimisation (learning rate, steps per epoch)",
+}
+
+
+def tune_compute(step: TrainingStep, budget_s: float, autocast_seen: bool) -> list[dict[str, Any]]:
+    """Each knob of :func:`compute_variants` timed within an equal share of the budget, its settings
+    in turns (:func:`timed_in_turns`).
+
+    A setting that raises (an op without a bf16 kernel, memory for the doubled batch) is noted and
+    left out; the knob's other settings stand.
+    """
+    knobs = compute_variants(step, autocast_seen)
+    results: list[dict[str, Any]] = []
+    end = time.perf_counter() + budget_s
+    for k, (knob, settings) in enumerate(knobs.items()):
+        share = (end - time.perf_counter()) / (len(knobs) - k)
+        if share <= 0:
+            break
+        notes = [_NOTES[knob]]
+        seconds = timed_in_turns([variant for _, variant in settings], time.perf_counter() + share, notes)
+        tried = [
+            {"value": value, "seconds": s / value if knob == "batch_size" else s}
+            for (value, _), s in zip(settings, seconds, strict=True)
+            if s is not None
+        ]
+        baseline = tried[0] if seconds[0] is not None else None
+        best = min(tried, key=lambda t: t["seconds"]) if baseline is not None and len(tried) > 1 else None
+        unit = "seconds per sample" if knob == "batch_size" else "seconds per step"
+        results.append({**knob_result(knob, unit, tried, baseline, best, notes), "budget_s": share})
+    return results
+
+
+TURNS = 3
+"""Turns each setting gets at least: one slow moment of the machine spoils one turn, not a setting."""
+
+
+def timed_in_turns(steps: list[TrainingStep], deadline: float, notes: list[str]) -> list[float | None]:
+    """Median seconds per step of each step, timed in turns (A, B, A, B, ...) until ``deadline``.
+
+    Timed one after the other, a setting would carry whatever else the machine did meanwhile; in
+    turns, drift falls on all alike. A step that raises is noted and gets ``None``.
+    """
+    per_turn: list[list[float] | None] = [[] for _ in steps]
+    for i, s in enumerate(steps):  # warm-up: first-call costs (allocations, lazy state)
+        try:
+            s()
+        except Exception as e:
+            notes.append(f"setting {i + 1}: the step raised {e!r}")
+            per_turn[i] = None
+    turns = 0
+    while turns < TURNS or time.perf_counter() < deadline:
+        for s, times in zip(steps, per_turn, strict=True):
+            if times is None:
+                continue
+            begin, n = time.perf_counter(), 0
+            while n < MIN_STEPS:
+                s()
+                n += 1
+            times.append((time.perf_counter() - begin) / n)
+        turns += 1
+    return [None if t is None else sorted(t)[len(t) // 2] for t in per_turn]
