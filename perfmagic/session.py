@@ -106,6 +106,7 @@ class Session:
         self._origin = 0.0
         self._report: Report | None = None
         self._tick_listeners: list[Callable[[], None]] = []
+        self.tuning_status: str | None = None  # what tuning tries now (after the window), for live views
         self._running = False
         self._forked = False  # this is a copy of the session in a forked child: it writes nothing
         self._bounding = True  # folding old steps and thinning old samples (off after a failure)
@@ -371,6 +372,7 @@ class Session:
                 step_s=steady.step_s if steady else None,
                 data_s=steady.stage_s("data") if steady else None,
                 autocast_in_use=bool(self._torch.stats["autocast_forwards"]) if self._torch else False,
+                progress=self._tuning_progress,
             )
         except Exception as e:  # the report of the window must not be lost to a tuning failure
             self.warnings.append(f"tune: tuning failed ({e!r}); the report covers the window only")
@@ -378,6 +380,11 @@ class Session:
             assert self._torch is not None
             self._torch.inputs.clear()  # the batches kept for tuning: no longer needed
             self._torch.met.clear()
+
+    def _tuning_progress(self, what: str, left_s: float) -> None:
+        """What tuning tries now, for live views (their tick listeners run: the sampler has stopped)."""
+        self.tuning_status = f"tuning {what} · {left_s:.0f} s left"
+        self._notify_listeners()
 
     def _finish_spool(self) -> None:
         """Bring the spool up to date (the recorder has closed: every span's times are final)."""
@@ -454,10 +461,13 @@ class Session:
             except Exception as e:  # a bug here costs memory on a long run, not the training
                 self._bounding = False
                 self.warnings.append(f"old steps could not be folded ({e!r}): memory grows with the run")
+        self._notify_listeners()
+
+    def _notify_listeners(self) -> None:
         for fn in self._tick_listeners:
             try:
                 fn()
-            except Exception as e:
+            except Exception as e:  # a view that fails must not end the sampling, nor the tuning
                 self._tick_listeners = [f for f in self._tick_listeners if f is not fn]
                 self.warnings.append(f"a live view failed and was turned off ({e!r})")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 import time
@@ -14,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import perfmagic
+from perfmagic.render.html import tuning_html
 
 pytestmark = pytest.mark.slow
 
@@ -117,6 +119,10 @@ def test_the_measured_worker_count_gives_the_predicted_step(dataset: Dataset[Any
         assert card is None
     if isinstance(dataset, Sleepy):  # waiting on storage: workers overlap the waits, CPUs or not
         assert best > 0 and workers["speedup"] > 1.5, workers
+    # the report shows a bar per worker count tried, and the observed step beside the predicted one
+    page = tuning_html(report.to_dict())
+    assert page.count('class="pm-knob-row"') >= len(workers["tried"]) + 2, page
+    assert "predicted step with num_workers=" in page
 
     # the fix applied to the same loop gives the step tuning predicted. The machine's pace may have
     # changed since (another process on its 2 CPUs): the loop as profiled is timed again beside the
@@ -141,9 +147,13 @@ def test_tuning_leaves_the_model_the_optimizer_and_every_random_stream_as_they_w
     states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state().clone())
     threads = torch.get_num_threads()
     begin = time.perf_counter()
-    results = perfmagic.tune(loader, model, opt, batch, budget_s=3)
+    heard: list[tuple[str, float]] = []
+    results = perfmagic.tune(loader, model, opt, batch, budget_s=3, progress=lambda *p: heard.append(p))
     took = time.perf_counter() - begin
     assert {r["knob"] for r in results} >= {"num_workers", "num_threads"}
+    # a live view hears each try as it begins, and the seconds left
+    assert heard[0][0] == "num_workers=0" and any(w.startswith("num_threads=") for w, _ in heard), heard
+    assert all(3 >= a >= b >= 0 for (_, a), (_, b) in itertools.pairwise(heard)), heard
     assert took <= 3 + 2, took
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     assert all(

@@ -20,7 +20,6 @@ from perfmagic.render.text import (
     minor_line,
     most_to_gain,
     saving_words,
-    tuning_lines,
 )
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
@@ -54,6 +53,11 @@ CSS = """
 .pm-card .pm-sev{font-size:10px;font-weight:700;text-transform:uppercase;letter-spacing:.06em}
 .pm-card .pm-title{font-weight:600;font-size:14px;margin:2px 0 4px}
 .pm-card .pm-saving{font-weight:600;margin:4px 0}
+.pm-tuning{margin:10px 0}
+.pm-knob{margin:6px 0 10px}
+.pm-knob-row{display:grid;grid-template-columns:160px 1fr 90px;gap:8px;align-items:center;font-size:12px}
+.pm-knob-row span:first-child{text-align:right;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.pm-knob-bar{height:12px;border-radius:2px;min-width:2px}
 .pm-report .pm-fix{margin-top:6px;background:var(--jp-layout-color2,#f6f8fa);border-radius:4px}
 .pm-report .pm-fix-head{display:flex;justify-content:space-between;align-items:center;padding:3px 8px 0;
  font-size:10px;text-transform:uppercase;letter-spacing:.06em;color:var(--jp-ui-font-color2,#57606a)}
@@ -120,12 +124,7 @@ def report_fragment(report: dict[str, Any], links: Sequence[tuple[str, str]] = (
     minor = minor_line(report)
     if minor:
         parts.append(f'<p class="pm-minor">{html.escape(minor[0].upper() + minor[1:])}.</p>')
-    tuned = tuning_lines(report)
-    if tuned:
-        items = "".join(f"<li>{html.escape(line)}</li>" for line in tuned)
-        parts.append(
-            f'<div class="pm-tuning"><b>Tuning</b> (tried after the window, on copies)<ul>{items}</ul></div>'
-        )
+    parts.append(tuning_html(report))
     if report.get("warnings"):
         items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
         parts.append(
@@ -243,6 +242,48 @@ def _bottleneck_color(report: dict[str, Any]) -> str:
     from perfmagic.render.waterfall import stage_color
 
     return stage_color(report.get("bottleneck") or "other")
+
+
+_TRIED, _BASELINE, _BEST = "#9ecae9", "#bab0ac", "#59a14f"
+
+
+def tuning_html(report: dict[str, Any]) -> str:
+    """Each knob tuning compared as bars, one per setting tried (the baseline grey, the best green),
+    the predicted step against the observed one; a knob not compared says why. Empty without tuning."""
+    blocks = []
+    for knob in report.get("tuning") or []:
+        base, best = knob.get("baseline"), knob.get("best")
+        if not (base and best):
+            why = "; ".join(knob.get("notes") or [])
+            blocks.append(f"<p>{html.escape(knob['knob'])}: not compared ({html.escape(why)})</p>")
+            continue
+        if knob["knob"] == "step":
+            settings = ", ".join(f"{k}={v}" for k, v in best["value"].items())
+            title = f"predicted step with {settings} (~{knob['speedup']:.2g}× faster)"
+            rows = [("observed", base["seconds"], _BASELINE), ("predicted", best["seconds"], _BEST)]
+        else:
+            title = (
+                f"{knob['knob']} ({knob['unit']}, measured): best {best['value']}, "
+                f"~{knob['speedup']:.2g}× against {base['value']}"
+            )
+            rows = [
+                (str(t["value"]), t["seconds"], _BEST if t == best else _BASELINE if t == base else _TRIED)
+                for t in knob["tried"]
+            ]
+        longest = max(seconds for _, seconds, _ in rows) or 1.0
+        bars = "".join(
+            f'<div class="pm-knob-row"><span>{html.escape(label)}</span>'
+            f'<div class="pm-knob-bar" style="width:{100 * seconds / longest:.1f}%;background:{color}"></div>'
+            f"<span>{html.escape(fmt_seconds(seconds))}</span></div>"
+            for label, seconds, color in rows
+        )
+        blocks.append(f'<div class="pm-knob"><div>{html.escape(title)}</div>{bars}</div>')
+    if not blocks:
+        return ""
+    return (
+        '<div class="pm-tuning"><b>Tuning</b> (tried after the window, on copies of the loader and model)'
+        f"{''.join(blocks)}</div>"
+    )
 
 
 def cards_html(cards: Sequence[dict[str, Any]], note: str = "") -> str:

@@ -14,6 +14,7 @@ With the observed step, a last ``step`` entry predicts the step of the best comb
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from perfmagic.tuning.guard import untouched
@@ -39,13 +40,15 @@ def tune(
     step_s: float | None = None,
     data_s: float | None = None,
     autocast_in_use: bool = False,
+    progress: Callable[[str, float], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Try the knobs that apply to what is given; returns one result per knob tried.
 
     ``batch`` is what the model is called with: a tuple of arguments, a dict of keyword
     arguments or one argument. ``step_s`` and ``data_s`` (the observed step and its wait for
     data, seconds) give the predicted step; ``autocast_in_use`` (the loop ran under autocast) leaves
-    precision untried. Ctrl-C ends tuning early with what was measured so far.
+    precision untried; ``progress`` hears what is tried as each try begins, and the seconds tuning
+    has left. Ctrl-C ends tuning early with what was measured so far.
     """
     from perfmagic.tuning.compute import TrainingStep, tune_compute, tune_threads
     from perfmagic.tuning.loader import tune_workers
@@ -54,6 +57,11 @@ def tune(
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
     results: list[dict[str, Any]] = []
     begin = time.perf_counter()
+
+    def say(what: str) -> None:
+        if progress is not None:
+            progress(what, max(0.0, begin + budget_s - time.perf_counter()))
+
     with untouched():
         try:
             step = None
@@ -61,19 +69,19 @@ def tune(
                 step = TrainingStep(model, optimizer, *_call_of(batch))
             if loader is not None:
                 share = budget_s * (0.5 if step is not None else 1.0)
-                done = tune_workers(loader, share, step)
+                done = tune_workers(loader, share, step, say)
                 if done is not None:
                     results.append({**done, "budget_s": share})
             if step is not None and not _on_cuda(model):
                 share = (budget_s - (time.perf_counter() - begin)) / 2
                 if share > 0:
-                    done = tune_threads(step, share)
+                    done = tune_threads(step, share, say)
                     if done is not None:
                         results.append({**done, "budget_s": share})
             if step is not None:
                 share = budget_s - (time.perf_counter() - begin)
                 if share > 0:
-                    results += tune_compute(step, share, autocast_in_use)
+                    results += tune_compute(step, share, autocast_in_use, say)
         except KeyboardInterrupt:
             results.append(
                 {

@@ -96,8 +96,11 @@ def candidate_threads(current: int, cpus: int) -> list[int]:
     return sorted(values)
 
 
-def tune_threads(step: TrainingStep, budget_s: float) -> dict[str, Any] | None:
-    """``torch.set_num_threads`` tried on a CPU model: seconds per step for each count."""
+def tune_threads(
+    step: TrainingStep, budget_s: float, say: Callable[[str], None] = lambda what: None
+) -> dict[str, Any] | None:
+    """``torch.set_num_threads`` tried on a CPU model: seconds per step for each count; ``say`` hears
+    each count as its try begins."""
     import torch
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -112,6 +115,7 @@ def tune_threads(step: TrainingStep, budget_s: float) -> dict[str, Any] | None:
             if left <= 0:
                 notes.append(f"budget spent before {threads} threads were tried")
                 break
+            say(f"num_threads={threads}")
             torch.set_num_threads(threads)
             tried.append(
                 {
@@ -196,9 +200,11 @@ _NOTES = {
 }
 
 
-def tune_compute(step: TrainingStep, budget_s: float, autocast_seen: bool) -> list[dict[str, Any]]:
+def tune_compute(
+    step: TrainingStep, budget_s: float, autocast_seen: bool, say: Callable[[str], None] = lambda what: None
+) -> list[dict[str, Any]]:
     """Each knob of :func:`compute_variants` timed within an equal share of the budget, its settings
-    in turns (:func:`timed_in_turns`).
+    in turns (:func:`timed_in_turns`); ``say`` hears each knob as its try begins.
 
     A setting that raises (an op without a bf16 kernel, memory for the doubled batch) is noted and
     left out; the knob's other settings stand.
@@ -211,6 +217,7 @@ def tune_compute(step: TrainingStep, budget_s: float, autocast_seen: bool) -> li
         if share <= 0:
             break
         notes = [_NOTES[knob]]
+        say(f"{knob}: {', '.join(str(value) for value, _ in settings)}")
         seconds = timed_in_turns([variant for _, variant in settings], time.perf_counter() + share, notes)
         tried = [
             {"value": value, "seconds": s / value if knob == "batch_size" else s}

@@ -90,13 +90,17 @@ def seconds_per_batch(
 
 
 def tune_workers(
-    loader: Any, budget_s: float, work: Callable[[], None] | None = None
+    loader: Any,
+    budget_s: float,
+    work: Callable[[], None] | None = None,
+    say: Callable[[str], None] = lambda what: None,
 ) -> dict[str, Any] | None:
     """``num_workers`` tried on a rebuilt loader within the budget; the best is the fewest workers within
     5% of the fastest (beyond what keeps up, a worker costs memory and start-up for nothing).
 
     With ``work`` (a training step on copies of the model), each batch is followed by it and the
-    figure is seconds per step: loading and computing on the same CPUs, as in the training.
+    figure is seconds per step: loading and computing on the same CPUs, as in the training. ``say``
+    hears each setting as its try begins.
     """
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     rss = psutil.Process().memory_info().rss
@@ -113,6 +117,7 @@ def tune_workers(
             notes.append(f"budget spent before {workers} workers were tried")
             break
         share = left / (len(candidates) - k)
+        say(f"num_workers={workers}")
         try:
             with warnings.catch_warnings():  # torch's advice on worker counts: these loaders are ours
                 warnings.simplefilter("ignore", UserWarning)
