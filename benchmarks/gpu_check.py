@@ -549,6 +549,31 @@ def check_second_gpu(check: Check, torch: Any) -> None:
     check.record("second gpu", 1 in devices, f"clock on devices {devices}; forward {1000 * forward:.2f} ms")
 
 
+def check_tuning_gpu_knobs(check: Check, torch: Any) -> None:
+    """Tuning on a CUDA model: autocast (bf16, fp16), TF32 and the doubled batch are timed on copies,
+    and the user's model, TF32 flags and CUDA random state are as before."""
+    import perfmagic
+
+    model = _mlp(torch, 4096, "cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    x = torch.randn(2048, 4096, device="cuda")
+    weights = [p.detach().clone() for p in model.parameters()]
+    flags, rng = torch.backends.cuda.matmul.allow_tf32, torch.cuda.get_rng_state()
+    results = perfmagic.tune(model=model, optimizer=opt, batch=x, budget_s=20)
+    knobs = {r["knob"]: r for r in results}
+    same = all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
+    restored = torch.backends.cuda.matmul.allow_tf32 == flags and torch.equal(torch.cuda.get_rng_state(), rng)
+    summary = "; ".join(
+        f"{k}: "
+        + ", ".join(f"{t['value']} {1000 * t['seconds']:.3g} ms" for t in r["tried"])
+        + (f" (best {r['best']['value']}, {r['speedup']:.2f}x)" if r.get("best") else "")
+        for k, r in knobs.items()
+    )
+    wanted = {"autocast", "batch_size"} | ({"tf32"} if not flags else set())
+    check.record("tuning gpu knobs", wanted <= knobs.keys() and same and restored, summary)
+    torch.cuda.empty_cache()
+
+
 CUDA_PATH_CHECKS = (
     check_stage_truth,
     check_pending_marks,
@@ -557,6 +582,7 @@ CUDA_PATH_CHECKS = (
     check_compile_before_profiling,
     check_amp_and_allocator,
     check_second_gpu,
+    check_tuning_gpu_knobs,
 )
 
 
