@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -119,6 +120,9 @@ def test_the_measured_worker_count_gives_the_predicted_step(dataset: Dataset[Any
         assert card is None
     if isinstance(dataset, Sleepy):  # waiting on storage: workers overlap the waits, CPUs or not
         assert best > 0 and workers["speedup"] > 1.5, workers
+        # kept workers start an epoch with a batch, not with processes: measured, and faster
+        kept = tuning["persistent_workers"]
+        assert kept["best"]["value"] is True and kept["speedup"] > 1.5, kept
     # the report shows a bar per worker count tried, and the observed step beside the predicted one
     page = tuning_html(report.to_dict())
     assert page.count('class="pm-knob-row"') >= len(workers["tried"]) + 2, page
@@ -155,6 +159,9 @@ def test_tuning_leaves_the_model_the_optimizer_and_every_random_stream_as_they_w
     assert heard[0][0] == "num_workers=0" and any(w.startswith("num_threads=") for w, _ in heard), heard
     assert all(3 >= a >= b >= 0 for (_, a), (_, b) in itertools.pairwise(heard)), heard
     assert took <= 3 + 2, took
+    assert (
+        psutil.wait_procs(psutil.Process().children(), timeout=5)[1] == []
+    )  # every worker tuning started has ended
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     assert all(
         torch.equal(m, opt.state[p]["momentum_buffer"])

@@ -51,7 +51,7 @@ def tune(
     has left. Ctrl-C ends tuning early with what was measured so far.
     """
     from perfmagic.tuning.compute import TrainingStep, tune_compute, tune_threads
-    from perfmagic.tuning.loader import tune_workers
+    from perfmagic.tuning.loader import tune_persistent_workers, tune_workers
 
     if not budget_s > 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
@@ -72,6 +72,15 @@ def tune(
                 done = tune_workers(loader, share, step, say)
                 if done is not None:
                     results.append({**done, "budget_s": share})
+                    best, left = done["best"], budget_s - (time.perf_counter() - begin)
+                    # it starts the workers twice: tried only where the budget holds that
+                    kept = (
+                        tune_persistent_workers(loader, best, say)
+                        if best and left > 3 * best["start_s"]
+                        else None
+                    )
+                    if kept is not None:
+                        results.append({**kept, "budget_s": None})
             if step is not None and not _on_cuda(model):
                 share = (budget_s - (time.perf_counter() - begin)) / 2
                 if share > 0:

@@ -143,3 +143,43 @@ def tune_workers(
     if work is not None:
         notes.append("each batch followed by a training step on copies of the model: seconds per step")
     return knob_result("num_workers", unit, tried, baseline, best, notes)
+
+
+def first_batch_kept(loader: Any, workers: int) -> float:
+    """Seconds to a second epoch's first batch where the workers are kept (``persistent_workers=True``).
+
+    The first epoch starts them; the second starts after one batch of it, as a new epoch begins
+    after the last batch of the one before. The workers are ended before returning.
+    """
+    kept = rebuilt(loader, num_workers=workers, persistent_workers=True)
+    try:
+        next(iter(kept))
+        begin = time.perf_counter()
+        next(iter(kept))  # persistent workers: the same processes, sent the new epoch's indices
+        return time.perf_counter() - begin
+    finally:
+        shutdown = getattr(getattr(kept, "_iterator", None), "_shutdown_workers", None)
+        if shutdown is not None:  # persistent workers live as long as their loader: end them now
+            shutdown()
+
+
+def tune_persistent_workers(
+    loader: Any, workers: dict[str, Any], say: Callable[[str], None] = lambda what: None
+) -> dict[str, Any] | None:
+    """``persistent_workers`` at the best worker count ``workers`` (a ``tried`` entry of
+    :func:`tune_workers`, whose ``start_s`` is the epoch's first batch with workers started anew)."""
+    if loader.persistent_workers or not workers["value"]:
+        return None
+    say("persistent_workers=True")
+    notes = [f"at {workers['value']} workers; an epoch's first batch: saved once per epoch"]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            kept = first_batch_kept(loader, workers["value"])
+    except Exception as e:  # the dataset's own error
+        return knob_result("persistent_workers", None, [], None, None, [*notes, f"the loader raised {e!r}"])
+    tried = [{"value": False, "seconds": workers["start_s"]}, {"value": True, "seconds": kept}]
+    best = min(tried, key=lambda t: t["seconds"])
+    return knob_result(
+        "persistent_workers", "seconds to an epoch's first batch", tried, tried[0], best, notes
+    )
