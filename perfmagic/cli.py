@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from perfmagic.bootstrap import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV, write_sitecustomize
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_p.add_argument(
         "--tune-budget",
-        type=_positive_budget,
+        type=_seconds(float("inf")),  # a time budget
         metavar="S",
         help="with --tune: seconds tuning may take per process (default: the smaller of 60 s and a quarter "
         "of the profiled time)",
@@ -77,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_p.add_argument(
         "--interval",
-        type=_positive_float,
+        type=_seconds(60),  # a sampling interval
         default=0.1,
         metavar="S",
         help="hardware sampling interval (default 0.1 s)",
@@ -131,26 +132,20 @@ def _write_outputs(report: Report, args: argparse.Namespace, command: str) -> bo
     return True
 
 
-def _positive_budget(text: str) -> float:
-    """A time budget: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
+def _seconds(at_most: float) -> Callable[[str], float]:
+    """A parser of a positive, finite number of seconds, at most ``at_most``."""
 
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+        if not 0 < value <= at_most or value == float("inf"):
+            limit = f" and at most {at_most:g}" if at_most < float("inf") else ""
+            raise argparse.ArgumentTypeError(f"must be a positive number of seconds{limit}, got {text}")
+        return value
 
-def _positive_float(text: str) -> float:
-    """A sampling interval: a positive, finite number of seconds, at most a minute."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not 0 < value <= 60:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 60 seconds, got {text}")
-    return value
+    return parse
 
 
 def _positive_int(text: str) -> int:

@@ -274,8 +274,9 @@ def test_run_exit_codes_follow_the_shell(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("option", "says"),
     [
-        (["--interval", "inf"], "at most 60 seconds"),
-        (["--interval", "0"], "more than 0"),
+        (["--interval", "inf"], "at most 60, got inf"),
+        (["--interval", "0"], "must be a positive number of seconds and at most 60"),
+        (["--tune", "--tune-budget", "inf"], "must be a positive number of seconds, got inf"),
         (["--trace", "-1"], "at least 1"),
     ],
 )

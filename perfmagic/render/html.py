@@ -19,6 +19,7 @@ from perfmagic.render.text import (
     hotspot_lines,
     minor_line,
     most_to_gain,
+    origin_words,
     saving_words,
 )
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
@@ -212,12 +213,7 @@ def _header(report: dict[str, Any]) -> str:
             ("process RSS (peak)", fmt_bytes(host.get("rss_peak_bytes"))),
             ("GPU busy", gpu_note),
         ]
-    sub = f"{report.get('source', 'live')}"
-    if report.get("framework"):
-        sub += f", {report['framework']}"
-    if report.get("trainer"):
-        sub += f", {report['trainer']}"
-    sub += f", {fmt_seconds(report.get('wall_s'))} profiled"
+    sub = f"{origin_words({'source': 'live', **report})}, {fmt_seconds(report.get('wall_s'))} profiled"
     evaluation = evaluation_line(report)
     if evaluation:
         sub += f"; {evaluation}"

@@ -119,15 +119,15 @@ def tuning_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def origin_words(report: dict[str, Any]) -> str:
+    """Where the report comes from: its source, framework and trainer (``live, pytorch, hf_trainer``)."""
+    return ", ".join(str(report[k]) for k in ("source", "framework", "trainer") if report.get(k))
+
+
 def render_text(report: dict[str, Any]) -> str:
     lines: list[str] = []
     steps = report["steps"]
-    head = f"perfmagic report ({report['source']}"
-    if report.get("framework"):
-        head += f", {report['framework']}"
-    if report.get("trainer"):
-        head += f", {report['trainer']}"
-    head += f") — {fmt_seconds(report['wall_s'])} profiled"
+    head = f"perfmagic report ({origin_words(report)}) — {fmt_seconds(report['wall_s'])} profiled"
     lines += [head, "=" * len(head)]
     if steps.get("count"):
         lines.append(
