@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -171,19 +172,29 @@ def test_readers_never_see_columns_cut_half_way() -> None:
     assert tl.folded is not None and step_breakdown(tl).count == 20 * 200
 
 
+def folded_session(
+    outdir: Path, steps: int, folded_spans: int, nested: bool = False
+) -> tuple[perfmagic.Session, int]:
+    """A session of at least ``steps`` steps of a ``work`` stage (with an ``inner`` one where ``nested``),
+    run on until the sampler thread has folded ``folded_spans`` spans away, however fast the loop
+    (a minute at most); returns it, stopped, with the steps it ran."""
+    session = perfmagic.profile(outdir=outdir, interval=0.02)
+    done, deadline = 0, time.monotonic() + 60
+    with session:
+        while done < steps or (session.timeline.span_base < folded_spans and time.monotonic() < deadline):
+            with perfmagic.stage("work"), perfmagic.stage("inner") if nested else contextlib.nullcontext():
+                pass
+            perfmagic.step()
+            done += 1
+    return session, done
+
+
 def test_a_long_session_folds_its_steps_and_reports_what_its_full_spool_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The report of the folded session equals the report rebuilt from its spool, which has every span."""
     monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 2_000)
-    session = perfmagic.profile(outdir=tmp_path, interval=0.02)
-    steps, deadline = 0, time.monotonic() + 60
-    with session:  # until the sampler thread has folded a few thousand steps, however fast the loop
-        while steps < 20_000 or (session.timeline.span_base < 6_000 and time.monotonic() < deadline):
-            with perfmagic.stage("work"), perfmagic.stage("inner"):
-                pass
-            perfmagic.step()
-            steps += 1
+    session, steps = folded_session(tmp_path, steps=20_000, folded_spans=6_000, nested=True)
     tl = session.timeline
     assert tl.folded is not None and tl.span_base >= 6_000, "the session never folded its old steps"
     assert tl.raw_span_count() == tl.span_count - tl.span_base and len(tl.folded) >= 1_000
@@ -222,14 +233,7 @@ def test_the_chrome_trace_of_a_folded_session_has_every_stage_span(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 500)
-    session = perfmagic.profile(outdir=tmp_path, interval=0.02)
-    steps, deadline = 0, time.monotonic() + 60
-    with session:
-        while steps < 3_000 or (session.timeline.folded is None and time.monotonic() < deadline):
-            with perfmagic.stage("work"):
-                pass
-            perfmagic.step()
-            steps += 1
+    session, steps = folded_session(tmp_path, steps=3_000, folded_spans=1)
     assert session.timeline.folded is not None
     path = session.report.to_chrome_trace(tmp_path / "trace.json")
     events = json.loads(path.read_text())["traceEvents"]
