@@ -220,14 +220,17 @@ def test_framework_patches_are_removed_when_profiling_ends(tmp_path: Path) -> No
     from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
     from transformers import Trainer
 
-    before = {
-        "Trainer._save_checkpoint": Trainer._save_checkpoint,
-        "Trainer.train": Trainer.train,
-        "Trainer.evaluate": Trainer.evaluate,
-        "ModelCheckpoint._save_checkpoint": ModelCheckpoint._save_checkpoint,
-        "_EvaluationLoop.run": _EvaluationLoop.run,
-        "Accelerator.backward": Accelerator.backward,
-    }
+    def methods() -> dict[str, Any]:
+        return {
+            "Trainer._save_checkpoint": Trainer._save_checkpoint,
+            "Trainer.train": Trainer.train,
+            "Trainer.evaluate": Trainer.evaluate,
+            "ModelCheckpoint._save_checkpoint": ModelCheckpoint._save_checkpoint,
+            "_EvaluationLoop.run": _EvaluationLoop.run,
+            "Accelerator.backward": Accelerator.backward,
+        }
+
+    before = methods()
     for failing in (False, True):
         with (
             pytest.raises(RuntimeError) if failing else contextlib.nullcontext(),
@@ -236,15 +239,7 @@ def test_framework_patches_are_removed_when_profiling_ends(tmp_path: Path) -> No
             assert Trainer._save_checkpoint is not before["Trainer._save_checkpoint"]
             if failing:
                 raise RuntimeError("the cell failed")
-        after = {
-            "Trainer._save_checkpoint": Trainer._save_checkpoint,
-            "Trainer.train": Trainer.train,
-            "Trainer.evaluate": Trainer.evaluate,
-            "ModelCheckpoint._save_checkpoint": ModelCheckpoint._save_checkpoint,
-            "_EvaluationLoop.run": _EvaluationLoop.run,
-            "Accelerator.backward": Accelerator.backward,
-        }
-        assert after == before
+        assert methods() == before
 
 
 def test_a_framework_imported_while_profiling_is_hooked_then_put_back(tmp_path: Path) -> None:
