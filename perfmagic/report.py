@@ -71,12 +71,7 @@ class Report:
         """A Trace Event Format file for Perfetto / chrome://tracing (``.gz`` compresses)."""
         from perfmagic.render.chrome import write_chrome_trace
 
-        # a long run's old steps were folded out of memory: their spans are in the record on disk
-        timelines = [
-            Timeline.load(t.record) if t.fold_point is not None and t.record is not None else t
-            for t in self.timelines
-        ]
-        return write_chrome_trace(self._data, path, timelines)
+        return write_chrome_trace(self._data, path, [t.unfolded() for t in self.timelines])
 
     def to_tensorboard(self, logdir: str | os.PathLike[str]) -> Path:
         """Step time, stage times and utilization as TensorBoard scalars in ``logdir``."""

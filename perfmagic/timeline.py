@@ -293,6 +293,13 @@ class Timeline:
         folded = self._folded
         return (folded.kind, folded.until) if folded is not None else None
 
+    def unfolded(self) -> Timeline:
+        """This timeline with every span it recorded: itself, or, where old steps were folded out of
+        memory, the one its record (the spool, which has every span and sample) holds."""
+        if self._folded is None or self.record is None:
+            return self
+        return Timeline.load(self.record)
+
     @property
     def span_base(self) -> int:
         """The logical index of the first span held (the count of spans folded away)."""
