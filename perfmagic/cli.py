@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.command == "report":
         return report_traces(args)
+    if args.command == "exporter":
+        from perfmagic.exporter import main as exporter_main
+
+        return exporter_main(args.address, args.port, args.hostname)
     if args.command == "demo":
         from perfmagic.demo import main as demo_main
 
@@ -107,6 +111,19 @@ def _parser() -> argparse.ArgumentParser:
         help="compare trace (or directory) A with B: steps, stages, GPU figures and kernels; "
         "--json writes the comparison",
     )
+
+    exporter_p = sub.add_parser(
+        "exporter",
+        help="serve this machine's GPU and host metrics to Prometheus",
+        description="Serve this machine's GPU metrics (under dcgm-exporter's names and labels) and host "
+        "metrics at http://ADDRESS:PORT/metrics for Prometheus to scrape. Not meant to run beside "
+        "dcgm-exporter on one machine (the same series twice).",
+    )
+    exporter_p.add_argument("--port", type=int, default=9410, help="port to listen on (default 9410)")
+    exporter_p.add_argument(
+        "--address", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every one)"
+    )
+    exporter_p.add_argument("--hostname", help="the Hostname label (default: this machine's host name)")
 
     demo_p = sub.add_parser("demo", help="profile a built-in, deliberately input-bound training job")
     demo_p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")

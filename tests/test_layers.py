@@ -42,6 +42,7 @@ LAYERS = {
     "perfmagic.bootstrap": TOP,
     "perfmagic.demo": TOP,
     "perfmagic.monitor": TOP,
+    "perfmagic.exporter": TOP,
     "perfmagic.trace_report": TOP,
     "perfmagic.__main__": TOP,
 }

@@ -2,12 +2,14 @@
 
 ``GET {base_url}/perfmagic/api/snapshot`` returns the latest snapshot; the WebSocket
 ``{base_url}/perfmagic/api/stream`` pushes snapshots at the client's rate (``?rate=HZ`` or a
-``{"rate": HZ}`` message) and honours ``{"pause": true|false}``. Without a token both answer 403.
+``{"rate": HZ}`` message) and honours ``{"pause": true|false}``; ``GET {base_url}/perfmagic/metrics``
+is the latest snapshot for Prometheus. Without a token each answers 403.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 
@@ -18,6 +20,7 @@ from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
+from perfmagic.render.prometheus import CONTENT_TYPE, exposition
 from perfmagic.server.service import DEFAULT_HZ, MonitorService, clamp_rate
 
 Json = dict[str, Any]
@@ -51,6 +54,25 @@ class SnapshotHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(_with_age(snap)))
+
+
+class MetricsHandler(APIHandler):
+    """``GET``: the latest snapshot in Prometheus' text format, under dcgm-exporter's names
+    (a scrape sends the server's token: ``Authorization: Bearer TOKEN``)."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        snap = await _service(self).get_snapshot()
+        nvml = snap.get("nvml") or {}
+        text = exposition(
+            snap.get("gpus") or [], snap.get("host"), socket.gethostname(), bool(nvml.get("available"))
+        )
+        self.set_header("Content-Type", CONTENT_TYPE)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(text)
 
 
 class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
@@ -144,5 +166,6 @@ def handlers() -> list[tuple[str, type[web.RequestHandler]]]:
     """Routes relative to the server's base_url."""
     return [
         (r"/perfmagic/api/snapshot", SnapshotHandler),
+        (r"/perfmagic/metrics", MetricsHandler),
         (r"/perfmagic/api/stream", StreamHandler),
     ]

@@ -1,0 +1,142 @@
+"""``perfmagic exporter`` and ``/perfmagic/metrics``: Prometheus text under dcgm-exporter's names."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fake_nvml as fakes
+import pytest
+import tornado.httpclient
+from jupyter_server.utils import url_path_join
+from prometheus_client.parser import text_string_to_metric_families
+
+MiB = 1 << 20
+
+# What dcgm-exporter's default counters name, and the labels it puts on each GPU series
+DCGM_NAMES = {
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_GPU_TEMP",
+}
+RATES = {"DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"}  # from counters: from the second read on
+DCGM_LABELS = {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"}
+
+# The fake NVML reaches the exporter's process through this file alone: the product has no switch for it
+SITECUSTOMIZE = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import fake_nvml
+from perfmagic.collect import nvml
+nvml._load_pynvml = getattr(fake_nvml, os.environ["FAKE_NVML_SCENARIO"])
+"""
+
+
+def samples(text: str) -> dict[str, list[Any]]:
+    """Each metric's samples, parsed by prometheus_client's own parser."""
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+@pytest.fixture
+def exporter(tmp_path: Path) -> Iterator[Any]:
+    """``exporter(scenario, hostname)``: a ``perfmagic exporter`` process on a free loopback port, with
+    the fake NVML's ``scenario``; returns its /metrics URL. Every one is ended after the test."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(tests=str(Path(__file__).parent)))
+    started: list[subprocess.Popen[str]] = []
+
+    def start(scenario: str, hostname: str) -> str:
+        env = dict(os.environ, PYTHONPATH=str(site), FAKE_NVML_SCENARIO=scenario)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perfmagic.cli", "exporter", "--port", "0", "--hostname", hostname],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        started.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "serving http://" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        return line.split("serving ")[1].split()[0]
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return str(response.read().decode())
+
+
+def test_the_exporter_speaks_dcgm_exporter_names_units_and_labels(exporter: Any) -> None:
+    url = exporter("two_gpus", "node-a")
+    first, series = samples(scrape(url)), samples(scrape(url))
+    assert first.keys() >= DCGM_NAMES, sorted(DCGM_NAMES - first.keys())
+    assert series.keys() >= DCGM_NAMES | RATES, sorted((DCGM_NAMES | RATES) - series.keys())
+    pcie = {s.labels["gpu"]: s.value for s in series["DCGM_FI_PROF_PCIE_RX_BYTES"]}
+    assert pcie["0"] == pytest.approx(8.0e9, rel=0.05) and pcie["1"] == 0  # bytes per second
+    util = {s.labels["modelName"]: s.value for s in series["DCGM_FI_DEV_GPU_UTIL"]}
+    assert util == {"NVIDIA H100 80GB HBM3": 87, "NVIDIA A100-SXM4-40GB": 0}  # percent, as DCGM
+    h100 = next(s for s in series["DCGM_FI_DEV_FB_USED"] if s.labels["gpu"] == "0")
+    assert set(h100.labels) == DCGM_LABELS and h100.value == 20 * 1024  # MiB, as DCGM
+    assert h100.labels["Hostname"] == "node-a" and h100.labels["device"] == "nvidia0"
+    assert h100.labels["UUID"] == "GPU-00000000-0000-0000-0000-000000000000"
+    power = {s.labels["gpu"]: s.value for s in series["DCGM_FI_DEV_POWER_USAGE"]}
+    assert power == {"0": pytest.approx(250.12), "1": pytest.approx(62.4)}  # watts
+    assert series["perfmagic_nvml_up"][0].value == 1
+    assert series["perfmagic_host_cpu_count"][0].value >= 1
+
+
+def test_a_field_a_gpu_does_not_support_is_left_out_not_zero(exporter: Any) -> None:
+    url = exporter("fields_not_supported", "node-b")
+    scrape(url)
+    series = samples(scrape(url))
+    assert "DCGM_FI_DEV_GPU_UTIL" in series
+    # this GPU answers NOT_SUPPORTED for power, temperature and the PCIe counters: no series, not a false 0
+    assert not {"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", *RATES} & series.keys()
+
+
+def test_without_nvml_the_exporter_says_so_and_serves_the_host(exporter: Any) -> None:
+    url = exporter("no_library", "node-c")
+    series = samples(scrape(url))
+    assert series["perfmagic_nvml_up"][0].value == 0
+    assert not any(name.startswith("DCGM_") for name in series)
+    assert series["perfmagic_host_mem_total_bytes"][0].value > 0
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url.removesuffix("/metrics") + "/other", timeout=10)
+    assert e.value.code == 404
+
+
+@pytest.fixture
+def jp_server_config() -> dict[str, Any]:
+    return {"ServerApp": {"jpserver_extensions": {"perfmagic.server": True}}}
+
+
+async def test_the_server_extension_serves_the_same_metrics_to_a_token_holder(
+    jp_fetch: Any, http_server_client: Any, jp_base_url: str, fake_nvml: Any
+) -> None:
+    fake_nvml(fakes.two_gpus())
+    with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+        await http_server_client.fetch(url_path_join(jp_base_url, "perfmagic/metrics"))
+    assert e.value.code == 403
+    response = await jp_fetch("perfmagic", "metrics")
+    series = samples(response.body.decode())
+    assert series.keys() >= DCGM_NAMES
+    assert {s.labels["gpu"]: s.value for s in series["DCGM_FI_DEV_FB_USED"]} == {"0": 20 * 1024, "1": 4}
