@@ -43,6 +43,7 @@ LAYERS = {
     "perfmagic.demo": TOP,
     "perfmagic.monitor": TOP,
     "perfmagic.trace_report": TOP,
+    "perfmagic.merge": TOP,
     "perfmagic.__main__": TOP,
 }
 """Layer of each module or package (a package's layer covers all its modules)."""

@@ -79,7 +79,9 @@ def collective_skew(starts: dict[int, dict[str, np.ndarray]]) -> dict[str, Any] 
 STRAGGLER_RATIO = 1.2
 """The slowest rank's work per step against the other ranks' median that makes it a straggler…"""
 STRAGGLER_SHARE = 0.05
-"""…when the difference is also this share of the step."""
+"""…when the difference is also this share of the step…"""
+STRAGGLER_WAITED = 0.5
+"""…and the other ranks waited in comm at least this share of the difference longer than it did."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,9 @@ def find_straggler(views: list[tuple[int, Steady]]) -> Straggler | None:
 
     A rank's work is its step less its ``comm``, where fast ranks wait; the slowest rank is a
     straggler when its work exceeds the other ranks' median by :data:`STRAGGLER_RATIO` and by
-    :data:`STRAGGLER_SHARE` of the step. Against the others (not all ranks), so that with two
-    ranks the difference is the whole of it.
+    :data:`STRAGGLER_SHARE` of the step, and the others were seen waiting for it (their median
+    ``comm`` above its own by :data:`STRAGGLER_WAITED` of the difference). Against the others (not
+    all ranks), so that with two ranks the difference is the whole of it.
     """
     if len(views) < 2:
         return None
@@ -114,7 +117,13 @@ def find_straggler(views: list[tuple[int, Steady]]) -> Straggler | None:
     base = float(np.median(np.delete(work, k)))
     excess = float(work[k]) - base
     step = float(np.mean([v.step_s for _, v in views]))
-    if work[k] < STRAGGLER_RATIO * base or excess < STRAGGLER_SHARE * step:
+    others_comm = float(np.median([v.stage_s("comm") for v in others]))
+    waited = others_comm - slow.stage_s("comm")
+    if (
+        work[k] < STRAGGLER_RATIO * base
+        or excess < STRAGGLER_SHARE * step
+        or waited < STRAGGLER_WAITED * excess
+    ):
         return None
     names = dict.fromkeys(n for _, v in views for n in v.stages if n != "comm")
     by_stage = {n: slow.stage_s(n) - float(np.median([v.stage_s(n) for v in others])) for n in names}
@@ -125,7 +134,7 @@ def find_straggler(views: list[tuple[int, Steady]]) -> Straggler | None:
         others_work_s=base,
         excess_s=excess,
         stage_excess_s=by_stage,
-        others_comm_s=float(np.median([v.stage_s("comm") for v in others])),
+        others_comm_s=others_comm,
         comm_s=slow.stage_s("comm"),
         ranks=len(views),
     )

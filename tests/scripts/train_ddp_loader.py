@@ -1,7 +1,7 @@
 """A DDP job on CPU (gloo) fed by a DataLoader, for `perfmagic run` tests of DDP's communication.
 
-Environment: ``SLOW_RANK`` (default: none) waits ``SLOW_S`` (default 0.04) per batch in its dataset,
-as a rank on slow storage would; ``TRAIN_STEPS`` (default 30); ``USER_HOOK=1`` registers the user's own
+Environment: ``SLOW_RANK`` (default: none; ``all``: every rank) waits ``SLOW_S`` (default 0.04) per
+batch in its dataset, as a rank on slow storage would; ``TRAIN_STEPS`` (default 30); ``USER_HOOK=1`` registers the user's own
 comm hook (the default all-reduce, counted) before training; ``FSDP=1`` wraps the model in FSDP instead.
 Each rank writes what it saw to ``$RESULT_DIR/rank<N>.json`` when that is set.
 """
@@ -35,7 +35,7 @@ class Samples(Dataset):
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 rank = dist.get_rank()
 slow = os.environ.get("SLOW_RANK")
-wait = float(os.environ.get("SLOW_S", "0.04")) if slow is not None and int(slow) == rank else 0.0
+wait = float(os.environ.get("SLOW_S", "0.04")) if slow in ("all", str(rank)) else 0.0
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
 hook_calls = 0
