@@ -224,3 +224,11 @@ def test_two_nodes_merge_into_one_job_with_their_clocks_aligned(tmp_path: Path) 
 def test_merge_says_when_a_directory_holds_no_record(tmp_path: Path) -> None:
     result = subprocess.run([*PERFMAGIC, "merge", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "no profiled process" in result.stderr
+
+
+@pytest.mark.slow
+def test_fsdp_all_gather_and_reduce_scatter_are_comm(tmp_path: Path) -> None:
+    """FSDP runs on the CPU over gloo (torch 2.13): its collectives go through torch.distributed's functions."""
+    report, ranks = one_node(tmp_path, "fsdp", FSDP="1")
+    assert all(mean(r, "comm") > 0 for r in ranks.values())
+    assert all(r["stages"]["comm"]["fraction"] > 0.01 for r in ranks.values())
