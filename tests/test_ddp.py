@@ -229,6 +229,6 @@ def test_merge_says_when_a_directory_holds_no_record(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_fsdp_all_gather_and_reduce_scatter_are_comm(tmp_path: Path) -> None:
     """FSDP runs on the CPU over gloo (torch 2.13): its collectives go through torch.distributed's functions."""
-    report, ranks = one_node(tmp_path, "fsdp", FSDP="1")
+    _, ranks = one_node(tmp_path, "fsdp", FSDP="1")
     assert all(mean(r, "comm") > 0 for r in ranks.values())
     assert all(r["stages"]["comm"]["fraction"] > 0.01 for r in ranks.values())
