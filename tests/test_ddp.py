@@ -199,7 +199,7 @@ def test_two_nodes_merge_into_one_job_with_their_clocks_aligned(tmp_path: Path) 
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "bottleneck: data on rank 3" in result.stdout
+    assert "bottleneck: data on rank 3" in result.stdout, result.stdout
     report = json.loads(out.read_text())
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert set(ranks) == {0, 1, 2, 3}
@@ -208,7 +208,7 @@ def test_two_nodes_merge_into_one_job_with_their_clocks_aligned(tmp_path: Path) 
     nodes = report["nodes"]
     assert [n["ranks"] for n in nodes] == [[0, 1], [2, 3]]
     assert nodes[1]["matched"] >= 20  # a DDP reduction per step, and the barrier
-    assert abs(nodes[1]["offset_s"]) <= nodes[1]["uncertainty_s"] < 0.05  # one host: one clock
+    assert abs(nodes[1]["offset_s"]) <= nodes[1]["uncertainty_s"] < 0.05, nodes  # one host: one clock
 
     # node 1's host clock 2.5 s ahead: merged back onto node 0's within the stated uncertainty
     shifted_copy(tmp_path / "node1", tmp_path / "node1-ahead", 2.5)
