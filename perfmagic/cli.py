@@ -1,4 +1,4 @@
-"""The ``perfmagic`` command: ``run``, ``report``, ``demo``."""
+"""The ``perfmagic`` command: ``run``, ``report``, ``merge``, ``demo``."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from perfmagic.bootstrap import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV, write_sitecustomize
-from perfmagic.report import Report, report_from_timelines
+from perfmagic.merge import merge_records, node_report, read_node
+from perfmagic.report import Report
 from perfmagic.session import Session
-from perfmagic.timeline import SPOOL_NAME, Timeline, TimelineFormatError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         from perfmagic.exporter import main as exporter_main
 
         return exporter_main(args.address, args.port, args.hostname)
+    if args.command == "merge":
+        return merge(args)
     if args.command == "demo":
         from perfmagic.demo import main as demo_main
 
@@ -124,6 +126,16 @@ def _parser() -> argparse.ArgumentParser:
         "--address", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every one)"
     )
     exporter_p.add_argument("--hostname", help="the Hostname label (default: this machine's host name)")
+    merge_p = sub.add_parser(
+        "merge",
+        help="one job's report from several nodes' perfmagic run records",
+        description="Build one job's report from the record directories (perfmagic run --outdir) of its "
+        "nodes: every rank, the nodes' clocks aligned from the collectives their ranks left together. "
+        "Exit status 2 when no directory holds a profiled process.",
+    )
+    _add_output_args(merge_p)
+    merge_p.add_argument("--quiet", action="store_true", help="don't print the report")
+    merge_p.add_argument("dirs", nargs="+", metavar="DIR", help="a node's perfmagic run record directory")
 
     demo_p = sub.add_parser("demo", help="profile a built-in, deliberately input-bound training job")
     demo_p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
@@ -258,19 +270,17 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.suppress(RuntimeError):  # "never started" when the start above failed
             sampler.stop()
 
-    processes = _process_timelines(outdir)
-    if not processes:
+    node = read_node(outdir, sampler=sampler.timeline)
+    for warning in node.warnings:
+        print(f"perfmagic run: {warning}", file=sys.stderr)
+    if not node.processes:
         unseen = (
             "no Python process of the command was profiled: it runs no Python, or runs it isolated "
             "(python -I, -S or -E skip the sitecustomize perfmagic run starts profiling with)"
         )
         print(f"perfmagic run: {unseen}", file=sys.stderr)
         sampler.timeline.meta.setdefault("warnings", []).append(unseen)
-    epoch = sampler.timeline.meta.get("epoch")
-    for timeline in processes:  # one clock for all: the sampler's
-        if epoch is not None and timeline.meta.get("epoch") is not None:
-            timeline.rebase(epoch)
-    report = report_from_timelines([sampler.timeline, *processes], source="run")
+    report = node_report(node)
     written = _write_outputs(report, args, "run")  # before anything is printed: a broken pipe loses nothing
     try:
         report.save(outdir / "report.json")
@@ -280,6 +290,18 @@ def run(args: argparse.Namespace) -> int:
         print(report)
         print(f"\nrecords and report.json in {outdir}", file=sys.stderr)
     return code if code or written else 1
+
+
+def merge(args: argparse.Namespace) -> int:
+    try:
+        report = merge_records([Path(d) for d in args.dirs])
+    except ValueError as e:
+        print(f"perfmagic merge: {e}", file=sys.stderr)
+        return 2
+    written = _write_outputs(report, args, "merge")  # before printing: a broken pipe loses nothing
+    if not args.quiet:
+        print(report)
+    return 0 if written else 1
 
 
 def report_traces(args: argparse.Namespace) -> int:
@@ -310,16 +332,6 @@ def report_traces(args: argparse.Namespace) -> int:
         return 1
     print(comparison)
     return 0
-
-
-def _process_timelines(outdir: Path) -> list[Timeline]:
-    timelines = []
-    for spool in sorted(outdir.glob(f"proc-*/{SPOOL_NAME}")):
-        try:
-            timelines.append(Timeline.load(spool))
-        except TimelineFormatError as e:
-            print(f"perfmagic run: skipping an unreadable record: {e}", file=sys.stderr)
-    return timelines
 
 
 if __name__ == "__main__":

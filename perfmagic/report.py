@@ -9,6 +9,7 @@ report read back from JSON renders the same way. :func:`build_report` makes one.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -181,6 +182,8 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
             {
                 "rank": r.rank,
                 "pid": r.pid,
+                "node": r.node,
+                "local_rank": r.local_rank,
                 "steps": vars(r.steps),
                 "stages": {name: vars(s) for name, s in r.stages.items()},
                 **({"gpu": r.gpu} if r.gpu is not None else {}),
@@ -200,6 +203,8 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "torch_traces": analysis.torch_traces,
         "tuning": analysis.tuning,
         "collective_skew": analysis.collective_skew,
+        "nodes": analysis.nodes,
+        "straggler": dataclasses.asdict(analysis.straggler) if analysis.straggler is not None else None,
     }
     data = _clean(data)
     data["step_table"] = step_table(b)  # after _clean: numbers made JSON-safe by numpy, not one by one
@@ -242,13 +247,19 @@ def step_table(b: StepBreakdown) -> dict[str, Any]:
     }
 
 
-def report_from_timelines(timelines: Sequence[Timeline], source: str = "live") -> Report:
+def report_from_timelines(
+    timelines: Sequence[Timeline], source: str = "live", nodes: list[dict[str, Any]] | None = None
+) -> Report:
     """Analyze the timelines of one window (one per process) and build its report.
 
     A window profiled with ``--trace`` wrote a torch.profiler trace: its GPU figures
-    (busy, idle and why) feed the report as a trace's would.
+    (busy, idle and why) feed the report as a trace's would. ``nodes``: the clocks of a
+    job's nodes, as ``perfmagic merge`` aligned them.
     """
-    return build_report(analyze(list(timelines), gpu=traced_gpu(timelines)), source, timelines)
+    analysis = analyze(list(timelines), gpu=traced_gpu(timelines))
+    if nodes is not None:
+        analysis = dataclasses.replace(analysis, nodes=nodes)
+    return build_report(analysis, source, timelines)
 
 
 def traced_gpu(timelines: Sequence[Timeline]) -> dict[str, Any] | None:

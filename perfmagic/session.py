@@ -144,6 +144,7 @@ class Session:
                 "hostname": socket.gethostname(),
                 "rank": _env_int("RANK"),
                 "local_rank": _env_int("LOCAL_RANK"),
+                "node_rank": _env_int("GROUP_RANK"),  # torchrun's node rank
                 "world_size": _env_int("WORLD_SIZE"),
                 "argv": list(sys.argv),
                 "python": sys.version.split()[0],

@@ -27,6 +27,7 @@ from perfmagic.analyze import (
     step_stats,
 )
 from perfmagic.analyze.loop import LoopFacts
+from perfmagic.analyze.ranks import find_straggler
 from perfmagic.analyze.steady import steady_of
 from perfmagic.analyze.steps import StepBreakdown
 from perfmagic.schema import STAGES
@@ -323,4 +324,5 @@ def plain(
         loop=LoopFacts(pre_forward_s=pre, calls_per_step=calls),
         whole_process=whole_process,
         argv=argv,
+        straggler=find_straggler([(r.rank, r.steady) for r in rank_rows if r.steady is not None]),
     )

@@ -1,5 +1,7 @@
 """Shared pytest fixtures."""
 
+import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,3 +25,21 @@ def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
             assert_consistent(data)
 
     monkeypatch.setattr(perfmagic.report.Report, "__init__", checked)
+
+
+@pytest.fixture
+def gloo_group() -> Iterator[None]:
+    """A one-rank gloo process group in this process, destroyed after the test."""
+    import torch
+
+    dist = torch.distributed
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

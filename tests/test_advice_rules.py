@@ -441,6 +441,25 @@ def test_rank_straggler() -> None:
     assert distributed.rank_straggler(build()) is None
 
 
+def test_a_slow_data_rank_is_named_with_its_stage_and_the_others_wait_as_evidence() -> None:
+    """Two DDP ranks: rank 1 waits 40 ms per step for data, rank 0 waits as long in comm."""
+    a = build(stages=stages(comm=0.04), ranks=[{"stages": stages(data=0.04, comm=0.0005)}])
+    card = check(distributed.rank_straggler(a), "rank_straggler")
+    assert card.metrics["rank"] == 1 and card.metrics["stage"] == "data"
+    assert card.metrics["others_comm_s"] == pytest.approx(0.04, rel=0.05)
+    assert card.saving_s == pytest.approx(0.04, rel=0.1)  # the whole excess: against the other rank
+    assert "rank 1" in card.fix and "num_workers" in card.fix
+    assert a.bottleneck == "data"  # the job's bottleneck is the straggler's stage, not rank 0's wait
+    # the wait is no communication cost: the rank that waits least shows how little there is
+    assert distributed.comm_bound(a) is None
+
+
+def test_balanced_ranks_have_no_straggler_and_their_shared_comm_is_comm_bound() -> None:
+    a = build(stages=stages(comm=0.005), ranks=[{"stages": stages(comm=0.005)}] * 3)
+    assert a.straggler is None and distributed.rank_straggler(a) is None
+    check(distributed.comm_bound(a), "comm_bound")
+
+
 def test_gpu_imbalance() -> None:
     four = [gpu_static(i) for i in range(4)]
     idle = {**HOST_SAMPLES, "gpu0.util": 0.9, "gpu1.util": 0.0, "gpu2.util": 0.0, "gpu3.util": 0.0}

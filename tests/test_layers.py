@@ -44,6 +44,7 @@ LAYERS = {
     "perfmagic.monitor": TOP,
     "perfmagic.exporter": TOP,
     "perfmagic.trace_report": TOP,
+    "perfmagic.merge": TOP,
     "perfmagic.__main__": TOP,
 }
 """Layer of each module or package (a package's layer covers all its modules)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -162,21 +161,6 @@ def test_logging_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert_steps_match(report, t)
     assert_stage_matches(report, "logging", t.extra.total_s)
     assert_stage_matches(report, "other", t.untracked.total_s)
-
-
-@pytest.fixture
-def gloo_group() -> Iterator[None]:
-    dist = torch.distributed
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_comm_stage(tmp_path: Path, gloo_group: None) -> None:

@@ -12,10 +12,6 @@ COMM_SHARE = 0.10
 """Exposed communication wait worth a card, as a share of step time."""
 ACCUMULATION = 4
 """Micro-batches per all-reduce in the gradient-accumulation fix."""
-STRAGGLER_RATIO = 1.2
-"""The slowest rank's work per step against the median rank's that makes it a straggler…"""
-STRAGGLER_SHARE = 0.05
-"""…when the difference is also this share of the step."""
 IMBALANCE_SPREAD = 0.30
 """Spread of mean utilization between the busiest and the idlest GPU."""
 IDLE_GPU = 0.05
@@ -36,9 +32,17 @@ _DDP_FIX = "\n".join(
 
 
 def comm_bound(a: Analysis) -> Card | None:
-    """Collective communication the step waits for."""
-    s = a.steady
-    if s is None or s.share("comm") < COMM_SHARE:
+    """Collective communication the step waits for.
+
+    With several ranks, the communication is the ``comm`` of the rank that waits least: the rest of
+    another rank's ``comm`` is waiting for slower ranks (``rank_straggler``), which no change to the
+    communication removes.
+    """
+    views = [r.steady for r in a.ranks if r.steady is not None] or ([a.steady] if a.steady else [])
+    if not views:
+        return None
+    s = min(views, key=lambda v: v.share("comm"))
+    if s.share("comm") < COMM_SHARE:
         return None
     step, comm = s.step_s, s.stage_s("comm")
     ddp = any(m.get("ddp") for m in a.config.models)
@@ -82,47 +86,49 @@ def comm_bound(a: Analysis) -> Card | None:
 
 def rank_straggler(a: Analysis) -> Card | None:
     """One rank works longer per step and the others wait for it in the collectives."""
-    views = [(r.rank, v) for r in a.ranks if (v := r.steady) is not None]
-    if len(views) < 2:
+    st = a.straggler
+    if st is None:
         return None
-    work = np.array([v.step_s - v.stage_s("comm") for _, v in views])
-    median = float(np.median(work))
-    k = int(np.argmax(work))
-    rank, slow = views[k]
-    excess = float(work[k]) - median
-    step = float(np.mean([v.step_s for _, v in views]))
-    if work[k] < STRAGGLER_RATIO * median or excess < STRAGGLER_SHARE * step:
-        return None
-    stages = [n for n in slow.stages if n != "comm"]
-    by_stage = {n: slow.stage_s(n) - float(np.median([v.stage_s(n) for _, v in views])) for n in stages}
-    where = max(by_stage, key=lambda n: by_stage[n])
+    where, extra = st.stage, st.stage_excess_s[st.stage]
     if where == "data":
         fix = (
-            f"# rank {rank} loads its batches slower: check its shard and its host (disk, CPU share)\n"
-            "sampler = torch.utils.data.distributed.DistributedSampler(dataset, drop_last=True)  # equal shards"
+            f"# rank {st.rank} waits {fmt_seconds(extra)} more per step for its batches than the others:\n"
+            "# check its host (disk, network storage, CPU share) and give its loader more workers\n"
+            "loader = DataLoader(dataset, batch_size=per_rank_batch, num_workers=4, pin_memory=True,\n"
+            "                    sampler=torch.utils.data.distributed.DistributedSampler(dataset, drop_last=True))"
+        )
+    elif where in ("forward", "backward", "optimizer", "h2d"):
+        fix = (
+            f"# rank {st.rank} computes slower: check its GPU's clocks and throttling on that host\n"
+            "nvidia-smi -q -d PERFORMANCE,CLOCK\n"
+            "# and that every rank gets the same batch size and sequence lengths (DistributedSampler, drop_last=True)"
         )
     else:
         fix = (
-            f"# rank {rank} computes slower: check its GPU's clocks and throttling on that host\n"
-            "nvidia-smi -q -d PERFORMANCE,CLOCK\n"
-            "# and that every rank gets the same batch size and sequence lengths"
+            f"# rank {st.rank} spends {fmt_seconds(extra)} more per step in {where} than the others:\n"
+            f"# do it on every rank alike, or less often (e.g. only `if dist.get_rank() == 0` every N steps,\n"
+            "# outside the step)"
         )
     return make_card(
         "rank_straggler",
-        f"Rank {rank} is a straggler: the other ranks wait for it",
-        f"Rank {rank} works {fmt_seconds(float(work[k]))} per step outside communication against a median of "
-        f"{fmt_seconds(median)} over {len(views)} ranks ({float(work[k]) / median:.2f}x); most of the difference is "
-        f"in {where} (+{fmt_seconds(by_stage[where])}).",
+        f"Rank {st.rank} is a straggler: its {where} makes the other ranks wait",
+        f"Rank {st.rank} works {fmt_seconds(st.work_s)} per step outside communication against a median of "
+        f"{fmt_seconds(st.others_work_s)} on the other {f'{st.ranks - 1} ranks' if st.ranks > 2 else 'rank'} "
+        f"({st.work_s / st.others_work_s:.2f}x); {fmt_seconds(extra)} of the difference is in {where}. "
+        f"Meanwhile the other ranks wait {fmt_seconds(st.others_comm_s)} per step in comm "
+        f"(rank {st.rank}: {fmt_seconds(st.comm_s)}).",
         fix,
         {
-            "rank": rank,
-            "work_s": float(work[k]),
-            "median_work_s": median,
+            "rank": st.rank,
             "stage": where,
-            "ranks": len(views),
+            "work_s": st.work_s,
+            "median_work_s": st.others_work_s,
+            "stage_excess_s": extra,
+            "others_comm_s": st.others_comm_s,
+            "ranks": st.ranks,
         },
-        saving_s=excess,
-        step_s=step,
+        saving_s=st.excess_s,
+        step_s=st.work_s + st.comm_s,
         model="every rank waits for the slowest in each collective: its extra work per step",
     )
 

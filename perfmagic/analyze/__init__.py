@@ -16,6 +16,7 @@ from perfmagic.analyze.devices import devices_summary
 from perfmagic.analyze.evaluation import EvaluationStats, evaluation_stats
 from perfmagic.analyze.host import host_summary
 from perfmagic.analyze.loop import LoopFacts, loop_facts
+from perfmagic.analyze.ranks import Straggler, find_straggler
 from perfmagic.analyze.samples import window_means
 from perfmagic.analyze.steady import Steady, steady_of
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
@@ -108,6 +109,8 @@ class RankAnalysis:
     steps: StepStats
     stages: dict[str, StageStats]
     gpu: dict[str, Any] | None  # GPU busy/idle of this rank, where its trace had GPU events
+    node: str | None = None  # the host it ran on (its hostname; with the node rank where hosts repeat)
+    local_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,10 @@ class Analysis:
     )  # knobs tried after the window (perfmagic.tuning)
     # across the ranks of a multi-rank trace: who reaches the collectives last (analyze.ranks)
     collective_skew: dict[str, Any] | None = None
+    # the rank the others wait for, from the ranks' stage tables (analyze.ranks)
+    straggler: Straggler | None = None
+    # a job merged from several nodes' records: each node's ranks and clock offset (perfmagic merge)
+    nodes: list[dict[str, Any]] | None = None
 
     def tuned(self, knob: str) -> dict[str, Any] | None:
         """The measured result of one tuning knob, where it was tried."""
@@ -191,6 +198,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
             "happened in the profiled window, so there is no stage breakdown"
         )
 
+    straggler = find_straggler([(r.rank, r.steady) for r in ranks if r.steady is not None])
     argv = tl.meta.get("argv")
     config = training_config(tl)
     wall_s = max(_wall(t) for t in timelines)
@@ -202,7 +210,8 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         steady=steady,
         steps=_with_throughput(primary.steps, tl, primary.breakdown, primary.steady),
         stages=primary.stages,
-        bottleneck=bottleneck(primary.stages),
+        # what holds the job back is the straggler's stage, not the wait it causes on the primary rank
+        bottleneck=straggler.stage if straggler is not None else bottleneck(primary.stages),
         devices=devices_summary(sampled),
         host=host_summary(sampled),
         gpu=gpu if gpu is not None else primary.gpu,
@@ -218,6 +227,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         hotspots=hotspots(tl),
         torch_traces=profiler_traces(timelines),
         tuning=list(tl.meta.get("tuning") or []),
+        straggler=straggler,
     )
 
 
@@ -339,7 +349,18 @@ def _rank(index: int, timeline: Timeline) -> RankAnalysis:
         steps=step_stats(breakdown),
         stages=stage_stats(breakdown),
         gpu=timeline.meta.get("gpu"),
+        node=node_name(timeline.meta),
+        local_rank=timeline.meta.get("local_rank"),
     )
+
+
+def node_name(meta: dict[str, Any]) -> str | None:
+    """The node a process ran on: its hostname, with torchrun's node rank (``GROUP_RANK``) where known,
+    so that two nodes started on one host stay apart."""
+    host, node_rank = meta.get("hostname"), meta.get("node_rank")
+    if node_rank is None:
+        return host
+    return f"{host or 'node'}#{node_rank}"
 
 
 def _has_steps(timeline: Timeline) -> bool:

@@ -1,4 +1,8 @@
-"""Across ranks: who reaches the collectives last, and how much later than the first.
+"""Across ranks: the straggler that the others wait for, and who reaches the collectives last.
+
+A straggler (:func:`find_straggler`) is read from the ranks' stage tables: in synchronous
+training every rank runs at the slowest one's pace, the others waiting for it in ``comm``.
+
 
 A collective kernel (NCCL) starts on every rank of its group; the ranks that arrive
 early wait in it for the last one. Instances are matched across ranks by order: the
@@ -11,10 +15,12 @@ so the ranks' clocks must agree (NTP does to well under a millisecond on one clu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from perfmagic.analyze.steady import Steady
 from perfmagic.traces.kineto import COMMUNICATION, KinetoTrace
 
 
@@ -68,3 +74,67 @@ def collective_skew(starts: dict[int, dict[str, np.ndarray]]) -> dict[str, Any] 
             for i, rank in enumerate(ranks)
         ],
     }
+
+
+STRAGGLER_RATIO = 1.2
+"""The slowest rank's work per step against the other ranks' median that makes it a straggler…"""
+STRAGGLER_SHARE = 0.05
+"""…when the difference is also this share of the step…"""
+STRAGGLER_WAITED = 0.5
+"""…and the other ranks waited in comm at least this share of the difference longer than it did."""
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The rank the others wait for, and the stage that makes it slow (means per steady step)."""
+
+    rank: int
+    stage: str  # the stage with most of its extra time against the other ranks' median
+    work_s: float  # its step outside comm
+    others_work_s: float  # the other ranks' median step outside comm
+    excess_s: float  # work_s − others_work_s: what every rank waits for it, per step
+    stage_excess_s: dict[str, float]  # per stage, its time less the other ranks' median
+    others_comm_s: float  # the other ranks' median comm: their wait, the evidence
+    comm_s: float  # its own comm
+    ranks: int
+
+
+def find_straggler(views: list[tuple[int, Steady]]) -> Straggler | None:
+    """The straggler among ranks ``(rank, steady steps)``; None when balanced or fewer than two.
+
+    A rank's work is its step less its ``comm``, where fast ranks wait; the slowest rank is a
+    straggler when its work exceeds the other ranks' median by :data:`STRAGGLER_RATIO` and by
+    :data:`STRAGGLER_SHARE` of the step, and the others were seen waiting for it (their median
+    ``comm`` above its own by :data:`STRAGGLER_WAITED` of the difference). Against the others (not
+    all ranks), so that with two ranks the difference is the whole of it.
+    """
+    if len(views) < 2:
+        return None
+    work = np.array([v.step_s - v.stage_s("comm") for _, v in views])
+    k = int(np.argmax(work))
+    rank, slow = views[k]
+    others = [v for i, (_, v) in enumerate(views) if i != k]
+    base = float(np.median(np.delete(work, k)))
+    excess = float(work[k]) - base
+    step = float(np.mean([v.step_s for _, v in views]))
+    others_comm = float(np.median([v.stage_s("comm") for v in others]))
+    waited = others_comm - slow.stage_s("comm")
+    if (
+        work[k] < STRAGGLER_RATIO * base
+        or excess < STRAGGLER_SHARE * step
+        or waited < STRAGGLER_WAITED * excess
+    ):
+        return None
+    names = dict.fromkeys(n for _, v in views for n in v.stages if n != "comm")
+    by_stage = {n: slow.stage_s(n) - float(np.median([v.stage_s(n) for v in others])) for n in names}
+    return Straggler(
+        rank=rank,
+        stage=max(by_stage, key=lambda n: by_stage[n]),
+        work_s=float(work[k]),
+        others_work_s=base,
+        excess_s=excess,
+        stage_excess_s=by_stage,
+        others_comm_s=others_comm,
+        comm_s=slow.stage_s("comm"),
+        ranks=len(views),
+    )

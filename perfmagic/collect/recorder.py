@@ -168,6 +168,18 @@ class StageRecorder:
         origin = self.origin
         self.timeline.add_span(sid, start - origin, end - origin, len(self._stack))
 
+    def record_within(self, sid: int, start: float, end: float) -> None:
+        """A stage measured elsewhere (``perf_counter`` times, e.g. by a thread that finished autograd's
+        graph) recorded inside the innermost open stage, under the same nesting rules as ``enter``."""
+        if (
+            threading.get_ident() != self.thread_id
+            or self._active[sid]
+            or (self._opaque_depth and sid in self._builtin_ids)
+            or end <= start
+        ):
+            return
+        self.timeline.add_span(sid, start - self.origin, end - self.origin, len(self._stack))
+
     def boundary(self, kind: str, *, hold: bool = False) -> None:
         """Mark a step boundary (``kind``: optimizer, batch, user; or loader_end, see ``analyze.steps``).
 

@@ -13,7 +13,8 @@ checkpoint ``torch.save``, ``safetensors.torch.save_file`` / ``save_model``
 logging    ``print``, ``logging.Logger.handle``, writes to ``sys.stdout``/``sys.stderr``,
            TensorBoard ``SummaryWriter.add_*`` (torch and tensorboardX), tqdm bars, and host-device
            syncs: ``item``/``tolist``/``cpu``/``numpy`` of CUDA tensors, ``cuda.synchronize``
-comm       ``torch.distributed`` collectives
+comm       ``torch.distributed`` collectives; inside backward, DDP's wait for its gradient reduction
+           (``collect.ddp``)
 ========== ==========================================================================
 
 ``nn.Module.__call__`` is patched at the class rather than through the global
@@ -44,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perfmagic.collect.cuda import CudaEventClock
+from perfmagic.collect.ddp import ReducerWait
 from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
@@ -141,8 +143,7 @@ class TorchStages:
             self._install_data(torch, rec, p)
             self._install_forward(torch, rec, p)
             self._install_tensor_methods(torch, rec, p)
-            p.set(torch.autograd, "backward", rec.wrap(torch.autograd.backward, "backward"))
-            p.set(torch.Tensor, "backward", rec.wrap(torch.Tensor.backward, "backward"))
+            ReducerWait(torch, rec).install(p)  # backward, with DDP's gradient reduction as comm
             self._install_optimizer(torch, rec, p)
             self._install_grad_scaler(torch, rec, p)
             self._install_checkpoint(torch, rec, p)

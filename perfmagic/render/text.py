@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfmagic.schema import STAGES
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 _BAR_WIDTH = 30
@@ -144,7 +145,13 @@ def render_text(report: dict[str, Any]) -> str:
     evaluation = evaluation_line(report)
     if evaluation:
         lines.append(evaluation)
-    if report.get("bottleneck"):
+    straggler = report.get("straggler")
+    if straggler:
+        lines.append(
+            f"bottleneck: {straggler['stage']} on rank {straggler['rank']}, a straggler: "
+            f"+{fmt_seconds(straggler['excess_s'])} per step that the other ranks wait for in comm"
+        )
+    elif report.get("bottleneck"):
         share = report["stages"].get(report["bottleneck"], {}).get("fraction")
         tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""
         lines.append(f"bottleneck: {report['bottleneck']}{tail}")
@@ -190,17 +197,7 @@ def render_text(report: dict[str, Any]) -> str:
         ]
 
     if len(report.get("ranks", [])) > 1:
-        lines += ["", "ranks:"]
-        for r in report["ranks"]:
-            gpu = r.get("gpu") or {}
-            busy = (
-                f", GPU busy {fmt_fraction(gpu['busy_fraction'])}"
-                if gpu.get("busy_fraction") is not None
-                else ""
-            )
-            lines.append(
-                f"  rank {r['rank']}: {r['steps']['count']} steps, median {fmt_seconds(r['steps']['median_s'])}{busy}"
-            )
+        lines += ["", *rank_table(report)]
         skew = report.get("collective_skew")
         if skew:
             lines.append(
@@ -241,3 +238,34 @@ def render_text(report: dict[str, Any]) -> str:
 
 def _watts(w: float | None) -> str:
     return "n/a" if w is None else f"{w:.0f} W"
+
+
+def rank_table(report: dict[str, Any]) -> list[str]:
+    """The ranks' stage tables side by side: one row per rank, mean seconds per steady step."""
+    ranks = report["ranks"]
+    stages = [n for n in STAGES if any(n in r["stages"] for r in ranks)]
+    stages += sorted({n for r in ranks for n in r["stages"]} - set(stages))
+    busy = any((r.get("gpu") or {}).get("busy_fraction") is not None for r in ranks)
+    straggler = (report.get("straggler") or {}).get("rank")
+    head = ["rank", "node", "steps", "step", *stages, *(["GPU busy"] if busy else [])]
+    rows = []
+    for r in ranks:
+        step = sum(s.get("mean_s", s["median_s"]) for s in r["stages"].values()) if r["stages"] else None
+        rows.append(
+            [
+                f"{r['rank']}{'*' if r['rank'] == straggler else ''}",
+                str(r.get("node") or "-"),
+                str(r["steps"]["count"]),
+                fmt_seconds(step) if step is not None else "-",
+                *(fmt_seconds(r["stages"][n].get("mean_s")) if n in r["stages"] else "-" for n in stages),
+                *([fmt_fraction((r.get("gpu") or {}).get("busy_fraction"))] if busy else []),
+            ]
+        )
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    title = (
+        "ranks (mean per step after warm-up" + ("; * the straggler" if straggler is not None else "") + "):"
+    )
+    return [
+        title,
+        *("  " + "  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True)) for row in [head, *rows]),
+    ]

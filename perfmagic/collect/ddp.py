@@ -1,0 +1,100 @@
+"""DistributedDataParallel's gradient reduction as the ``comm`` stage.
+
+DDP all-reduces gradients from its C++ Reducer while backward runs, never through
+``torch.distributed``'s Python functions, so the collective hooks cannot see it.
+When backward's graph has run, the autograd engine calls its *final callbacks* in
+the order they were queued, on the thread that finished the graph; the Reducer
+queues ``finalize_backward`` there once its last bucket is launched, and that is
+where the rank waits for every bucket's reduction (and for the slowest rank).
+
+So, for a backward that follows a DDP forward which will reduce gradients
+(grad enabled, not under ``no_sync``), a pre-hook on the root's ``grad_fn``
+(the first node the engine runs, before any bucket is ready) queues callback A.
+A runs first of the final callbacks: the graph's compute is over. A queues B,
+which the engine runs after everything queued meanwhile, the Reducer's
+finalize included. B − A is the rank's wait for gradient reduction; it is
+recorded as ``comm`` inside ``backward`` by the training thread, once backward
+returns. No comm hook is registered, so a user's own hook keeps its slot and
+is timed the same way; the pre-hook is removed when backward returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from perfmagic.collect.patching import Patcher
+from perfmagic.collect.recorder import StageRecorder
+
+
+class ReducerWait:
+    """Wraps ``Tensor.backward`` and ``torch.autograd.backward`` as ``backward``, with DDP's wait inside."""
+
+    def __init__(self, torch: Any, recorder: StageRecorder) -> None:
+        self._torch = torch
+        self._recorder = recorder
+        self._engine = torch.autograd.Variable._execution_engine
+        self._ddp = torch.nn.parallel.DistributedDataParallel
+        self.pending = False  # a DDP forward that will reduce gradients ran since the last backward
+        self._waits: list[tuple[float, float]] = []  # appended from the thread that finishes the graph
+
+    def install(self, p: Patcher) -> None:
+        torch = self._torch
+        p.set(torch.autograd, "backward", self.wrap(torch.autograd.backward))
+        p.set(torch.Tensor, "backward", self.wrap(torch.Tensor.backward))
+        orig_forward = self._ddp.forward
+        grad_enabled = torch.is_grad_enabled
+
+        def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+            # the Reducer prepares for backward under the same condition (DDP._pre_forward)
+            if grad_enabled() and module.require_backward_grad_sync:
+                self.pending = True
+            return orig_forward(module, *args, **kwargs)
+
+        p.set(self._ddp, "forward", forward)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        rec = self._recorder
+        backward_id, comm_id = rec.stage_id("backward"), rec.stage_id("comm")
+        enter, exit_ = rec.enter, rec.exit
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if not enter(backward_id):
+                return fn(*args, **kwargs)
+            handle = None
+            try:
+                if self.pending:
+                    self.pending = False
+                    handle = self._arm(args[0] if args else kwargs.get("tensors"))
+                return fn(*args, **kwargs)
+            finally:
+                if handle is not None:
+                    handle.remove()
+                waits, self._waits = self._waits, []
+                for start, end in waits:
+                    rec.record_within(comm_id, start, end)
+                exit_()
+
+        recorded.__wrapped__ = fn  # type: ignore[attr-defined]
+        recorded.__name__ = getattr(fn, "__name__", "recorded")
+        recorded.__doc__ = getattr(fn, "__doc__", None)
+        return recorded
+
+    def _arm(self, roots: Any) -> Any:
+        """Queue the callbacks around the Reducer's finalize when the engine starts this graph; the pre-hook's handle."""
+        tensors = [roots] if isinstance(roots, self._torch.Tensor) else list(roots or ())
+        root = next((t.grad_fn for t in tensors if getattr(t, "grad_fn", None) is not None), None)
+        if root is None:
+            return None
+        queue = self._engine.queue_callback
+        waits = self._waits
+
+        def compute_done() -> None:
+            start = time.perf_counter()
+            queue(lambda: waits.append((start, time.perf_counter())))
+
+        def started(grad_outputs: Any) -> None:
+            queue(compute_done)
+
+        return root.register_prehook(started)

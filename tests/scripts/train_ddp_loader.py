@@ -1,0 +1,72 @@
+"""A DDP job on CPU (gloo) fed by a DataLoader, for `perfmagic run` tests of DDP's communication.
+
+Environment: ``SLOW_RANK`` (default: none; ``all``: every rank) waits ``SLOW_S`` (default 0.04) per
+batch in its dataset, as a rank on slow storage would; ``TRAIN_STEPS`` (default 30); ``USER_HOOK=1`` registers the user's own
+comm hook (the default all-reduce, counted) before training; ``FSDP=1`` wraps the model in FSDP instead.
+Each rank writes what it saw to ``$RESULT_DIR/rank<N>.json`` when that is set.
+"""
+
+import json
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+BATCH = 16
+
+
+class Samples(Dataset):
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.wait:
+            time.sleep(self.wait / BATCH)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(64, generator=g), torch.randn(1, generator=g)
+
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank = dist.get_rank()
+slow = os.environ.get("SLOW_RANK")
+wait = float(os.environ.get("SLOW_S", "0.04")) if slow in ("all", str(rank)) else 0.0
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+hook_calls = 0
+if os.environ.get("FSDP") == "1":
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model: torch.nn.Module = FullyShardedDataParallel(net, device_id=torch.device("cpu"))
+else:
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    if os.environ.get("USER_HOOK") == "1":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counted(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            global hook_calls
+            hook_calls += 1
+            return allreduce_hook(state, bucket)  # type: ignore[arg-type]
+
+        model.register_comm_hook(None, counted)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(Samples(wait), batch_size=BATCH)
+steps = int(os.environ.get("TRAIN_STEPS", "30"))
+for step, (x, y) in enumerate(loader):
+    if step == steps:
+        break
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+# both ranks done before either tears gloo down (torch 2.13: a rank that leaves first can abort the other)
+dist.barrier()
+if os.environ.get("RESULT_DIR"):
+    with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "hook_calls": hook_calls, "node_rank": os.environ.get("GROUP_RANK")}, f)
+del model, optimizer
+dist.destroy_process_group()
