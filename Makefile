@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck cuda-coverage test-torch-min lab browser gpu-check clean
+.PHONY: install demo test test-fast lint typecheck cuda-coverage test-torch-min lab browser prometheus gpu-check clean
 
 install: $(STAMP)
 
@@ -36,7 +36,11 @@ typecheck: install
 browser:
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
-test: install browser lint typecheck cuda-coverage
+# Debian's Prometheus for the cluster-view tests (each test starts its own on 127.0.0.1, and stops it).
+prometheus:
+	command -v prometheus >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus)
+
+test: install browser prometheus lint typecheck cuda-coverage
 	$(VENV)/bin/pytest
 
 # The CUDA code runs on a simulated device here (tests/sim_cuda.py): every line of it must be run.

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import fake_nvml as fakes
 import pytest
 import tornado.httpclient
+from exporters import Exporters
 from jupyter_server.utils import url_path_join
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,15 +32,6 @@ DCGM_NAMES = {
 RATES = {"DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"}  # from counters: from the second read on
 DCGM_LABELS = {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"}
 
-# The fake NVML reaches the exporter's process through this file alone: the product has no switch for it
-SITECUSTOMIZE = """
-import os, sys
-sys.path.insert(0, {tests!r})
-import fake_nvml
-from perfmagic.collect import nvml
-nvml._load_pynvml = getattr(fake_nvml, os.environ["FAKE_NVML_SCENARIO"])
-"""
-
 
 def samples(text: str) -> dict[str, list[Any]]:
     """Each metric's samples, parsed by prometheus_client's own parser."""
@@ -50,33 +39,11 @@ def samples(text: str) -> dict[str, list[Any]]:
 
 
 @pytest.fixture
-def exporter(tmp_path: Path) -> Iterator[Any]:
-    """``exporter(scenario, hostname)``: a ``perfmagic exporter`` process on a free loopback port, with
-    the fake NVML's ``scenario``; returns its /metrics URL. Every one is ended after the test."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(tests=str(Path(__file__).parent)))
-    started: list[subprocess.Popen[str]] = []
-
-    def start(scenario: str, hostname: str) -> str:
-        env = dict(os.environ, PYTHONPATH=str(site), FAKE_NVML_SCENARIO=scenario)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "perfmagic.cli", "exporter", "--port", "0", "--hostname", hostname],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        started.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "serving http://" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
-        return line.split("serving ")[1].split()[0]
-
-    yield start
-    for proc in started:
-        proc.terminate()
-        proc.wait(timeout=10)
+def exporter(tmp_path: Path) -> Iterator[Callable[[str, str], str]]:
+    """``exporter(scenario, hostname)``: an exporter process with that fake NVML; its /metrics URL."""
+    exporters = Exporters(tmp_path)
+    yield exporters.start
+    exporters.close()
 
 
 def scrape(url: str) -> str:

@@ -3,7 +3,8 @@
 ``GET {base_url}/perfmagic/api/snapshot`` returns the latest snapshot; the WebSocket
 ``{base_url}/perfmagic/api/stream`` pushes snapshots at the client's rate (``?rate=HZ`` or a
 ``{"rate": HZ}`` message) and honours ``{"pause": true|false}``; ``GET {base_url}/perfmagic/metrics``
-is the latest snapshot for Prometheus. Without a token each answers 403.
+is the latest snapshot for Prometheus; ``GET {base_url}/perfmagic/api/cluster`` every node's GPUs from
+the configured Prometheus. Without a token each answers 403.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web
+from tornado.httpclient import AsyncHTTPClient
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from perfmagic.render.prometheus import CONTENT_TYPE, exposition
+from perfmagic.server.cluster import cluster_view
 from perfmagic.server.service import DEFAULT_HZ, MonitorService, clamp_rate
 
 Json = dict[str, Any]
@@ -29,6 +32,7 @@ Json = dict[str, Any]
 # reading kernel information, so fine-grained authorizers (JupyterHub RBAC) treat it the same.
 AUTH_RESOURCE = "kernels"
 SERVICE_KEY = "perfmagic_monitor"
+PROMETHEUS_KEY = "perfmagic_prometheus_url"
 
 
 def _service(handler: web.RequestHandler) -> MonitorService:
@@ -73,6 +77,32 @@ class MetricsHandler(APIHandler):
         self.set_header("Content-Type", CONTENT_TYPE)
         self.set_header("Cache-Control", "no-store")
         self.finish(text)
+
+
+class ClusterHandler(APIHandler):
+    """``GET``: every node's GPUs from the Prometheus configured as ``c.PerfmagicExtension.prometheus_url``
+    (queried here, on the server: the browser never sees that URL)."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        url = self.settings.get(PROMETHEUS_KEY)
+        if not url:
+            view: Json = {"prometheus": {"configured": False, "reachable": False, "error": None}, "nodes": []}
+        else:
+            view = await cluster_view(url, _fetch)
+            view["prometheus"]["configured"] = True
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(view))
+
+
+async def _fetch(url: str) -> bytes:
+    response = await AsyncHTTPClient().fetch(url, connect_timeout=3, request_timeout=5)
+    body: bytes = response.body
+    return body
 
 
 class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
@@ -167,5 +197,6 @@ def handlers() -> list[tuple[str, type[web.RequestHandler]]]:
     return [
         (r"/perfmagic/api/snapshot", SnapshotHandler),
         (r"/perfmagic/metrics", MetricsHandler),
+        (r"/perfmagic/api/cluster", ClusterHandler),
         (r"/perfmagic/api/stream", StreamHandler),
     ]

@@ -1,0 +1,119 @@
+"""The cluster view: every node's GPUs, from the Prometheus the cluster already runs.
+
+The server queries Prometheus' HTTP API itself (the browser never talks to it, and its URL
+never leaves the server) for the GPU series that dcgm-exporter and ``perfmagic exporter`` both
+write, and groups them by node. Busiest GPUs first, idle ones last; each with a short
+utilization history for a sparkline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Json = dict[str, Any]
+
+# what each GPU shows, by the dcgm-exporter series it comes from
+CURRENT = {
+    "util_pct": "DCGM_FI_DEV_GPU_UTIL",
+    "fb_used_mib": "DCGM_FI_DEV_FB_USED",
+    "fb_free_mib": "DCGM_FI_DEV_FB_FREE",
+    "power_w": "DCGM_FI_DEV_POWER_USAGE",
+}
+HISTORY_S = 300
+HISTORY_STEP_S = 10
+
+Fetch = Callable[[str], Awaitable[bytes]]
+"""GET a URL, returning its body (raising on a connection error or a non-2xx answer)."""
+
+
+class PrometheusError(Exception):
+    """Prometheus could not be reached, or answered with an error."""
+
+
+async def cluster_view(base_url: str, fetch: Fetch, now: float | None = None) -> Json:
+    """``{prometheus: {reachable, error}, nodes: [{hostname, gpus: [...]}]}`` from Prometheus at
+    ``base_url``: the current value of each :data:`CURRENT` series per GPU, and its utilization
+    over the last :data:`HISTORY_S` seconds. An unreachable Prometheus gives no nodes and says why."""
+    now = time.time() if now is None else now
+    try:
+        current = {key: await _instant(base_url, fetch, metric) for key, metric in CURRENT.items()}
+        history = await _range(base_url, fetch, CURRENT["util_pct"], now - HISTORY_S, now)
+    except PrometheusError as e:
+        return {"prometheus": {"reachable": False, "error": str(e)}, "nodes": []}
+    return {"prometheus": {"reachable": True, "error": None}, "nodes": nodes_of(current, history)}
+
+
+def nodes_of(current: dict[str, list[Json]], history: list[Json]) -> list[Json]:
+    """Prometheus results grouped into nodes and GPUs (a GPU is its ``Hostname`` and ``UUID``, or
+    its ``gpu`` index where no UUID is labelled); nodes busiest first, their GPUs likewise."""
+    gpus: dict[tuple[str, str], Json] = {}
+    for key, results in current.items():
+        for r in results:
+            gpu = _gpu_of(gpus, r["metric"])
+            gpu[key] = _value(r["value"][1])
+    for r in history:
+        _gpu_of(gpus, r["metric"])["util_history"] = [
+            [float(t), v] for t, raw in r["values"] if (v := _value(raw)) is not None
+        ]
+    nodes: dict[str, list[Json]] = {}
+    for (host, _), gpu in gpus.items():
+        nodes.setdefault(host, []).append(gpu)
+    ranked = sorted(
+        ((host, sorted(found, key=_busy, reverse=True)) for host, found in nodes.items()),
+        key=lambda node: _busy(node[1][0]),
+        reverse=True,
+    )
+    return [{"hostname": host, "gpus": found} for host, found in ranked]
+
+
+def _gpu_of(gpus: dict[tuple[str, str], Json], labels: dict[str, str]) -> Json:
+    host = labels.get("Hostname") or labels.get("instance") or "?"
+    key = (host, labels.get("UUID") or labels.get("gpu") or "?")
+    if key not in gpus:
+        gpus[key] = {
+            "gpu": labels.get("gpu"),
+            "uuid": labels.get("UUID"),
+            "model": labels.get("modelName"),
+            "util_history": [],
+            **dict.fromkeys(CURRENT),
+        }
+    return gpus[key]
+
+
+def _busy(gpu: Json) -> float:
+    return float(gpu.get("util_pct") or 0.0)
+
+
+def _value(raw: str) -> float | None:
+    v = float(raw)
+    return v if math.isfinite(v) else None
+
+
+async def _instant(base_url: str, fetch: Fetch, query: str) -> list[Json]:
+    return await _api(base_url, fetch, "query", {"query": query})
+
+
+async def _range(base_url: str, fetch: Fetch, query: str, start: float, end: float) -> list[Json]:
+    params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(HISTORY_STEP_S)}
+    return await _api(base_url, fetch, "query_range", params)
+
+
+async def _api(base_url: str, fetch: Fetch, endpoint: str, params: dict[str, str]) -> list[Json]:
+    url = f"{base_url.rstrip('/')}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
+    try:
+        body = await fetch(url)
+    except Exception as e:  # refused, timed out, a 4xx/5xx: the view says so and shows no nodes
+        raise PrometheusError(f"{type(e).__name__}: {e}") from e
+    try:
+        answer = json.loads(body)
+    except ValueError as e:
+        raise PrometheusError(f"not a Prometheus API answer ({e})") from e
+    if answer.get("status") != "success":
+        raise PrometheusError(f"Prometheus: {answer.get('errorType')}: {answer.get('error')}")
+    result: list[Json] = answer["data"]["result"]
+    return result

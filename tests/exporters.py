@@ -1,0 +1,51 @@
+"""``perfmagic exporter`` processes for tests, each given a fake NVML scenario (``fake_nvml``).
+
+The fake reaches an exporter's process through a ``sitecustomize`` on its ``PYTHONPATH`` alone:
+the product has no switch for it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SITECUSTOMIZE = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import fake_nvml
+from perfmagic.collect import nvml
+nvml._load_pynvml = getattr(fake_nvml, os.environ["FAKE_NVML_SCENARIO"])
+"""
+
+
+class Exporters:
+    """Starts exporters on free loopback ports (``start``) and ends every one (``close``)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.site = workdir / "exporter-site"
+        self.site.mkdir(parents=True, exist_ok=True)
+        (self.site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(tests=str(Path(__file__).parent)))
+        self.started: list[subprocess.Popen[str]] = []
+
+    def start(self, scenario: str, hostname: str) -> str:
+        """An exporter whose NVML is ``fake_nvml.<scenario>()``, labelled ``Hostname=hostname``; its /metrics URL."""
+        env = dict(os.environ, PYTHONPATH=str(self.site), FAKE_NVML_SCENARIO=scenario)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perfmagic.cli", "exporter", "--port", "0", "--hostname", hostname],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.started.append(proc)
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        assert "serving http://" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        return line.split("serving ")[1].split()[0]
+
+    def close(self) -> None:
+        for proc in self.started:
+            proc.terminate()
+            proc.wait(timeout=10)

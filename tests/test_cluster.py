@@ -1,0 +1,127 @@
+"""The cluster view: a real Prometheus scraping two exporters, read through the server extension."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from exporters import Exporters
+
+pytestmark = pytest.mark.slow
+
+SCRAPE = "500ms"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Debian's Prometheus on 127.0.0.1, scraping two exporters every half second: ``node-a`` with an
+    H100 and an A100 (``two_gpus``), ``node-b`` with a GeForce (``fields_not_supported``)."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("no prometheus on PATH: `make prometheus` installs Debian's (part of `make test`)")
+    work = tmp_path_factory.mktemp("prometheus")
+    exporters = Exporters(work)
+    targets = [exporters.start(*node).removeprefix("http://").removesuffix("/metrics") for node in NODES]
+    config = work / "prometheus.yml"
+    config.write_text(
+        json.dumps(  # YAML is a superset of JSON
+            {
+                "global": {"scrape_interval": SCRAPE, "scrape_timeout": SCRAPE},
+                "scrape_configs": [{"job_name": "perfmagic", "static_configs": [{"targets": targets}]}],
+            }
+        )
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_both_nodes(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        exporters.close()
+
+
+NODES = [("two_gpus", "node-a"), ("fields_not_supported", "node-b")]
+
+
+def wait_for_both_nodes(url: str, proc: subprocess.Popen[bytes]) -> None:
+    """Until Prometheus holds a utilization sample of every GPU (a minute at most)."""
+    query = url + "/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        try:
+            with urllib.request.urlopen(query, timeout=2) as r:
+                if len(json.load(r)["data"]["result"]) == 3:
+                    return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.2)
+    raise AssertionError("Prometheus never had both nodes' GPUs")
+
+
+@pytest.fixture
+def jp_server_config(prometheus: str) -> dict[str, Any]:
+    return {
+        "ServerApp": {"jpserver_extensions": {"perfmagic.server": True}},
+        "PerfmagicExtension": {"prometheus_url": prometheus},
+    }
+
+
+async def cluster(jp_fetch: Any) -> dict[str, Any]:
+    response = await jp_fetch("perfmagic", "api", "cluster")
+    view: dict[str, Any] = json.loads(response.body)
+    return view
+
+
+async def test_the_cluster_view_has_every_node_and_gpu_busiest_first(jp_fetch: Any, prometheus: str) -> None:
+    view = await cluster(jp_fetch)
+    assert view["prometheus"] == {"configured": True, "reachable": True, "error": None}
+    assert [n["hostname"] for n in view["nodes"]] == ["node-a", "node-b"]  # node-a's H100 is the busiest
+    h100, a100 = view["nodes"][0]["gpus"]
+    assert (h100["model"], h100["util_pct"], h100["fb_used_mib"]) == ("NVIDIA H100 80GB HBM3", 87, 20 * 1024)
+    assert h100["power_w"] == pytest.approx(250.12)
+    assert (a100["model"], a100["util_pct"], a100["fb_used_mib"]) == ("NVIDIA A100-SXM4-40GB", 0, 4)
+    assert h100["util_history"] and all(v == 87 for _, v in h100["util_history"])
+    geforce = view["nodes"][1]["gpus"][0]
+    assert geforce["model"] == "NVIDIA GeForce GTX 1080" and geforce["power_w"] is None  # not supported there
+    assert prometheus not in json.dumps(view)  # the URL stays on the server
+
+
+async def test_a_prometheus_that_is_down_gives_a_clear_state(jp_fetch: Any, jp_serverapp: Any) -> None:
+    jp_serverapp.web_app.settings["perfmagic_prometheus_url"] = f"http://127.0.0.1:{free_port()}"
+    view = await cluster(jp_fetch)
+    assert view["prometheus"]["configured"] and not view["prometheus"]["reachable"]
+    assert view["prometheus"]["error"] and view["nodes"] == []
+
+
+async def test_without_a_prometheus_url_the_view_says_it_is_not_configured(
+    jp_fetch: Any, jp_serverapp: Any
+) -> None:
+    jp_serverapp.web_app.settings["perfmagic_prometheus_url"] = ""
+    view = await cluster(jp_fetch)
+    assert view == {"prometheus": {"configured": False, "reachable": False, "error": None}, "nodes": []}
