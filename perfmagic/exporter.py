@@ -1,7 +1,8 @@
 """``perfmagic exporter``: this machine's GPUs and host as a Prometheus scrape target.
 
 Each scrape reads NVML and the host once (no sampler thread: Prometheus sets the pace) and
-answers in dcgm-exporter's names and labels (:mod:`perfmagic.render.prometheus`). It is meant
+answers in dcgm-exporter's names and labels (:mod:`perfmagic.render.prometheus`), with the progress
+of every profiling session running on the machine (:mod:`perfmagic.registry`). It is meant
 for machines without dcgm-exporter; beside it, the same series would be scraped twice.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from perfmagic.registry import running_sessions
 from perfmagic.render.prometheus import CONTENT_TYPE, exposition
 from perfmagic.server.service import open_nvml
 from perfmagic.server.snapshot import HostReader, NvmlLike, read_gpus
@@ -37,7 +39,7 @@ class Exporter:
         with self._lock:
             gpus = read_gpus(self._nv, self._static) if self._nv is not None else []
             host = self._host.read()
-        return exposition(gpus, host, self.hostname, nvml_up=self._nv is not None)
+        return exposition(gpus, host, self.hostname, self._nv is not None, running_sessions())
 
     def close(self) -> None:
         if self._nv is not None:

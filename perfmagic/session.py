@@ -21,6 +21,7 @@ from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.recorder import NO_RECORDER, StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.stacks import StackSource
+from perfmagic.registry import StatusFile
 from perfmagic.schema import STEP_BOUNDARY_PREFIX, THREAD_PREFIX
 from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
 
@@ -106,6 +107,7 @@ class Session:
         self._origin = 0.0
         self._report: Report | None = None
         self._tick_listeners: list[Callable[[], None]] = []
+        self._status: StatusFile | None = None  # this session in the machine's registry (perfmagic exporter)
         self.tuning_status: str | None = None  # what tuning tries now (after the window), for live views
         self._running = False
         self._forked = False  # this is a copy of the session in a forked child: it writes nothing
@@ -154,6 +156,14 @@ class Session:
         )
         self._open_spool()
         self._running = True
+        meta = self.timeline.meta
+        self._status = StatusFile(
+            {
+                k: meta[k]
+                for k in ("pid", "hostname", "rank", "local_rank", "node_rank", "world_size", "epoch")
+            }
+            | {"program": Path(sys.argv[0]).name if sys.argv and sys.argv[0] else None}
+        )
         if self.hooks:
             self.recorder = StageRecorder(self.timeline, self._origin)
             self._start_framework_hooks()
@@ -298,6 +308,10 @@ class Session:
             with _active_lock:
                 _active = None
             self._tick_listeners = []
+            if self._status is not None:
+                self._status.remove()
+                if self._status.failed:
+                    self.warnings.append(self._status.failed)
             self.timeline.meta["warnings"] = list(self.warnings)
             try:
                 self._finish_spool()
@@ -462,6 +476,11 @@ class Session:
             except Exception as e:  # a bug here costs memory on a long run, not the training
                 self._bounding = False
                 self.warnings.append(f"old steps could not be folded ({e!r}): memory grows with the run")
+        if self._running and self._status is not None:  # for perfmagic exporter: this process's progress
+            recorder = self.recorder
+            self._status.publish(
+                recorder.step_count if recorder else 0, recorder.current_stage if recorder else None
+            )
         self._notify_listeners()
 
     def _notify_listeners(self) -> None:

@@ -29,9 +29,17 @@ class Exporters:
         (self.site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(tests=str(Path(__file__).parent)))
         self.started: list[subprocess.Popen[str]] = []
 
-    def start(self, scenario: str, hostname: str) -> str:
-        """An exporter whose NVML is ``fake_nvml.<scenario>()``, labelled ``Hostname=hostname``; its /metrics URL."""
-        env = dict(os.environ, PYTHONPATH=str(self.site), FAKE_NVML_SCENARIO=scenario)
+    def start(self, scenario: str, hostname: str, registry: Path | None = None) -> str:
+        """An exporter whose NVML is ``fake_nvml.<scenario>()``, labelled ``Hostname=hostname``, reading
+        the sessions in ``registry`` (default: an empty one of its own); its /metrics URL."""
+        if registry is None:
+            registry = self.site.parent / f"registry-{len(self.started)}"
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(self.site),
+            FAKE_NVML_SCENARIO=scenario,
+            PERFMAGIC_REGISTRY_DIR=str(registry),
+        )
         proc = subprocess.Popen(
             [sys.executable, "-m", "perfmagic.cli", "exporter", "--port", "0", "--hostname", hostname],
             stdout=subprocess.PIPE,
@@ -49,3 +57,20 @@ class Exporters:
         for proc in self.started:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+TRAINING = """
+import time, perfmagic
+with perfmagic.profile(sample=False):
+    while True:
+        with perfmagic.stage("forward"):
+            time.sleep(0.01)
+        perfmagic.step()
+"""
+
+
+def training(registry: Path, rank: int) -> subprocess.Popen[str]:
+    """A profiled process stepping every 10 ms as ``rank``, in the session registry ``registry``,
+    until it is ended."""
+    env = dict(os.environ, PERFMAGIC_REGISTRY_DIR=str(registry), RANK=str(rank), LOCAL_RANK="0")
+    return subprocess.Popen([sys.executable, "-c", TRAINING], env=env, text=True, cwd=registry.parent)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import socket
@@ -9,10 +10,11 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
-from exporters import Exporters
+from exporters import Exporters, training
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +27,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Prometheus(NamedTuple):
+    url: str
+    work: Path  # where the nodes' session registries are (``registry``)
+
+
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     """Debian's Prometheus on 127.0.0.1, scraping two exporters every half second: ``node-a`` with an
     H100 and an A100 (``two_gpus``), ``node-b`` with a GeForce (``fields_not_supported``)."""
     binary = shutil.which("prometheus")
@@ -34,7 +41,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.fail("no prometheus on PATH: `make prometheus` installs Debian's (part of `make test`)")
     work = tmp_path_factory.mktemp("prometheus")
     exporters = Exporters(work)
-    targets = [exporters.start(*node).removeprefix("http://").removesuffix("/metrics") for node in NODES]
+    targets = [
+        exporters.start(scenario, host, registry(work, host)).removeprefix("http://").removesuffix("/metrics")
+        for scenario, host in NODES
+    ]
     config = work / "prometheus.yml"
     config.write_text(
         json.dumps(  # YAML is a superset of JSON
@@ -58,7 +68,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_both_nodes(url, proc)
-        yield url
+        yield Prometheus(url, work)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -66,6 +76,11 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 NODES = [("two_gpus", "node-a"), ("fields_not_supported", "node-b")]
+
+
+def registry(work: Path, host: str) -> Path:
+    """Where the sessions of ``host`` (a "node" of the test) publish their status."""
+    return work / f"registry-{host}"
 
 
 def wait_for_both_nodes(url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -85,10 +100,10 @@ def wait_for_both_nodes(url: str, proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture
-def jp_server_config(prometheus: str) -> dict[str, Any]:
+def jp_server_config(prometheus: Prometheus) -> dict[str, Any]:
     return {
         "ServerApp": {"jpserver_extensions": {"perfmagic.server": True}},
-        "PerfmagicExtension": {"prometheus_url": prometheus},
+        "PerfmagicExtension": {"prometheus_url": prometheus.url},
     }
 
 
@@ -98,7 +113,9 @@ async def cluster(jp_fetch: Any) -> dict[str, Any]:
     return view
 
 
-async def test_the_cluster_view_has_every_node_and_gpu_busiest_first(jp_fetch: Any, prometheus: str) -> None:
+async def test_the_cluster_view_has_every_node_and_gpu_busiest_first(
+    jp_fetch: Any, prometheus: Prometheus
+) -> None:
     view = await cluster(jp_fetch)
     assert view["prometheus"] == {"configured": True, "reachable": True, "error": None}
     assert [n["hostname"] for n in view["nodes"]] == ["node-a", "node-b"]  # node-a's H100 is the busiest
@@ -109,7 +126,7 @@ async def test_the_cluster_view_has_every_node_and_gpu_busiest_first(jp_fetch: A
     assert h100["util_history"] and all(v == 87 for _, v in h100["util_history"])
     geforce = view["nodes"][1]["gpus"][0]
     assert geforce["model"] == "NVIDIA GeForce GTX 1080" and geforce["power_w"] is None  # not supported there
-    assert prometheus not in json.dumps(view)  # the URL stays on the server
+    assert prometheus.url not in json.dumps(view)  # the URL stays on the server
 
 
 async def test_a_prometheus_that_is_down_gives_a_clear_state(jp_fetch: Any, jp_serverapp: Any) -> None:
@@ -125,3 +142,23 @@ async def test_without_a_prometheus_url_the_view_says_it_is_not_configured(
     jp_serverapp.web_app.settings["perfmagic_prometheus_url"] = ""
     view = await cluster(jp_fetch)
     assert view == {"prometheus": {"configured": False, "reachable": False, "error": None}, "nodes": []}
+
+
+async def test_two_jobs_show_their_ranks_under_their_nodes(jp_fetch: Any, prometheus: Prometheus) -> None:
+    work = prometheus.work
+    jobs = [training(registry(work, "node-a"), rank=0), training(registry(work, "node-b"), rank=1)]
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            view = await cluster(jp_fetch)
+            ranks = {n["hostname"]: n["ranks"] for n in view["nodes"]}
+            if all(r and r[0]["steps_per_s"] for r in ranks.values()):
+                break
+            await asyncio.sleep(0.3)
+        assert [(p["rank"], p["pid"]) for p in ranks["node-a"]] == [(0, jobs[0].pid)], ranks
+        assert [(p["rank"], p["pid"]) for p in ranks["node-b"]] == [(1, jobs[1].pid)], ranks
+        assert all(5 < r[0]["steps_per_s"] < 200 for r in ranks.values()), ranks  # a step every 10 ms
+    finally:
+        for job in jobs:
+            job.terminate()
+            job.wait(timeout=30)

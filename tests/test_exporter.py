@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -11,7 +13,7 @@ from typing import Any
 import fake_nvml as fakes
 import pytest
 import tornado.httpclient
-from exporters import Exporters
+from exporters import Exporters, training
 from jupyter_server.utils import url_path_join
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -107,3 +109,46 @@ async def test_the_server_extension_serves_the_same_metrics_to_a_token_holder(
     series = samples(response.body.decode())
     assert series.keys() >= DCGM_NAMES
     assert {s.labels["gpu"]: s.value for s in series["DCGM_FI_DEV_FB_USED"]} == {"0": 20 * 1024, "1": 4}
+
+
+def test_a_running_session_is_exported_with_its_rank_and_pace(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    exporters = Exporters(tmp_path)
+    job = training(registry, rank=3)
+    try:
+        url = exporters.start("two_gpus", "node-a", registry)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            series = samples(scrape(url))
+            paced = series.get("perfmagic_training_steps_per_second") or []
+            if paced and series["perfmagic_training_steps"][0].value >= 20:
+                break
+            time.sleep(0.3)
+        (steps,) = series["perfmagic_training_steps"]  # the parser names a counter without its _total
+        assert steps.labels["rank"] == "3" and steps.labels["pid"] == str(job.pid), steps
+        assert steps.labels["Hostname"] == "node-a" and steps.value >= 20
+        assert 5 < paced[0].value < 200  # a step every 10 ms, however busy the machine
+        (stage,) = series["perfmagic_training_stage"]
+        assert stage.labels["stage"] in {"forward", "other"} and stage.value == 1
+    finally:
+        job.terminate()
+        job.wait(timeout=30)
+        exporters.close()
+
+
+def test_the_status_file_goes_when_the_session_ends_however_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import perfmagic
+    from perfmagic.registry import running_sessions
+
+    monkeypatch.setenv("PERFMAGIC_REGISTRY_DIR", str(tmp_path))
+    with pytest.raises(KeyboardInterrupt), perfmagic.profile(sample=False, outdir=tmp_path / "out"):
+        deadline = time.monotonic() + 30
+        while not running_sessions(tmp_path) and time.monotonic() < deadline:
+            perfmagic.step()
+            time.sleep(0.05)
+        (status,) = running_sessions(tmp_path)
+        assert status["pid"] == os.getpid() and status["steps"] >= 1
+        raise KeyboardInterrupt  # Ctrl-C in the cell
+    assert running_sessions(tmp_path) == [] and not list(tmp_path.glob("*.json"))

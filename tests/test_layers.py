@@ -43,6 +43,7 @@ LAYERS = {
     "perfmagic.demo": TOP,
     "perfmagic.monitor": TOP,
     "perfmagic.exporter": TOP,
+    "perfmagic.registry": TOP,
     "perfmagic.trace_report": TOP,
     "perfmagic.merge": TOP,
     "perfmagic.__main__": TOP,

@@ -30,7 +30,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from perfmagic.collect.threadclock import ThreadClock
-from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_GC, THREAD_WAIT
+from perfmagic.schema import (
+    BOUNDARY_KINDS,
+    OPAQUE_STAGES,
+    STAGES,
+    STEP_BOUNDARY_PREFIX,
+    THREAD_CPU,
+    THREAD_GC,
+    THREAD_WAIT,
+)
 from perfmagic.timeline import Timeline
 
 _STEP_ENDS = frozenset({"optimizer", "user"})
@@ -329,6 +337,12 @@ class StageRecorder:
             return self._names[self._stack[-1][0]]
         except IndexError:
             return None
+
+    @property
+    def step_count(self) -> int:
+        """Steps ended so far, by the boundaries that end them (:data:`BOUNDARY_KINDS`, in order)."""
+        counts = self._boundaries
+        return next((counts[k] for k in BOUNDARY_KINDS if counts.get(k)), 0)
 
     @property
     def boundary_counts(self) -> dict[str, int]:

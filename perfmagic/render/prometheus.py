@@ -126,8 +126,11 @@ HOST_METRICS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def exposition(gpus: Iterable[Json], host: Json | None, hostname: str, nvml_up: bool) -> str:
-    """The text format (version 0.0.4) of one snapshot's GPUs and host; lost GPUs are left out.
+def exposition(
+    gpus: Iterable[Json], host: Json | None, hostname: str, nvml_up: bool, sessions: Iterable[Json] = ()
+) -> str:
+    """The text format (version 0.0.4) of one snapshot's GPUs and host, and of the profiling sessions
+    running on the machine (:func:`perfmagic.registry.running_sessions`); lost GPUs are left out.
 
     ``perfmagic_nvml_up`` says whether GPUs could be read at all: a scrape without GPU series is
     then a machine without NVML, not a machine without GPUs.
@@ -153,7 +156,52 @@ def exposition(gpus: Iterable[Json], host: Json | None, hostname: str, nvml_up: 
                 f"# TYPE {name} gauge",
                 f"{name}{{{host_label}}} {_number(value)}",
             ]
+    lines += _training(list(sessions), hostname)
     return "\n".join(lines) + "\n"
+
+
+def _training(sessions: list[Json], hostname: str) -> list[str]:
+    """Each profiled process's steps, pace and current stage, labelled with its rank and node."""
+    if not sessions:
+        return []
+    lines = [
+        "# HELP perfmagic_training_steps_total Training steps a profiled process has ended.",
+        "# TYPE perfmagic_training_steps_total counter",
+    ]
+    labels = [_session_labels(s, hostname) for s in sessions]
+    lines += [
+        f"perfmagic_training_steps_total{{{la}}} {int(s['steps'])}"
+        for s, la in zip(sessions, labels, strict=True)
+    ]
+    paced = [
+        (s, la) for s, la in zip(sessions, labels, strict=True) if _finite(s.get("steps_per_s")) is not None
+    ]
+    if paced:
+        lines += [
+            "# HELP perfmagic_training_steps_per_second Steps a profiled process ended per second, over ten seconds.",
+            "# TYPE perfmagic_training_steps_per_second gauge",
+        ]
+        lines += [
+            f"perfmagic_training_steps_per_second{{{la}}} {_number(float(s['steps_per_s']))}"
+            for s, la in paced
+        ]
+    lines += [
+        "# HELP perfmagic_training_stage The stage a profiled process is in now (1 for that stage).",
+        "# TYPE perfmagic_training_stage gauge",
+    ]
+    lines += [
+        f'perfmagic_training_stage{{{la},stage="{_escaped(str(s.get("stage") or "other"))}"}} 1'
+        for s, la in zip(sessions, labels, strict=True)
+    ]
+    return lines
+
+
+def _session_labels(session: Json, hostname: str) -> str:
+    labels = {"Hostname": hostname, "pid": str(session["pid"]), "program": str(session.get("program") or "")}
+    for key in ("rank", "local_rank", "node_rank", "world_size"):
+        if session.get(key) is not None:
+            labels[key] = str(session[key])
+    return ",".join(f'{k}="{_escaped(v)}"' for k, v in labels.items())
 
 
 def _gpu_labels(gpu: Json, hostname: str) -> str:

@@ -3,7 +3,8 @@
 The server queries Prometheus' HTTP API itself (the browser never talks to it, and its URL
 never leaves the server) for the GPU series that dcgm-exporter and ``perfmagic exporter`` both
 write, and groups them by node. Busiest GPUs first, idle ones last; each with a short
-utilization history for a sparkline.
+utilization history for a sparkline. Processes profiled by perfmagic (``perfmagic exporter``'s
+training series) are listed under their node, by rank.
 """
 
 from __future__ import annotations
@@ -43,9 +44,47 @@ async def cluster_view(base_url: str, fetch: Fetch, now: float | None = None) ->
     try:
         current = {key: await _instant(base_url, fetch, metric) for key, metric in CURRENT.items()}
         history = await _range(base_url, fetch, CURRENT["util_pct"], now - HISTORY_S, now)
+        training = await _instant(base_url, fetch, "perfmagic_training_steps_total")
+        paces = await _instant(base_url, fetch, "perfmagic_training_steps_per_second")
     except PrometheusError as e:
         return {"prometheus": {"reachable": False, "error": str(e)}, "nodes": []}
-    return {"prometheus": {"reachable": True, "error": None}, "nodes": nodes_of(current, history)}
+    nodes = nodes_of(current, history)
+    ranks = ranks_of(training, paces)
+    for node in nodes:
+        node["ranks"] = ranks.pop(node["hostname"], [])
+    nodes += [
+        {"hostname": host, "gpus": [], "ranks": found} for host, found in ranks.items()
+    ]  # GPU-less nodes
+    return {"prometheus": {"reachable": True, "error": None}, "nodes": nodes}
+
+
+def ranks_of(steps: list[Json], paces: list[Json]) -> dict[str, list[Json]]:
+    """The profiled processes of each node (``perfmagic exporter``'s training series), by rank."""
+    pace = {_process(r["metric"]): _value(r["value"][1]) for r in paces}
+    found: dict[str, list[Json]] = {}
+    for r in steps:
+        labels = r["metric"]
+        found.setdefault(labels.get("Hostname") or "?", []).append(
+            {
+                "rank": _int(labels.get("rank")),
+                "local_rank": _int(labels.get("local_rank")),
+                "pid": _int(labels.get("pid")),
+                "program": labels.get("program"),
+                "steps": _value(r["value"][1]),
+                "steps_per_s": pace.get(_process(labels)),
+            }
+        )
+    for processes in found.values():
+        processes.sort(key=lambda p: (p["rank"] is None, p["rank"] or 0, p["pid"] or 0))
+    return found
+
+
+def _process(labels: dict[str, str]) -> tuple[str | None, str | None]:
+    return labels.get("Hostname"), labels.get("pid")
+
+
+def _int(label: str | None) -> int | None:
+    return int(label) if label is not None and label.lstrip("-").isdigit() else None
 
 
 def nodes_of(current: dict[str, list[Json]], history: list[Json]) -> list[Json]:

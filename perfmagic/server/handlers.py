@@ -22,6 +22,7 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
+from perfmagic.registry import running_sessions
 from perfmagic.render.prometheus import CONTENT_TYPE, exposition
 from perfmagic.server.cluster import cluster_view
 from perfmagic.server.service import DEFAULT_HZ, MonitorService, clamp_rate
@@ -71,9 +72,8 @@ class MetricsHandler(APIHandler):
     async def get(self) -> None:
         snap = await _service(self).get_snapshot()
         nvml = snap.get("nvml") or {}
-        text = exposition(
-            snap.get("gpus") or [], snap.get("host"), socket.gethostname(), bool(nvml.get("available"))
-        )
+        gpus, host, hostname = snap.get("gpus") or [], snap.get("host"), socket.gethostname()
+        text = exposition(gpus, host, hostname, bool(nvml.get("available")), running_sessions())
         self.set_header("Content-Type", CONTENT_TYPE)
         self.set_header("Cache-Control", "no-store")
         self.finish(text)

@@ -1,0 +1,90 @@
+"""Running sessions on this machine, for ``perfmagic exporter``: one small JSON status file each.
+
+A session writes ``<pid>.json`` in the registry directory (``$PERFMAGIC_REGISTRY_DIR``, else
+``perfmagic-<uid>/sessions`` in the temporary directory) about once a second from its sampler
+thread, by an atomic rename, and removes it when it stops. A process that was killed leaves its
+file behind: readers skip files whose process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+Json = dict[str, Any]
+
+REGISTRY_ENV = "PERFMAGIC_REGISTRY_DIR"
+PUBLISH_EVERY_S = 1.0
+RATE_WINDOW_S = 10.0
+STALE_S = 30.0
+"""A file not rewritten for this long is a process gone (its pid may have been reused since)."""
+
+
+def registry_dir() -> Path:
+    where = os.environ.get(REGISTRY_ENV)
+    if where:
+        return Path(where)
+    return Path(tempfile.gettempdir()) / f"perfmagic-{os.getuid()}" / "sessions"
+
+
+class StatusFile:
+    """The status file of this process's session: ``publish`` often (it writes at most once a
+    :data:`PUBLISH_EVERY_S`), ``remove`` at the end. Failing to write never stops the session."""
+
+    def __init__(self, identity: Json, directory: Path | None = None) -> None:
+        self.path = (directory or registry_dir()) / f"{os.getpid()}.json"
+        self.identity = identity
+        self._written = -PUBLISH_EVERY_S
+        self._steps: deque[tuple[float, int]] = deque()
+        self.failed: str | None = None
+
+    def publish(self, steps: int, stage: str | None, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._steps.append((now, steps))
+        while len(self._steps) > 2 and now - self._steps[0][0] > RATE_WINDOW_S:
+            self._steps.popleft()
+        if self.failed is not None or now - self._written < PUBLISH_EVERY_S:
+            return
+        self._written = now
+        (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
+        status = {
+            **self.identity,
+            "updated": time.time(),
+            "steps": steps,
+            "steps_per_s": (s1 - s0) / (t1 - t0) if t1 > t0 else None,
+            "stage": stage,
+        }
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # argv is the user's business
+            partial = self.path.with_suffix(".tmp")
+            partial.write_text(json.dumps(status))
+            partial.replace(self.path)  # a reader sees the old file or the new one, never half of one
+        except OSError as e:
+            self.failed = f"the status file for perfmagic exporter could not be written ({e})"
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+def running_sessions(directory: Path | None = None) -> list[Json]:
+    """The status of every session whose process still runs, by pid."""
+    found = []
+    now = time.time()
+    for path in sorted((directory or registry_dir()).glob("*.json")):
+        try:
+            status = json.loads(path.read_text())
+            pid, updated = int(status["pid"]), float(status["updated"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # gone between the listing and the read, or not a status file
+        if now - updated < STALE_S and psutil.pid_exists(pid):
+            found.append(status)
+    return found
