@@ -550,16 +550,20 @@ def check_second_gpu(check: Check, torch: Any) -> None:
 
 
 def check_tuning_gpu_knobs(check: Check, torch: Any) -> None:
-    """Tuning on a CUDA model: autocast (bf16, fp16), TF32 and the doubled batch are timed on copies,
-    and the user's model, TF32 flags and CUDA random state are as before."""
+    """Tuning on a CUDA model fed by a DataLoader of host tensors: worker counts, pin_memory,
+    autocast (bf16, fp16), TF32 and the doubled batch are timed on copies, and the user's model,
+    TF32 flags and CUDA random state are as before."""
+    from torch.utils.data import DataLoader, TensorDataset
+
     import perfmagic
 
     model = _mlp(torch, 4096, "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     x = torch.randn(2048, 4096, device="cuda")
+    loader = DataLoader(TensorDataset(torch.randn(64 * 256, 4096)), batch_size=256)
     weights = [p.detach().clone() for p in model.parameters()]
     flags, rng = torch.backends.cuda.matmul.allow_tf32, torch.cuda.get_rng_state()
-    results = perfmagic.tune(model=model, optimizer=opt, batch=x, budget_s=20)
+    results = perfmagic.tune(loader=loader, model=model, optimizer=opt, batch=x, budget_s=30)
     knobs = {r["knob"]: r for r in results}
     same = all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
     restored = torch.backends.cuda.matmul.allow_tf32 == flags and torch.equal(torch.cuda.get_rng_state(), rng)
@@ -569,7 +573,7 @@ def check_tuning_gpu_knobs(check: Check, torch: Any) -> None:
         + (f" (best {r['best']['value']}, {r['speedup']:.2f}x)" if r.get("best") else "")
         for k, r in knobs.items()
     )
-    wanted = {"autocast", "batch_size"} | ({"tf32"} if not flags else set())
+    wanted = {"num_workers", "pin_memory", "autocast", "batch_size"} | ({"tf32"} if not flags else set())
     check.record("tuning gpu knobs", wanted <= knobs.keys() and same and restored, summary)
     torch.cuda.empty_cache()
 

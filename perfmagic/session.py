@@ -372,7 +372,7 @@ class Session:
         """Try the fixes on what the window met (after it: the hooks are off), into ``meta["tuning"]``."""
         from perfmagic.analyze.steady import steady_of
         from perfmagic.analyze.steps import step_breakdown
-        from perfmagic.tuning import default_budget, tune
+        from perfmagic.tuning import BENCHMARKED, default_budget, tune
 
         objects = self._torch.tuning_objects() if self._torch is not None else {}
         if not objects:
@@ -386,6 +386,7 @@ class Session:
                 budget_s=max(budget, 0.5),
                 step_s=steady.step_s if steady else None,
                 data_s=steady.stage_s("data") if steady else None,
+                extra_s=steady.step_s - steady.stage_s(*BENCHMARKED) if steady else 0.0,
                 autocast_in_use=bool(self._torch.stats["autocast_forwards"]) if self._torch else False,
                 progress=self._tuning_progress,
             )

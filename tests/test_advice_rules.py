@@ -208,6 +208,11 @@ def test_pin_memory() -> None:
     assert data.pin_memory(_h2d(h2d_pinned_bytes=6 * GiB, h2d_non_blocking=60)) is None
     small = build(stages=stages(h2d=0.0003), torch=CUDA_TORCH, counters={"h2d_copies": 1, "h2d_bytes": 1})
     assert data.pin_memory(small) is None
+    measured = check(
+        data.pin_memory(_tuned(_h2d(), "pin_memory", [(False, 0.009), (True, 0.006)])), "pin_memory"
+    )
+    assert measured.metrics["saving_model"] == "measured" and measured.saving_s == pytest.approx(0.003)
+    assert data.pin_memory(_tuned(_h2d(), "pin_memory", [(False, 0.006), (True, 0.0061)])) is None
 
 
 def test_preprocess_in_loop_measures_each_step_less_built_in_stages() -> None:

@@ -25,6 +25,9 @@ DEFAULT_BUDGET_S = 60.0
 
 BUDGET_SHARE = 0.25
 
+BENCHMARKED = ("data", "h2d", "forward", "backward", "optimizer")
+"""The stages a worker count's timing reproduces: the loading, and a training step on copies."""
+
 
 def default_budget(window_s: float) -> float:
     return min(DEFAULT_BUDGET_S, BUDGET_SHARE * window_s)
@@ -39,6 +42,7 @@ def tune(
     budget_s: float = DEFAULT_BUDGET_S,
     step_s: float | None = None,
     data_s: float | None = None,
+    extra_s: float = 0.0,
     autocast_in_use: bool = False,
     progress: Callable[[str, float], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -46,12 +50,14 @@ def tune(
 
     ``batch`` is what the model is called with: a tuple of arguments, a dict of keyword
     arguments or one argument. ``step_s`` and ``data_s`` (the observed step and its wait for
-    data, seconds) give the predicted step; ``autocast_in_use`` (the loop ran under autocast) leaves
+    data, seconds) give the predicted step, with ``extra_s``, the seconds of the observed step that
+    a training step on copies does not reproduce (its logging, checkpoints, code between stages);
+    ``autocast_in_use`` (the loop ran under autocast) leaves
     precision untried; ``progress`` hears what is tried as each try begins, and the seconds tuning
     has left. Ctrl-C ends tuning early with what was measured so far.
     """
     from perfmagic.tuning.compute import TrainingStep, tune_compute, tune_threads
-    from perfmagic.tuning.loader import tune_persistent_workers, tune_workers
+    from perfmagic.tuning.loader import tune_persistent_workers, tune_pin_memory, tune_workers
 
     if not budget_s > 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
@@ -81,6 +87,11 @@ def tune(
                     )
                     if kept is not None:
                         results.append({**kept, "budget_s": None})
+                    if step is not None and best and step.device is not None:
+                        share = (budget_s - (time.perf_counter() - begin)) / 3
+                        pinned = tune_pin_memory(loader, best["value"], step.device, share, step, say)
+                        if pinned is not None:
+                            results.append({**pinned, "budget_s": share})
             if step is not None and not _on_cuda(model):
                 share = (budget_s - (time.perf_counter() - begin)) / 2
                 if share > 0:
@@ -99,13 +110,15 @@ def tune(
                 }
             )
     if step_s is not None and data_s is not None:
-        predicted = predicted_step(results, step_s, data_s)
+        predicted = predicted_step(results, step_s, data_s, extra_s)
         if predicted is not None:
             results.append(predicted)
     return results
 
 
-def predicted_step(results: list[dict[str, Any]], step_s: float, data_s: float) -> dict[str, Any] | None:
+def predicted_step(
+    results: list[dict[str, Any]], step_s: float, data_s: float, extra_s: float = 0.0
+) -> dict[str, Any] | None:
     """The step the best settings predict.
 
     Worker counts timed beside a training step give the step itself. A thread count, timed
@@ -116,14 +129,13 @@ def predicted_step(results: list[dict[str, Any]], step_s: float, data_s: float) 
     workers, threads = by_knob.get("num_workers"), by_knob.get("num_threads")
     rest = step_s - data_s
     if workers is not None and workers["unit"] == "seconds per step":
-        # what the loop does beyond the benchmarked step (its logging, the profiler's hooks) stays:
-        # the observed step less the benchmark's at the loop's own worker count (never subtracted)
-        beyond = max(step_s - workers["baseline"]["seconds"], 0.0)
-        best, step = {"num_workers": workers["best"]["value"]}, workers["best"]["seconds"] + beyond
+        # what the loop does beyond the benchmarked step stays, as the profile measured it (not as the
+        # observed step less the benchmark: the machine's pace may have changed between the two)
+        best, step = {"num_workers": workers["best"]["value"]}, workers["best"]["seconds"] + extra_s
         how = (
             "the step measured with the best worker count, loading beside a training step on copies of"
-            f" the model, plus the {beyond * 1e3:.1f} ms by which the observed step exceeded the same"
-            " measurement at the loop's worker count"
+            f" the model, plus the {extra_s * 1e3:.1f} ms per step the loop spends outside data, h2d,"
+            " forward, backward and optimizer"
         )
     elif workers is not None:
         count, load = workers["best"]["value"], workers["best"]["seconds"]

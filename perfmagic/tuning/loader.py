@@ -57,7 +57,7 @@ def rebuilt(loader: Any, **settings: Any) -> Any:
 
 
 def seconds_per_batch(
-    loader: Any, deadline: float, work: Callable[[], None] | None = None
+    loader: Any, deadline: float, work: Callable[[Any], None] | None = None
 ) -> tuple[float | None, float, int]:
     """(steady seconds per batch, seconds to the first batch, batches timed) of one pass, by a deadline.
 
@@ -74,9 +74,9 @@ def seconds_per_batch(
             next(it)
         start = last = time.perf_counter()
         timed = 0
-        for _ in it:
+        for batch in it:
             if work is not None:  # the training step beside the loading, competing for the CPUs as it will
-                work()
+                work(batch)
             timed, last = timed + 1, time.perf_counter()
             if last >= deadline and (timed >= MIN_BATCHES or (timed >= 2 and last >= deadline + first)):
                 break
@@ -122,7 +122,9 @@ def tune_workers(
             with warnings.catch_warnings():  # torch's advice on worker counts: these loaders are ours
                 warnings.simplefilter("ignore", UserWarning)
                 per_batch, first, timed = seconds_per_batch(
-                    rebuilt(loader, num_workers=workers), time.perf_counter() + share, work
+                    rebuilt(loader, num_workers=workers),
+                    time.perf_counter() + share,
+                    None if work is None else lambda batch: work(),
                 )
         except Exception as e:  # the dataset's own error (a file gone, a transform that raises)
             notes.append(f"{workers} workers: the loader raised {e!r}; num_workers not tuned further")
@@ -148,12 +150,16 @@ def tune_workers(
 def first_batch_kept(loader: Any, workers: int) -> float:
     """Seconds to a second epoch's first batch where the workers are kept (``persistent_workers=True``).
 
-    The first epoch starts them; the second starts after one batch of it, as a new epoch begins
-    after the last batch of the one before. The workers are ended before returning.
+    The epochs are short ones over the first samples (what the workers have in flight when an epoch
+    begins would be waited for: a real epoch begins with none), the first run to its end, as in
+    training. The workers are ended before returning.
     """
-    kept = rebuilt(loader, num_workers=workers, persistent_workers=True)
+    ahead = workers * (loader.prefetch_factor or 2)
+    samples = list(range(min(len(loader.dataset), loader.batch_size * (ahead + 2))))
+    kept = rebuilt(loader, num_workers=workers, persistent_workers=True, sampler=samples)
     try:
-        next(iter(kept))
+        for _ in kept:  # the first epoch, whole: its workers start and finish it
+            pass
         begin = time.perf_counter()
         next(iter(kept))  # persistent workers: the same processes, sent the new epoch's indices
         return time.perf_counter() - begin
@@ -168,8 +174,8 @@ def tune_persistent_workers(
 ) -> dict[str, Any] | None:
     """``persistent_workers`` at the best worker count ``workers`` (a ``tried`` entry of
     :func:`tune_workers`, whose ``start_s`` is the epoch's first batch with workers started anew)."""
-    if loader.persistent_workers or not workers["value"]:
-        return None
+    if loader.persistent_workers or not workers["value"] or loader.batch_size is None or _iterable(loader):
+        return None  # a batch sampler of the user's, or a stream: no short epoch to time
     say("persistent_workers=True")
     notes = [f"at {workers['value']} workers; an epoch's first batch: saved once per epoch"]
     try:
@@ -183,3 +189,72 @@ def tune_persistent_workers(
     return knob_result(
         "persistent_workers", "seconds to an epoch's first batch", tried, tried[0], best, notes
     )
+
+
+def tune_pin_memory(
+    loader: Any,
+    workers: int,
+    device: Any,
+    budget_s: float,
+    work: Callable[[], None] | None = None,
+    say: Callable[[str], None] = lambda what: None,
+) -> dict[str, Any] | None:
+    """``pin_memory`` on a loader feeding a CUDA model: each batch copied to ``device`` with
+    ``non_blocking=True`` (then ``work``, the training step on copies), from pageable memory as now
+    against pinned; seconds per batch, the copy waited for."""
+    import torch
+
+    if loader.pin_memory or getattr(device, "type", None) != "cuda":
+        return None
+
+    def copied(batch: Any) -> None:
+        _to_device(batch, device)
+        if work is not None:
+            work()
+        torch.cuda.synchronize(device)
+
+    tried: list[dict[str, Any]] = []
+    notes = [f"at {workers} workers; each batch copied with non_blocking=True"]
+    end = time.perf_counter() + budget_s
+    for k, pinned in enumerate((False, True)):
+        say(f"pin_memory={pinned}")
+        share = (end - time.perf_counter()) / (2 - k)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                per_batch, _, _ = seconds_per_batch(
+                    rebuilt(loader, num_workers=workers, pin_memory=pinned),
+                    time.perf_counter() + share,
+                    copied,
+                )
+        except Exception as e:
+            notes.append(f"pin_memory={pinned}: the loader raised {e!r}")
+            break
+        if per_batch is not None:
+            tried.append({"value": pinned, "seconds": per_batch})
+    if len(tried) < 2:
+        return knob_result("pin_memory", None, tried, None, None, [*notes, "too little time to compare"])
+    best = min(tried, key=lambda t: t["seconds"])
+    return knob_result("pin_memory", "seconds per batch", tried, tried[0], best, notes)
+
+
+def _to_device(batch: Any, device: Any) -> Any:
+    """The batch's tensors on ``device`` (``non_blocking``), in the batch's own structure."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        items = [_to_device(v, device) for v in batch]
+        return (
+            type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+        )  # a namedtuple: fields
+    return batch
+
+
+def _iterable(loader: Any) -> bool:
+    from torch.utils.data import IterableDataset
+
+    return isinstance(loader.dataset, IterableDataset)
