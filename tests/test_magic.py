@@ -328,3 +328,9 @@ def test_compare_renders_side_by_side(ip: InteractiveShell, tmp_path: Path) -> N
     assert verdict and verdict.group(1) in out.data["text/html"], out.data["text/plain"]
     result, _ = run(ip, "%gpuprofile --compare slow nowhere")
     assert isinstance(result.error_in_exec, UsageError)
+
+
+def test_a_trailing_comment_on_the_magic_line_is_ignored(ip: InteractiveShell) -> None:
+    result, _ = run(ip, "%%gpuprofile -v commented --no-live   # keep the report as 'commented'\nx = 1\n")
+    assert result.success, result.error_in_exec or result.error_before_exec
+    assert isinstance(ip.user_ns["commented"], perfmagic.Report)
