@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import lab_page, open_lab, screenshot
+from browser import chromium, lab_page, lab_server, open_lab, screenshot
 
 LABEXTENSION = Path(__file__).resolve().parent.parent / "labextension"
 PANEL = "#perfmagic-gpu-monitor"
@@ -189,3 +189,29 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
         assert page.get_attribute(f"{PANEL} .pm-status", "data-state") == "live"  # the WebSocket
         path = screenshot(page, "sidebar-gpu-monitor")
         assert path.stat().st_size > 10_000
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_sidebar_in_notebook_7(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (root / "train.ipynb").write_text(
+        json.dumps({"cells": [], "metadata": {"kernelspec": kernelspec}, "nbformat": 4, "nbformat_minor": 5})
+    )
+    with (
+        lab_server(tmp_path, root_dir=root, server_config=FAKE_TWO_GPUS, app="notebook") as server,
+        chromium() as page,
+    ):
+        page.goto(f"{server.base_url}notebooks/train.ipynb?token={server.token}")
+        page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+        page.evaluate("async () => { await window.jupyterapp.restored; }")
+        assert "notebook" in page.evaluate("() => window.jupyterapp.name").lower()
+        page.evaluate("() => window.jupyterapp.commands.execute('perfmagic:show-gpu-monitor')")
+        page.wait_for_selector(f"{PANEL}:visible")
+        page.wait_for_function(f"() => document.querySelectorAll('{PANEL} .pm-gpu').length === 2")
+        first = _wait_seq(page, 0)
+        _wait_seq(page, first + 2)
+        assert _points(page, "gpu0.util") > 0 and _points(page, "host.cpu") > 0
+        screenshot(page, "sidebar-notebook7")
