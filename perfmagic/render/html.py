@@ -26,7 +26,7 @@ from perfmagic.render.text import (
     saving_words,
     tuning_lines,
 )
-from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
 
@@ -242,9 +242,9 @@ def _header(report: dict[str, Any]) -> str:
         kpis = [
             ("step time (median)", fmt_seconds(steps.get("median_s"))),
             ("p90 step", fmt_seconds(steps.get("p90_s"))),
-            ("steps/s", f"{steps['per_s']:.3g}" if steps.get("per_s") else "n/a"),
-            *([("samples/s", f"{steps['samples_per_s']:,.0f}")] if steps.get("samples_per_s") else []),
-            *([("tokens/s", f"{steps['tokens_per_s']:,.0f}")] if steps.get("tokens_per_s") else []),
+            ("steps/s", fmt_rate(steps.get("per_s") or None)),
+            *([("samples/s", fmt_rate(steps["samples_per_s"]))] if steps.get("samples_per_s") else []),
+            *([("tokens/s", fmt_rate(steps["tokens_per_s"]))] if steps.get("tokens_per_s") else []),
             ("steps", str(steps.get("count", 0))),
             ("GPU busy", gpu_note),
         ]

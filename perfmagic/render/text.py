@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 _BAR_WIDTH = 30
 
@@ -90,7 +90,7 @@ def minor_line(report: dict[str, Any]) -> str | None:
 def throughput_words(steps: dict[str, Any]) -> str:
     """ ", 2,050 samples/s, 65,600 tokens/s" where the batches told them."""
     words = [
-        f", {steps[key]:,.0f} {unit}/s" if steps[key] >= 100 else f", {steps[key]:.3g} {unit}/s"
+        f", {fmt_rate(steps[key])} {unit}/s"
         for key, unit in (("samples_per_s", "samples"), ("tokens_per_s", "tokens"))
         if steps.get(key)
     ]
@@ -132,7 +132,7 @@ def render_text(report: dict[str, Any]) -> str:
     if steps.get("count"):
         lines.append(
             f"steps: {steps['count']}, median {fmt_seconds(steps['median_s'])}, "
-            f"p90 {fmt_seconds(steps['p90_s'])}, {steps['per_s']:.2f} steps/s{throughput_words(steps)}, "
+            f"p90 {fmt_seconds(steps['p90_s'])}, {fmt_rate(steps['per_s'])} steps/s{throughput_words(steps)}, "
             f"first step done after {fmt_seconds(steps['first_s'])}"
         )
         if steps.get("warmup"):
