@@ -254,7 +254,9 @@ def _header(report: dict[str, Any]) -> str:
             ("steps", "0"),
             ("profiled", fmt_seconds(report.get("wall_s"))),
             ("host CPU (mean)", fmt_fraction(host.get("cpu_util_mean"))),
-            ("process RSS (peak)", fmt_bytes(host.get("rss_peak_bytes"))),
+            ("memory (PSS peak)", fmt_bytes(host["pss_peak_bytes"]))
+            if host.get("pss_peak_bytes")
+            else ("process RSS (peak)", fmt_bytes(host.get("rss_peak_bytes"))),
             ("GPU busy", gpu_note),
         ]
     sub = f"{report.get('source', 'live')}"

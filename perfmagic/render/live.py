@@ -145,7 +145,9 @@ class LivePanel:
         cores = _latest(tl, "host.proc_cpu_cores")
         parts = [
             f"process {cores:.1f} cores" if cores is not None else None,
-            f"RSS {fmt_bytes(_latest(tl, 'host.rss_bytes'))}",
+            f"memory {fmt_bytes(pss)} (PSS)"
+            if (pss := _latest(tl, "host.pss_bytes")) is not None
+            else f"RSS {fmt_bytes(_latest(tl, 'host.rss_bytes'))}",
             f"read {fmt_bytes(_rate(tl, 'host.read_bytes'))}/s",
             f"write {fmt_bytes(_rate(tl, 'host.write_bytes'))}/s",
         ]

@@ -87,6 +87,14 @@ def minor_line(report: dict[str, Any]) -> str | None:
     return "also checked, each under 2% of a step to gain: " + ", ".join(parts)
 
 
+def memory_words(host: dict[str, Any]) -> str:
+    """The process tree's memory peak: its PSS where measured (shared pages counted once), else RSS."""
+    rss = fmt_bytes(host.get("rss_peak_bytes"))
+    if host.get("pss_peak_bytes"):
+        return f"memory peak {fmt_bytes(host['pss_peak_bytes'])} (PSS of the process tree; RSS summed {rss})"
+    return f"RSS peak {rss}"
+
+
 def throughput_words(steps: dict[str, Any]) -> str:
     """ ", 2,050 samples/s, 65,600 tokens/s" where the batches told them."""
     words = [
@@ -186,7 +194,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"host: {host.get('cpu_count', '?')} CPUs, CPU {fmt_fraction(host.get('cpu_util_mean'))}, "
-            f"RSS peak {fmt_bytes(host.get('rss_peak_bytes'))}",
+            f"{memory_words(host)}",
         ]
 
     if len(report.get("ranks", [])) > 1:

@@ -216,7 +216,11 @@ def utilization_figures(ts: dict[str, Any], x_range: Range | None = None) -> lis
     util = [(f"GPU {i}", m, 100.0) for m, (i, quantity) in gpus if quantity == "util"]
     util += [("host CPU", "host.cpu_util", 100.0)] if "host.cpu_util" in metrics else []
     mem_metrics = [(f"GPU {i} memory", m) for m, (i, quantity) in gpus if quantity == "mem_used_bytes"]
-    mem_metrics += [("process RSS", "host.rss_bytes")] if "host.rss_bytes" in metrics else []
+    # the tree's PSS where sampled: RSS summed over workers counts the pages they share once each
+    tree = [("process memory (PSS)", "host.pss_bytes"), ("process RSS", "host.rss_bytes")]
+    mem_metrics += (
+        [next((label, m) for label, m in tree if m in metrics)] if "host.rss_bytes" in metrics else []
+    )
     figs = []
     if util:
         figs.append(_series_figure("Utilization", "%", util, metrics, x_range, (0, 105)))
