@@ -37,6 +37,9 @@ MAX_BARS = 600
 """More steps than this are drawn in bins of consecutive steps (per-step means)."""
 
 _TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
+_TIME_BORDER = 64
+"""Pixels left of every chart on the time axis: their y tick labels differ in width ("5" on a short
+run's waterfall, "100" on utilization), and a frame per width put the same instant at different x."""
 _MIB = 1024**2
 _GIB = 1024**3
 
@@ -102,6 +105,7 @@ def waterfall_figure(table: dict[str, Any]) -> Figure:
         x_axis_label="time since start (s)",
         y_axis_label=f"step time ({unit})",
         output_backend="canvas",
+        min_border_left=_TIME_BORDER,
     )
     renderers: list[DataRenderer] = []
     for j, name in enumerate(names):  # one renderer per stage: legend in pipeline order, click to hide
@@ -258,6 +262,7 @@ def _series_figure(
         tools=_TOOLS,
         y_axis_label=unit,
         output_backend="canvas",
+        min_border_left=_TIME_BORDER,
         **kwargs,
     )
     gpu_colors = iter(_SERIES_COLORS)
