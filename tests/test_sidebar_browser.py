@@ -172,6 +172,11 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
             timeout=20_000,
         )
         assert "18.0 GiB" in page.inner_text(f"{PANEL} .pm-proc-table")
+        # ...and in its GPU's card, a bar of who holds the memory
+        page.locator(f'{PANEL} .pm-gpu[data-gpu="0"] .pm-gpu-proc').first.wait_for(timeout=10_000)
+        held = page.inner_text(f'{PANEL} .pm-gpu[data-gpu="0"] .pm-gpu-procs .pm-metric-value')
+        assert "train.ipynb 18.0 GiB" in held
+        assert page.locator(f'{PANEL} .pm-gpu[data-gpu="1"] .pm-gpu-procs').is_hidden()  # nobody on GPU 1
 
         # charts update over time: more points, and the utilization text moves with the fake load
         util = f'{PANEL} .pm-metric[data-key="gpu0.util"] .pm-metric-value'
@@ -186,6 +191,12 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
             assert _points(page, key) > 0, key
         assert " W" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.power"] .pm-metric-value')
         assert "°C" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.temp"] .pm-metric-value')
+        # PCIe (both GPUs) and NVLink (only GPU 0 has links) throughput, and the charts' time scale
+        pcie = page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.pcie"] .pm-metric-value')
+        assert re.fullmatch(r"↑ [\d.]+ GiB/s ↓ [\d.]+ GiB/s", pcie), pcie
+        assert _points(page, "gpu1.pcie") > 0 and _points(page, "gpu0.nvlink") > 0
+        assert page.locator(f'{PANEL} .pm-metric[data-key="gpu1.nvlink"]').count() == 0
+        assert page.inner_text(f"{PANEL} .pm-timescale").startswith("charts: last 2 min")
         assert page.get_attribute(f"{PANEL} .pm-status", "data-state") == "live"  # the WebSocket
         path = screenshot(page, "sidebar-gpu-monitor")
         assert path.stat().st_size > 10_000
