@@ -18,6 +18,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "example_notebooks"
 EXPECTED_ADVICE = {
     "quickstart.ipynb": {"input_bound", "dataloader_workers"},
     "logging_and_sync.ipynb": {"sync_logging"},
+    "compute_threads.ipynb": {"cpu_contention"},
     "checkpointing.ipynb": {"checkpoint_frequency"},
     "tuning.ipynb": {"dataloader_workers"},
     "hf_trainer.ipynb": {"input_bound", "dataloader_workers"},
