@@ -119,7 +119,8 @@ def charts_html(layout: Any, png: bytes | None = None, *, inline_bokehjs: bool =
         if png
         else ""
     )
-    script = _EMBED_JS.replace("ITEM", item, 1).replace("TARGET", target, 1).replace("VERSION", version, 1)
+    # the chart's JSON last: it may hold any text, "TARGET" included
+    script = _EMBED_JS.replace("TARGET", target, 1).replace("VERSION", version, 1).replace("ITEM", item, 1)
     loader = bokeh_loader() if inline_bokehjs else ""
     return f'{loader}<div class="pm-charts">{still}<div id="{target}"></div></div><script>{script}</script>'
 
