@@ -219,7 +219,10 @@ def test_sidebar_in_notebook_7(tmp_path: Path) -> None:
         page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
         page.evaluate("async () => { await window.jupyterapp.restored; }")
         assert "notebook" in page.evaluate("() => window.jupyterapp.name").lower()
-        page.evaluate("() => window.jupyterapp.commands.execute('perfmagic:show-gpu-monitor')")
+        # as a user finds it: View > Left Sidebar > Show GPU monitor
+        page.get_by_text("View", exact=True).first.click()
+        page.get_by_text("Left Sidebar", exact=True).first.hover()
+        page.get_by_text("Show GPU monitor", exact=True).click()
         page.wait_for_selector(f"{PANEL}:visible")
         page.wait_for_function(f"() => document.querySelectorAll('{PANEL} .pm-gpu').length === 2")
         first = _wait_seq(page, 0)

@@ -9,6 +9,7 @@ with Pillow only (Bokeh's own PNG export needs a browser), in a small palette so
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import numpy as np
@@ -51,13 +52,15 @@ def _waterfall(draw: Any, table: dict[str, Any], font: Any, title: Any) -> None:
     )
     t0, t1 = float(start.min()), float(end.max())
     span = max(t1 - t0, 1e-9)
-    peak = float(seconds.sum(axis=1).max()) or 1.0
+    longest = float(seconds.sum(axis=1).max())
+    scale, unit = (1.0, "s") if longest >= 1 else (1e3, "ms")  # the font has no µ: ms at the finest
+    tick = _nice_step(longest * scale / 4)
+    peak = tick * 4 / scale or 1.0  # the y axis ends on the fourth round tick above the longest step
     draw.text((left, 6), "Stage waterfall: each step split into its stages", fill=_INK, font=title)
-    scale, unit = (1.0, "s") if peak >= 1 else (1e3, "ms")  # the font has no µ: ms at the finest
     for k in range(5):  # y grid: step time
         y = bottom - (bottom - top) * k / 4
         draw.line([(left, y), (right, y)], fill=_GRID)
-        draw.text((left - 6, y), f"{peak * k / 4 * scale:.3g} {unit}", fill=_INK, font=font, anchor="rm")
+        draw.text((left - 6, y), f"{tick * k:g} {unit}", fill=_INK, font=font, anchor="rm")
     for k in range(5):  # x ticks: time since the start (s)
         x = left + (right - left) * k / 4
         draw.text((x, bottom + 4), f"{t0 + span * k / 4:.3g} s", fill=_INK, font=font, anchor="ma")
@@ -87,3 +90,11 @@ def _shares(draw: Any, stages: dict[str, dict[str, Any]], font: Any, title: Any)
         x1 = bar_left + (bar_right - bar_left) * share
         draw.rectangle([(bar_left, y + 3), (max(bar_left + 1, x1), y + row - 3)], fill=stage_color(name))
         draw.text((x1 + 4, y + row / 2), f"{share:.0%}", fill=_INK, font=font, anchor="lm")
+
+
+def _nice_step(x: float) -> float:
+    """The smallest 1, 2 or 5 times a power of ten at or above ``x``."""
+    if x <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(x))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= x * (1 - 1e-9))
