@@ -96,5 +96,5 @@ def _nice_step(x: float) -> float:
     """The smallest 1, 2 or 5 times a power of ten at or above ``x``."""
     if x <= 0:
         return 1.0
-    power = 10 ** math.floor(math.log10(x))
-    return next(m * power for m in (1, 2, 5, 10) if m * power >= x * (1 - 1e-9))
+    power = 10.0 ** math.floor(math.log10(x))
+    return next(m * power for m in (1.0, 2.0, 5.0, 10.0) if m * power >= x * (1 - 1e-9))
