@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from perfmagic import __version__
 from perfmagic.bootstrap import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV, write_sitecustomize
 from perfmagic.merge import merge_records, node_report, read_node
 from perfmagic.report import Report
@@ -47,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfmagic", description="Find out why deep-learning training is slow."
     )
+    parser.add_argument("--version", action="version", version=f"perfmagic {__version__}")
     sub = parser.add_subparsers(dest="command")
 
     run_p = sub.add_parser(
@@ -187,6 +189,9 @@ def _positive_int(text: str) -> int:
     return value
 
 
+NOTHING_PROFILED = 3
+"""Exit status of ``perfmagic run`` when the command succeeded but none of its processes was profiled."""
+
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 """Signals ``perfmagic run`` passes on to the command (as torchrun does to its workers)."""
 _SI_USER = 0
@@ -275,10 +280,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"perfmagic run: {warning}", file=sys.stderr)
     if not node.processes:
         unseen = (
-            "no Python process of the command was profiled: it runs no Python, or runs it isolated "
-            "(python -I, -S or -E skip the sitecustomize perfmagic run starts profiling with)"
+            "no Python process of the command was profiled: its Python lacks perfmagic (run the command "
+            f"with the Python perfmagic is installed in, {sys.executable}, or activate that environment "
+            "first), it runs no Python, or it runs Python isolated (python -I, -S or -E skip the "
+            "sitecustomize perfmagic run starts profiling with)"
         )
-        print(f"perfmagic run: {unseen}", file=sys.stderr)
         sampler.timeline.meta.setdefault("warnings", []).append(unseen)
     report = node_report(node)
     written = _write_outputs(report, args, "run")  # before anything is printed: a broken pipe loses nothing
@@ -289,6 +295,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(report)
         print(f"\nrecords and report.json in {outdir}", file=sys.stderr)
+    if not node.processes:  # last, so that it is what the terminal shows
+        print(f"\nperfmagic run: NOTHING PROFILED. {unseen[0].upper()}{unseen[1:]}.", file=sys.stderr)
+        return code or NOTHING_PROFILED
     return code if code or written else 1
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import html
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from types import CodeType
@@ -336,10 +337,18 @@ class PerfMagics(Magics):
 
     def _parse(self, magic: Any, line: str) -> Any:
         try:
-            return parse_argstring(magic, line)
+            return parse_argstring(magic, _without_comment(line))
         except UsageError as e:
             usage = magic.parser.format_usage().replace("::", "").strip()  # the parser writes reST
             raise UsageError(f"{e}\nusage: {usage}\n(%{magic.__name__}? documents every option)") from None
+
+
+def _without_comment(line: str) -> str:
+    """The magic's line less a trailing ``# comment``, as in Python (a ``#`` inside quotes stays)."""
+    try:
+        return shlex.join(shlex.split(line, comments=True))
+    except ValueError:  # an unclosed quote: the parser says what is wrong with the line as written
+        return line
 
 
 class _LiveView:

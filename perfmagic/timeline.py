@@ -353,6 +353,20 @@ class Timeline:
                 depth=_snapshot(self._span_depth, n, np.int8),
             )
 
+    def spans_since(self, index: int) -> tuple[int, Spans]:
+        """The spans from logical ``index`` on, copying only those, and the logical index of the first
+        (later than ``index`` where spans were folded away since)."""
+        with self._cut_lock:
+            n = len(self._span_depth)
+            lo = min(max(index - self._span_base, 0), n)
+            return self._span_base + lo, Spans(
+                names=list(self._names),
+                name_id=np.frombuffer(self._span_name[lo:n], dtype=np.int32),
+                start=np.frombuffer(self._span_start[lo:n], dtype=np.float64),
+                end=np.frombuffer(self._span_end[lo:n], dtype=np.float64),
+                depth=np.frombuffer(self._span_depth[lo:n], dtype=np.int8),
+            )
+
     @property
     def metrics(self) -> list[str]:
         with self._lock:

@@ -34,3 +34,13 @@ def fmt_bytes(n: float | None) -> str:
 def fmt_fraction(x: float | None) -> str:
     """A share in [0, 1] as a whole percentage."""
     return "n/a" if x is None else f"{x * 100:.0f}%"
+
+
+def fmt_rate(x: float | None) -> str:
+    """A rate for people: whole numbers with thousands separators from 100 up, else 3 significant digits.
+
+    ``1180.4`` → ``"1,180"``, ``43.72`` → ``"43.7"``: never ``1.18e+03``.
+    """
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"

@@ -33,6 +33,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
+BUILT_SIDEBAR = REPO / "perfmagic" / "labextension"
 CHROMIUM = os.environ.get("PERFMAGIC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -91,10 +92,12 @@ def lab_server(
     args: Sequence[str] = (),
     url_prefix: str = "/",
     timeout: float = 90.0,
+    app: str = "jupyterlab",
 ) -> Iterator[LabServer]:
-    """Run ``jupyter lab`` until the block ends; its log goes to ``tmp/lab.log``.
+    """Run ``jupyter lab`` (``app="notebook"``: Notebook 7) until the block ends; its log goes to ``tmp/lab.log``.
 
-    ``url_prefix`` is the server's ``base_url`` (``/jh/user/``: as behind JupyterHub's proxy).
+    ``url_prefix`` is the server's ``base_url`` (``/jh/user/``: as behind JupyterHub's proxy). The
+    sidebar served is this checkout's build, whichever perfmagic the venv has installed.
     """
     tmp.mkdir(parents=True, exist_ok=True)
     root = root_dir or tmp / "root"
@@ -109,6 +112,10 @@ def lab_server(
     }
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
+    if BUILT_SIDEBAR.is_dir():  # JUPYTER_PATH comes first on the labextensions path, before the venv's
+        dirs["JUPYTER_PATH"] = tmp / "path"
+        (tmp / "path" / "labextensions").mkdir(parents=True, exist_ok=True)
+        (tmp / "path" / "labextensions" / "perfmagic").symlink_to(BUILT_SIDEBAR)
     (dirs["JUPYTER_CONFIG_DIR"] / "jupyter_server_config.py").write_text(server_config)
     for name, value in {**USER_SETTINGS, **(user_settings or {})}.items():
         path = dirs["JUPYTERLAB_SETTINGS_DIR"] / name
@@ -117,10 +124,11 @@ def lab_server(
     env = {**os.environ, **{k: str(v) for k, v in dirs.items()}, "PYTHONUNBUFFERED": "1"}
     port = _free_port()
     cmd = [
-        sys.executable, "-m", "jupyterlab", "--no-browser",
+        sys.executable, "-m", app, "--no-browser",
         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
         f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
-        "--LabApp.expose_app_in_browser=True", f"--ServerApp.base_url={url_prefix}", *args,
+        f"--{'JupyterNotebookApp' if app == 'notebook' else 'LabApp'}.expose_app_in_browser=True",
+        f"--ServerApp.base_url={url_prefix}", *args,
     ]  # fmt: skip
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import perfmagic
+
 SCRIPTS = Path(__file__).parent / "scripts"
 PERFMAGIC = [sys.executable, "-m", "perfmagic.cli"]
 
@@ -308,8 +310,22 @@ def test_run_says_when_it_could_not_profile_an_isolated_python(tmp_path: Path) -
     out = tmp_path / "out.json"
     cmd = ("run", "--quiet", "--json", str(out), "--", sys.executable, "-I", "-c", "print('ran')")
     result = run_cli(*cmd, cwd=tmp_path)
-    assert result.returncode == 0 and "ran" in result.stdout
+    assert result.returncode == 3 and "ran" in result.stdout
     assert "python -I, -S or -E" in result.stderr
     assert any(
         "no Python process of the command was profiled" in w for w in json.loads(out.read_text())["warnings"]
     )
+
+
+def test_run_fails_loudly_when_the_commands_python_lacks_perfmagic(tmp_path: Path) -> None:
+    bare = tmp_path / "bare"  # a new user's mistake: the system Python, not the venv perfmagic is in
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=60)
+    result = run_cli("run", "--quiet", "--", str(bare / "bin" / "python"), "-c", "print('ran')", cwd=tmp_path)
+    assert result.returncode == 3 and "ran" in result.stdout
+    last = result.stderr.strip().splitlines()[-1]
+    assert "NOTHING PROFILED" in last and "lacks perfmagic" in last and sys.executable in last
+
+
+def test_version() -> None:
+    result = subprocess.run([*PERFMAGIC, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == f"perfmagic {perfmagic.__version__}"

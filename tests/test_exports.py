@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import re
@@ -76,7 +77,9 @@ def test_html_survives_json_round_trip(report: perfmagic.Report, tmp_path: Path)
     a = report._repr_mimebundle_()
     b = again._repr_mimebundle_()
     assert a["text/plain"] == b["text/plain"] == str(report)
-    strip_ids = re.compile(r"(p\d{4,}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+    strip_ids = re.compile(
+        r"(p\d{4,}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|pm-[0-9a-f]{32})"
+    )
     assert strip_ids.sub("", a["text/html"]) == strip_ids.sub("", b["text/html"])
 
 
@@ -192,9 +195,10 @@ def test_tensorboard_scalars_read_back(report: perfmagic.Report, tmp_path: Path)
     assert "perfmagic/report/text_summary" in texts or any("perfmagic/report" in t for t in texts)
 
 
-def test_repr_mimebundle_has_plain_text_fallback(report: perfmagic.Report) -> None:
+def test_repr_mimebundle_has_plain_text_and_png_fallbacks(report: perfmagic.Report) -> None:
     bundle = report._repr_mimebundle_()
-    assert set(bundle) == {"text/plain", "text/html"}
+    assert set(bundle) == {"text/plain", "text/html", "image/png"}
+    assert base64.b64decode(bundle["image/png"]).startswith(b"\x89PNG")
     assert bundle["text/plain"].startswith("perfmagic report")
     assert "pm-report" in bundle["text/html"] and "Bottleneck" in bundle["text/html"]
 
@@ -294,7 +298,7 @@ def test_report_without_steps_explains_and_shows_what_was_measured() -> None:
     page = session.report._repr_mimebundle_()["text/html"]
     assert "No training steps were seen." in page and "perfmagic.step()" in page
     assert "Bottleneck:" not in page and "n/a" not in page.split("pm-bottleneck")[0]  # no empty KPIs
-    assert "process RSS (peak)" in page and "Stage waterfall" not in page
+    assert "memory (PSS peak)" in page and "Stage waterfall" not in page
     line = finished_bundle(data)["text/plain"]
     assert "median step" not in line and "no training steps were seen" in line
 
@@ -322,7 +326,8 @@ def test_memory_chart_reads_in_round_mib_or_gib_from_zero() -> None:
 def test_thousands_of_steps_stay_small_and_fast() -> None:
     from bokeh.models import ColumnDataSource, Quad
 
-    from perfmagic.render.html import bokeh_loader, report_fragment
+    from perfmagic.render.html import report_fragment
+    from perfmagic.render.png import charts_png
     from perfmagic.render.waterfall import MAX_BARS, report_layout
 
     n = 5000
@@ -342,7 +347,7 @@ def test_thousands_of_steps_stay_small_and_fast() -> None:
         "warnings": [],
     }
     begin = time.perf_counter()
-    page = report_fragment(report)
+    page = report_fragment(report, png=charts_png(report))
     assert time.perf_counter() - begin < 5
     layout = report_layout(report)
     quads = [
@@ -350,7 +355,7 @@ def test_thousands_of_steps_stay_small_and_fast() -> None:
     ]
     rows = sum(len(r.data_source.data["left"]) for r in quads if isinstance(r.data_source, ColumnDataSource))
     assert rows <= MAX_BARS * len(stages)  # binned, not one bar per stage per step
-    assert len(page) - len(bokeh_loader()) < 300_000  # the charts' data, BokehJS aside
+    assert len(page) < 300_000  # the charts' data and their PNG: a notebook keeps no BokehJS
 
 
 def test_gpu_metrics_are_labelled_by_index_in_charts_and_trace() -> None:

@@ -144,3 +144,44 @@ def test_a_process_that_is_gone_is_unavailable_not_a_crash() -> None:
     proc.wait()
     with pytest.raises(SourceUnavailable, match=str(proc.pid)):
         HostSource(root_pid=proc.pid).open(Timeline())
+
+
+SHARED_TENSOR = """
+import sys, time, torch
+import perfmagic
+from perfmagic.collect.host import HostSource
+from perfmagic.session import Session
+
+class Shared(torch.utils.data.Dataset):
+    def __init__(self):
+        self.table = torch.ones(64 * 2**20 // 4)  # 64 MiB, read by every worker, written by none
+    def __len__(self):
+        return 24
+    def __getitem__(self, i):
+        time.sleep(0.1)
+        return self.table.sum()
+
+loader = torch.utils.data.DataLoader(Shared(), batch_size=1, num_workers=3, multiprocessing_context="fork")
+session = Session(interval=0.05, sources=[HostSource(uss_interval=0.2)])
+with session:
+    for x in loader:
+        perfmagic.step()
+host = session.report.to_dict()["host"]
+print(host["rss_peak_bytes"], host["pss_peak_bytes"], host["uss_peak_bytes"])
+print(session.report)
+"""
+
+
+def test_host_memory_counts_a_tensor_workers_share_once(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SHARED_TENSOR], capture_output=True, text=True, timeout=180, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rss, pss, uss = map(int, done.stdout.splitlines()[0].split())
+    tensor = 64 * 2**20
+    # RSS summed over the parent and 3 workers counts the 64 MiB once per process that read it
+    assert rss > 3 * tensor
+    # PSS splits each shared page among its sharers: the tensor once, plus each process's own
+    assert tensor < pss < rss - 2 * tensor
+    assert uss < pss
+    assert "PSS of the process tree" in done.stdout

@@ -10,6 +10,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,15 @@ from torch.utils.data import dataloader as dl
 import perfmagic
 from perfmagic.magic import PerfMagics
 from perfmagic.session import active_session
+
+MODEL = torch.nn.Linear(8, 1)
+
+
+def DataLoader_(n: int) -> Any:
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(n, 8), torch.randn(n, 1)), batch_size=4
+    )
+
 
 TRAIN = """\
 import time, torch
@@ -328,3 +338,41 @@ def test_compare_renders_side_by_side(ip: InteractiveShell, tmp_path: Path) -> N
     assert verdict and verdict.group(1) in out.data["text/html"], out.data["text/plain"]
     result, _ = run(ip, "%gpuprofile --compare slow nowhere")
     assert isinstance(result.error_in_exec, UsageError)
+
+
+def test_a_trailing_comment_on_the_magic_line_is_ignored(ip: InteractiveShell) -> None:
+    result, _ = run(ip, "%%gpuprofile -v commented --no-live   # keep the report as 'commented'\nx = 1\n")
+    assert result.success, result.error_in_exec or result.error_before_exec
+    assert isinstance(ip.user_ns["commented"], perfmagic.Report)
+
+
+def test_live_panel_builds_up_the_stage_shares_of_the_report() -> None:
+    from perfmagic.render.live import LivePanel
+
+    session = perfmagic.profile(interval=0.05)
+    panel = LivePanel(session)
+    session.add_tick_listener(panel.update)
+    shown: list[str] = []
+    with session:
+        for step, (x, y) in enumerate(DataLoader_(256)):
+            with perfmagic.stage("data"):  # waiting for data, as a slow loader would
+                time.sleep(0.03)
+            time.sleep(0.01)  # work no hook sees: "other"
+            loss = torch.nn.functional.mse_loss(MODEL(x), y)
+            loss.backward()
+            if panel._stages.value and (not shown or shown[-1] != panel._stages.value):
+                shown.append(panel._stages.value)
+            if step == 60:
+                break
+    panel.update(force=True)
+    assert len(shown) >= 2, "the shares appear, and change, while the loop runs"
+    live = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'data-stage="(\w+)" data-share="([\d.]+)"', panel._stages.value)
+    }
+    report = session.report.to_dict()["stages"]
+    for name, share in live.items():  # the same split as the report, over (nearly) the same steps
+        assert share == pytest.approx(report[name]["fraction"], abs=0.1), (name, live, report)
+    assert live["data"] > 0.6 and 0.1 < live["other"] < 0.4
+    assert panel._stages.value.count("<rect") >= 30  # a bar per recent step
+    panel.close()

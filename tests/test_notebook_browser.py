@@ -75,6 +75,11 @@ def test_gpuprofile_in_jupyterlab(tmp_path: Path) -> None:
                 seen.append(n)
             time.sleep(0.4)
         assert len(set(seen)) >= 3 and seen == sorted(seen), f"live step counts: {seen}"
+        # ...and the share of step time per stage builds up, input-bound as the report will say
+        share = page.locator(".perfmagic-live .pm-live-share[data-stage='data']")
+        share.wait_for(timeout=30_000)
+        assert float(share.get_attribute("data-share") or 0) > 0.3
+        assert page.locator(".perfmagic-live svg.pm-live-recent rect").count() >= 5
         assert re.search(r"\d+%", page.locator(".perfmagic-live .pm-live-cpu").inner_text())
         assert "No GPU" in page.locator(".perfmagic-live .pm-live-gpus").inner_text()
         assert page.locator(".perfmagic-live .bk-Canvas").count() >= 1  # the utilization chart

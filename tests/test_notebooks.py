@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "example_notebooks"
 EXPECTED_ADVICE = {
     "quickstart.ipynb": {"input_bound", "dataloader_workers"},
     "logging_and_sync.ipynb": {"sync_logging"},
+    "compute_threads.ipynb": {"cpu_contention"},
     "checkpointing.ipynb": {"checkpoint_frequency"},
     "tuning.ipynb": {"dataloader_workers"},
     "hf_trainer.ipynb": {"input_bound", "dataloader_workers"},
@@ -46,6 +48,25 @@ def execute(nb: Any, cwd: Path) -> Any:
 
 def outputs_of(cell: Any) -> list[dict[str, Any]]:
     return [o for o in cell.get("outputs", []) if o.get("output_type") in {"display_data", "execute_result"}]
+
+
+def test_example_notebooks_are_committed_without_outputs() -> None:
+    names = sorted(p.name for p in EXAMPLES.glob("*.ipynb"))
+    assert names == sorted(EXPECTED_ADVICE), "every example notebook is run by the test below"
+    for name in names:
+        nb = nbformat.read(EXAMPLES / name, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert not any(c.outputs or c.execution_count for c in code), f"{name} has outputs"
+    ignored = subprocess.run(
+        ["git", "check-ignore", "example_notebooks/before.html", "example_notebooks/runs/after/report.json"],
+        cwd=EXAMPLES.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert ignored.stdout.split() == [
+        "example_notebooks/before.html",
+        "example_notebooks/runs/after/report.json",
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_ADVICE))

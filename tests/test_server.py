@@ -62,6 +62,22 @@ async def test_snapshot_requires_token(http_server_client: Any, jp_base_url: str
     assert e.value.code == 403
 
 
+async def test_bokehjs_for_reopened_reports_is_served_to_the_logged_in_only(
+    jp_fetch: Any, http_server_client: Any, jp_base_url: str
+) -> None:
+    import bokeh
+
+    r = await jp_fetch("perfmagic", "static", "bokeh.min.js", params={"v": bokeh.__version__})
+    assert r.code == 200 and bokeh.__version__.encode() in r.body and len(r.body) > 500_000
+    with pytest.raises(tornado.httpclient.HTTPClientError) as e:
+        url = url_path_join(jp_base_url, "perfmagic/static/bokeh.min.js")
+        await http_server_client.fetch(url, follow_redirects=False)
+    assert e.value.code in {302, 403}  # to the login page, as every file Jupyter serves
+    with pytest.raises(tornado.httpclient.HTTPClientError) as e:  # nothing else from bokeh's folder
+        await jp_fetch("perfmagic", "static", "bokeh-api.min.js")
+    assert e.value.code == 404
+
+
 async def test_stream_requires_token(http_server_client: Any, jp_http_port: int, jp_base_url: str) -> None:
     url = f"ws://127.0.0.1:{jp_http_port}{url_path_join(jp_base_url, STREAM)}"
     with pytest.raises(tornado.httpclient.HTTPClientError) as e:

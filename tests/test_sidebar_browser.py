@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import lab_page, open_lab, screenshot
+from browser import chromium, lab_page, lab_server, open_lab, screenshot
 
 LABEXTENSION = Path(__file__).resolve().parent.parent / "labextension"
 PANEL = "#perfmagic-gpu-monitor"
@@ -172,6 +172,11 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
             timeout=20_000,
         )
         assert "18.0 GiB" in page.inner_text(f"{PANEL} .pm-proc-table")
+        # ...and in its GPU's card, a bar of who holds the memory
+        page.locator(f'{PANEL} .pm-gpu[data-gpu="0"] .pm-gpu-proc').first.wait_for(timeout=10_000)
+        held = page.inner_text(f'{PANEL} .pm-gpu[data-gpu="0"] .pm-gpu-procs .pm-metric-value')
+        assert "train.ipynb 18.0 GiB" in held
+        assert page.locator(f'{PANEL} .pm-gpu[data-gpu="1"] .pm-gpu-procs').is_hidden()  # nobody on GPU 1
 
         # charts update over time: more points, and the utilization text moves with the fake load
         util = f'{PANEL} .pm-metric[data-key="gpu0.util"] .pm-metric-value'
@@ -186,6 +191,41 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
             assert _points(page, key) > 0, key
         assert " W" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.power"] .pm-metric-value')
         assert "°C" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.temp"] .pm-metric-value')
+        # PCIe (both GPUs) and NVLink (only GPU 0 has links) throughput, and the charts' time scale
+        pcie = page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.pcie"] .pm-metric-value')
+        assert re.fullmatch(r"↑ [\d.]+ GiB/s ↓ [\d.]+ GiB/s", pcie), pcie
+        assert _points(page, "gpu1.pcie") > 0 and _points(page, "gpu0.nvlink") > 0
+        assert page.locator(f'{PANEL} .pm-metric[data-key="gpu1.nvlink"]').count() == 0
+        assert page.inner_text(f"{PANEL} .pm-timescale").startswith("charts: last 2 min")
         assert page.get_attribute(f"{PANEL} .pm-status", "data-state") == "live"  # the WebSocket
         path = screenshot(page, "sidebar-gpu-monitor")
         assert path.stat().st_size > 10_000
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_sidebar_in_notebook_7(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (root / "train.ipynb").write_text(
+        json.dumps({"cells": [], "metadata": {"kernelspec": kernelspec}, "nbformat": 4, "nbformat_minor": 5})
+    )
+    with (
+        lab_server(tmp_path, root_dir=root, server_config=FAKE_TWO_GPUS, app="notebook") as server,
+        chromium() as page,
+    ):
+        page.goto(f"{server.base_url}notebooks/train.ipynb?token={server.token}")
+        page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+        page.evaluate("async () => { await window.jupyterapp.restored; }")
+        assert "notebook" in page.evaluate("() => window.jupyterapp.name").lower()
+        # as a user finds it: View > Left Sidebar > Show GPU monitor
+        page.get_by_text("View", exact=True).first.click()
+        page.get_by_text("Left Sidebar", exact=True).first.hover()
+        page.get_by_text("Show GPU monitor", exact=True).click()
+        page.wait_for_selector(f"{PANEL}:visible")
+        page.wait_for_function(f"() => document.querySelectorAll('{PANEL} .pm-gpu').length === 2")
+        first = _wait_seq(page, 0)
+        _wait_seq(page, first + 2)
+        assert _points(page, "gpu0.util") > 0 and _points(page, "host.cpu") > 0
+        screenshot(page, "sidebar-notebook7")

@@ -30,6 +30,9 @@ export class MonitorFeed {
   private disposed = false;
   private reconnectTimer: number | undefined;
   private pollTimer: number | undefined;
+  /** Bumped by every start and stop: a poll of an earlier round neither shows nor schedules. */
+  private pollRound = 0;
+  private polling = false;
   private rateHz: number;
 
   constructor(private readonly options: IFeedOptions) {
@@ -67,7 +70,7 @@ export class MonitorFeed {
   setRate(hz: number): void {
     this.rateHz = clampRate(hz);
     this.send({ rate: this.rateHz });
-    if (this.pollTimer !== undefined) {
+    if (this.polling) {
       this.startPolling();
     }
   }
@@ -125,7 +128,7 @@ export class MonitorFeed {
       }
       if (isSnapshot(msg) && !this.paused) {
         // Only data proves the socket works: some proxies accept the upgrade, then drop it.
-        if (this.failures || this.pollTimer !== undefined) {
+        if (this.failures || this.polling) {
           this.failures = 0;
           this.stopPolling();
         }
@@ -147,10 +150,10 @@ export class MonitorFeed {
       return;
     }
     this.failures++;
-    if (this.failures >= POLL_AFTER_FAILURES && this.pollTimer === undefined) {
+    if (this.failures >= POLL_AFTER_FAILURES && !this.polling) {
       this.startPolling();
     }
-    if (this.pollTimer === undefined) {
+    if (!this.polling) {
       this.options.onState('reconnecting');
     }
     const delay = backoffDelay(this.failures - 1);
@@ -165,28 +168,40 @@ export class MonitorFeed {
 
   private startPolling(): void {
     this.stopPolling();
+    this.polling = true;
     this.options.onState('polling');
+    const round = this.pollRound;
+    // Sequential, never setInterval: the next request goes out only after this one ended, so a slow
+    // server never has several requests of one sidebar in flight.
     const poll = async (): Promise<void> => {
+      const started = performance.now();
       try {
         const response = await ServerConnection.makeRequest(this.url('snapshot'), {}, this.settings);
         if (!response.ok) {
           throw new Error(`HTTP ${response.status}`);
         }
         const snap: unknown = await response.json();
-        if (isSnapshot(snap) && !this.paused && this.pollTimer !== undefined) {
+        if (isSnapshot(snap) && !this.paused && round === this.pollRound) {
           this.options.onSnapshot(snap);
           this.options.onState('polling');
         }
       } catch (e) {
-        this.options.onState('error', String(e));
+        if (round === this.pollRound) {
+          this.options.onState('error', String(e));
+        }
+      }
+      if (round === this.pollRound) {
+        const wait = Math.max(0, 1000 / this.rateHz - (performance.now() - started));
+        this.pollTimer = window.setTimeout(() => void poll(), wait);
       }
     };
     void poll();
-    this.pollTimer = window.setInterval(() => void poll(), 1000 / this.rateHz);
   }
 
   private stopPolling(): void {
-    window.clearInterval(this.pollTimer);
+    this.pollRound++;
+    this.polling = false;
+    window.clearTimeout(this.pollTimer);
     this.pollTimer = undefined;
   }
 }

@@ -1,9 +1,10 @@
 /**
- * perfmagic's JupyterLab plugin: a left-sidebar GPU monitor fed by the perfmagic server extension.
+ * perfmagic's sidebar plugin: a GPU monitor fed by the perfmagic server extension, in JupyterLab 4's
+ * left area and in Notebook 7's left panel (Notebook's shell is no ILabShell: only the generic shell
+ * API is used, so one plugin serves both).
  */
 
 import {
-  ILabShell,
   ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
@@ -30,23 +31,21 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'GPU monitor sidebar: every GPU, the host, and which notebook uses the GPU.',
   autoStart: true,
-  requires: [ILabShell],
   optional: [ISettingRegistry, ILayoutRestorer],
   activate: (
     app: JupyterFrontEnd,
-    shell: ILabShell,
     settingRegistry: ISettingRegistry | null,
     restorer: ILayoutRestorer | null
   ) => {
     const panel = new GpuMonitorPanel(1);
     panel.title.icon = gpuIcon;
     panel.title.caption = 'GPU monitor';
-    shell.add(panel, 'left', { rank: 600 });
+    app.shell.add(panel, 'left', { rank: 600 });
     restorer?.add(panel, 'perfmagic-gpu-monitor');
 
     app.commands.addCommand(COMMAND, {
       label: 'Show GPU Monitor',
-      execute: () => shell.activateById(panel.id)
+      execute: () => app.shell.activateById(panel.id)
     });
 
     if (settingRegistry) {

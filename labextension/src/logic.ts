@@ -16,6 +16,10 @@ export interface IGpu {
   power_limit_w?: number | null;
   temperature_c: number | null;
   throttle_reasons?: string[] | null;
+  pcie_tx_bytes_per_s?: number | null;
+  pcie_rx_bytes_per_s?: number | null;
+  nvlink_tx_bytes_per_s?: number | null;
+  nvlink_rx_bytes_per_s?: number | null;
   lost: boolean;
   lost_reason?: string | null;
 }
@@ -161,7 +165,34 @@ function ratio(used: number | null | undefined, total: number | null | undefined
   return used === null || used === undefined || !total ? null : used / total;
 }
 
-/** The four charts of one GPU, in display order. */
+function known(x: number | null | undefined): x is number {
+  return x !== null && x !== undefined && Number.isFinite(x);
+}
+
+/** A link's throughput both ways ("↑ 2.0 GiB/s ↓ 8.0 GiB/s"), charted as their sum; none unmeasured. */
+function linkMetric(
+  key: string,
+  label: string,
+  tx: number | null | undefined,
+  rx: number | null | undefined
+): IMetricView[] {
+  if (!known(tx) && !known(rx)) {
+    return [];
+  }
+  const text = `↑ ${known(tx) ? formatBytes(tx) : '–'}/s ↓ ${known(rx) ? formatBytes(rx) : '–'}/s`;
+  return [
+    {
+      key,
+      label,
+      text,
+      value: (tx ?? 0) + (rx ?? 0),
+      fraction: null,
+      ceiling: s => Math.max(1, s.max)
+    }
+  ];
+}
+
+/** The charts of one GPU, in display order (PCIe and NVLink where the GPU measures them). */
 export function gpuMetrics(g: IGpu): IMetricView[] {
   const p = `gpu${g.index}`;
   const memFraction = ratio(g.mem_used_bytes, g.mem_total_bytes);
@@ -200,8 +231,16 @@ export function gpuMetrics(g: IGpu): IMetricView[] {
       value: g.temperature_c,
       fraction: g.temperature_c === null ? null : g.temperature_c / 100,
       ceiling: s => Math.max(100, s.max)
-    }
+    },
+    ...linkMetric(`${p}.pcie`, 'PCIe', g.pcie_tx_bytes_per_s, g.pcie_rx_bytes_per_s),
+    ...linkMetric(`${p}.nvlink`, 'NVLink', g.nvlink_tx_bytes_per_s, g.nvlink_rx_bytes_per_s)
   ];
+}
+
+/** How long the charts' history spans, in words ("last 2 min"), at `rateHz` samples a second. */
+export function historySpan(capacity: number, rateHz: number): string {
+  const seconds = Math.round(capacity / rateHz);
+  return seconds >= 120 ? `last ${Math.round(seconds / 60)} min` : `last ${seconds} s`;
 }
 
 /** Host CPU and memory charts. */

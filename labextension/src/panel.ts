@@ -9,9 +9,12 @@ import { Widget } from '@lumino/widgets';
 import { Sparkline } from './chart';
 import { FeedState, MonitorFeed } from './connection';
 import {
+  clampRate,
   gpuMetrics,
+  historySpan,
   hostMetrics,
   IGpu,
+  IGpuProcess,
   IMetricView,
   isStale,
   ISnapshot,
@@ -20,12 +23,15 @@ import {
   Series
 } from './logic';
 
+/** Samples each chart keeps: one per refresh. */
+const HISTORY = 120;
+
 /** One chart row: label, value text and sparkline. */
 class MetricRow {
   readonly node: HTMLElement;
   private readonly value: HTMLElement;
   private readonly chart = new Sparkline();
-  readonly series = new Series();
+  readonly series = new Series(HISTORY);
 
   constructor(key: string, label: string) {
     this.node = el('div', 'pm-metric');
@@ -48,6 +54,8 @@ class MetricRow {
 export class GpuMonitorPanel extends Widget {
   private readonly feed: MonitorFeed;
   private readonly status = el('span', 'pm-status');
+  // The charts' time scale: their history holds HISTORY samples, one per refresh.
+  private readonly timescale = el('div', 'pm-timescale');
   private readonly notice = el('div', 'pm-notice');
   private readonly gpuSection = el('div', 'pm-gpus');
   private readonly hostSection = el('section', 'pm-card pm-host');
@@ -65,7 +73,15 @@ export class GpuMonitorPanel extends Widget {
     header.append(el('span', 'pm-title', 'GPU'), this.status);
     this.hostSection.append(el('h3', 'pm-card-title', 'Host'));
     this.notice.hidden = true;
-    this.node.append(header, this.notice, this.gpuSection, this.hostSection, this.procSection);
+    this.showTimescale(rateHz);
+    this.node.append(
+      header,
+      this.timescale,
+      this.notice,
+      this.gpuSection,
+      this.hostSection,
+      this.procSection
+    );
     this.renderProcesses([]);
     this.feed = new MonitorFeed({
       rateHz,
@@ -78,6 +94,13 @@ export class GpuMonitorPanel extends Widget {
 
   set rateHz(hz: number) {
     this.feed.setRate(hz);
+    this.showTimescale(hz);
+  }
+
+  private showTimescale(hz: number): void {
+    const span = historySpan(HISTORY, clampRate(hz));
+    this.timescale.replaceChildren(el('span', '', `charts: ${span}`), el('span', '', 'now'));
+    this.timescale.title = `${HISTORY} samples at ${clampRate(hz)} per second`;
   }
 
   dispose(): void {
@@ -124,14 +147,14 @@ export class GpuMonitorPanel extends Widget {
     const stale = isStale(s);
     this.node.classList.toggle('pm-stale', stale);
     this.status.textContent = stale ? `stale (${Math.round(s.age_s ?? 0)} s old)` : this.state;
-    this.renderGpus(s.gpus);
+    this.renderGpus(s.gpus, s.processes);
     for (const view of hostMetrics(s.host)) {
       this.row(view, this.hostSection).update(view);
     }
     this.renderProcesses(s);
   }
 
-  private renderGpus(gpus: IGpu[]): void {
+  private renderGpus(gpus: IGpu[], procs: IGpuProcess[]): void {
     const seen = new Set<number>();
     for (const g of gpus) {
       seen.add(g.index);
@@ -139,7 +162,7 @@ export class GpuMonitorPanel extends Widget {
       if (!card) {
         card = el('section', 'pm-card pm-gpu');
         card.dataset.gpu = String(g.index);
-        card.append(el('h3', 'pm-card-title'), el('div', 'pm-gpu-lost'));
+        card.append(el('h3', 'pm-card-title'), el('div', 'pm-gpu-lost'), el('div', 'pm-gpu-procs'));
         this.cards.set(g.index, card);
         this.gpuSection.append(card);
       }
@@ -153,6 +176,12 @@ export class GpuMonitorPanel extends Widget {
       for (const view of gpuMetrics(g)) {
         this.row(view, card).update(view);
       }
+      const held = card.querySelector('.pm-gpu-procs') as HTMLElement;
+      const memory = this.rows.get(`gpu${g.index}.mem`)?.node;
+      if (memory && held.previousElementSibling !== memory) {
+        memory.after(held); // under the GPU's memory chart
+      }
+      renderProcessMemory(held, g, procs);
     }
     for (const [index, card] of this.cards) {
       if (!seen.has(index)) {
@@ -200,6 +229,33 @@ export class GpuMonitorPanel extends Widget {
     }
     section.append(table);
   }
+}
+
+/** Who holds a GPU's memory: one bar, a segment per process (largest first), each named on hover. */
+function renderProcessMemory(node: HTMLElement, g: IGpu, procs: IGpuProcess[]): void {
+  const rows = processRows(procs.filter(p => p.gpu_index === g.index));
+  const total = g.mem_total_bytes ?? 0;
+  if (!rows.length || !total) {
+    node.replaceChildren();
+    node.hidden = true;
+    return;
+  }
+  node.hidden = false;
+  const bar = el('div', 'pm-gpu-procs-bar');
+  rows.forEach((r, i) => {
+    const seg = el('div', 'pm-gpu-proc');
+    seg.style.width = `${(100 * r.bytes) / total}%`;
+    seg.style.opacity = String(1 - (0.6 * i) / Math.max(1, rows.length));
+    seg.title = `${r.label}: ${r.memory}`;
+    seg.dataset.pid = String(r.pid);
+    bar.append(seg);
+  });
+  const label = el('div', 'pm-metric-head');
+  label.append(
+    el('span', 'pm-metric-label', 'By process'),
+    el('span', 'pm-metric-value', rows.map(r => `${r.label} ${r.memory}`).join(', '))
+  );
+  node.replaceChildren(label, bar);
 }
 
 function el<K extends keyof HTMLElementTagNameMap>(

@@ -9,6 +9,7 @@ import {
   formatPercent,
   formatWatts,
   gpuMetrics,
+  historySpan,
   hostMetrics,
   IGpu,
   isSnapshot,
@@ -161,4 +162,28 @@ test('only snapshots are treated as snapshots', () => {
   assert.equal(isSnapshot(snapshot()), true);
   assert.equal(isSnapshot({ type: 'config', rate_hz: 1 }), false);
   assert.equal(isSnapshot(null), false);
+});
+
+test('PCIe and NVLink throughput charts appear only where the GPU measures them', () => {
+  assert.deepEqual(
+    gpuMetrics(gpu).map(v => v.key),
+    ['gpu1.util', 'gpu1.mem', 'gpu1.power', 'gpu1.temp']
+  );
+  const views = gpuMetrics({
+    ...gpu,
+    pcie_tx_bytes_per_s: 2 * GiB,
+    pcie_rx_bytes_per_s: 8 * GiB,
+    nvlink_tx_bytes_per_s: null,
+    nvlink_rx_bytes_per_s: 4 * GiB
+  });
+  const pcie = views.find(v => v.key === 'gpu1.pcie')!;
+  assert.equal(pcie.text, '↑ 2.00 GiB/s ↓ 8.00 GiB/s');
+  assert.equal(pcie.value, 10 * GiB);
+  assert.equal(views.find(v => v.key === 'gpu1.nvlink')!.text, '↑ –/s ↓ 4.00 GiB/s');
+});
+
+test('the time scale follows the refresh rate', () => {
+  assert.equal(historySpan(120, 1), 'last 2 min');
+  assert.equal(historySpan(120, 4), 'last 30 s');
+  assert.equal(historySpan(120, 10), 'last 12 s');
 });

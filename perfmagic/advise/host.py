@@ -213,7 +213,9 @@ def host_memory_pressure(a: Analysis) -> Card | None:
     if available is None or not total or available >= LOW_AVAILABLE * total:
         return None
     share = available / total
-    rss = a.host.get("rss_peak_bytes")
+    rss, pss = a.host.get("rss_peak_bytes"), a.host.get("pss_peak_bytes")
+    # PSS where measured: RSS summed over workers counts the pages they share once per worker
+    held = f"{fmt_bytes(pss)} (PSS; RSS summed {fmt_bytes(rss)})" if pss else f"{fmt_bytes(rss)} RSS"
     ld = a.config.loader
     lines = ["# Each DataLoader worker holds its own copy of what the Dataset references; keep it small:"]
     if ld and (ld.get("num_workers") or 0) > 1:
@@ -230,7 +232,7 @@ def host_memory_pressure(a: Analysis) -> Card | None:
         "host_memory_pressure",
         f"Host memory ran low: {fmt_bytes(available)} available at the lowest",
         f"Available memory fell to {fmt_bytes(available)} of {fmt_bytes(total)} ({fmt_fraction(share)}); the "
-        f"training's processes peaked at {fmt_bytes(rss)} RSS. Below {fmt_fraction(LOW_AVAILABLE)} the kernel "
+        f"training's processes peaked at {held}. Below {fmt_fraction(LOW_AVAILABLE)} the kernel "
         "evicts cached files and may swap or kill the job.",
         "\n".join(lines),
         {
@@ -238,6 +240,7 @@ def host_memory_pressure(a: Analysis) -> Card | None:
             "mem_total_bytes": total,
             "available_share": share,
             "rss_peak_bytes": rss,
+            "pss_peak_bytes": pss,
         },
         saving_s=None,
         step_s=s.step_s if s else None,

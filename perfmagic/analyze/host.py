@@ -35,6 +35,7 @@ def host_summary(timeline: Timeline) -> dict[str, Any]:
         "proc_cpu_util_p95": samples.p95(tl, "host.proc_cpu_cores"),
         "rss_peak_bytes": samples.as_int(samples.maximum(tl, "host.rss_bytes")),
         "uss_peak_bytes": samples.as_int(samples.maximum(tl, "host.uss_bytes")),
+        "pss_peak_bytes": samples.as_int(samples.maximum(tl, "host.pss_bytes")),
         "mem_available_min_bytes": samples.as_int(samples.minimum(tl, "host.mem_available_bytes")),
         "mem_total_bytes": meta.get("mem_total_bytes"),
         "read_bytes": samples.as_int(read_bytes),

@@ -150,6 +150,37 @@ def _breakdown(
     stage_mask = ~span_is_boundary
 
     kind, starts, ends = _steps(spans, span_is_boundary, stage_mask, kind, since)
+    columns, seconds = _stage_seconds(spans, is_boundary, stage_mask, starts, ends)
+    cpu_s = _per_step(timeline, THREAD_CPU, starts, ends)
+    wait_s = _per_step(timeline, THREAD_WAIT, starts, ends)
+    gc_s = _per_step(timeline, THREAD_GC, starts, ends)
+    return StepBreakdown(kind, starts, ends, columns, seconds, cpu_s, wait_s, gc_s)
+
+
+def ended_steps(spans: Spans, kind: str | None = None, since: float | None = None) -> StepBreakdown:
+    """The steps among ``spans`` (a tail of a timeline's) that a boundary has ended, after ``since``.
+
+    What a live view adds up while a run goes on: the step still running is left for next time,
+    and only stage times are split out (no thread clocks).
+    """
+    names = spans.names
+    is_boundary = np.array([n.startswith(STEP_BOUNDARY_PREFIX) for n in names], dtype=bool)
+    span_is_boundary = is_boundary[spans.name_id] if len(spans) else np.zeros(0, dtype=bool)
+    stage_mask = ~span_is_boundary
+    kind, starts, ends = _steps(spans, span_is_boundary, stage_mask, kind, since)
+    if kind is not None:
+        last = _boundary_times(spans, span_is_boundary, STEP_BOUNDARY_PREFIX + kind)
+        ended = ends <= last[-1]
+        starts, ends = starts[ended], ends[ended]
+    columns, seconds = _stage_seconds(spans, is_boundary, stage_mask, starts, ends)
+    return StepBreakdown(kind, starts, ends, columns, seconds)
+
+
+def _stage_seconds(
+    spans: Spans, is_boundary: np.ndarray, stage_mask: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[list[str], np.ndarray]:
+    """The stage columns and each step's exclusive seconds in each (``other``: the rest of the step)."""
+    names = spans.names
     columns = _stage_columns(names, is_boundary, spans.name_id[stage_mask])
     seconds = np.zeros((len(starts), len(columns)))
     if len(starts):
@@ -161,10 +192,7 @@ def _breakdown(
                 seconds[:, j] = np.interp(ends, xp, fp) - np.interp(starts, xp, fp)
         seconds = np.maximum(seconds, 0.0)
         seconds[:, -1] = np.maximum((ends - starts) - seconds[:, :-1].sum(axis=1), 0.0)
-    cpu_s = _per_step(timeline, THREAD_CPU, starts, ends)
-    wait_s = _per_step(timeline, THREAD_WAIT, starts, ends)
-    gc_s = _per_step(timeline, THREAD_GC, starts, ends)
-    return StepBreakdown(kind, starts, ends, columns, seconds, cpu_s, wait_s, gc_s)
+    return columns, seconds
 
 
 def _join(folded: FoldedSteps, held: StepBreakdown) -> StepBreakdown:

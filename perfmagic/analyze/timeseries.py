@@ -20,7 +20,9 @@ from perfmagic.timeline import Timeline
 
 MAX_POINTS = 1000
 
-_GAUGES = re.compile(r"^(gpu\d+\.(util|mem_used_bytes|power_w)|host\.(cpu_util|proc_cpu_cores|rss_bytes))$")
+_GAUGES = re.compile(
+    r"^(gpu\d+\.(util|mem_used_bytes|power_w)|host\.(cpu_util|proc_cpu_cores|rss_bytes|pss_bytes))$"
+)
 _COUNTERS = ("host.read_bytes", "host.write_bytes")
 
 

@@ -8,8 +8,11 @@
 - ``host.proc_cpu_cores``: CPU used by the profiled process and all its descendants
   (DataLoader workers), in cores; ``host.children_cpu_cores``: the descendants' part;
   ``host.children_wait_cores``: the time the descendants were runnable but waited for
-  a CPU, in cores (Linux schedstat run delay; a worker starved of CPU, not waiting on I/O); ``host.rss_bytes`` and ``host.uss_bytes`` summed over
-  that tree (RSS counts pages shared between processes once per process; USS does not);
+  a CPU, in cores (Linux schedstat run delay; a worker starved of CPU, not waiting on I/O);
+  ``host.rss_bytes``, ``host.uss_bytes`` and ``host.pss_bytes`` summed over that tree: RSS counts
+  a page shared between processes once per process (forked DataLoader workers reading the
+  parent's dataset count it once each), USS not at all, PSS in equal parts among its sharers,
+  so the tree's PSS is what it really holds;
 - ``host.read_bytes``, ``host.write_bytes``, ``host.read_ops``, ``host.write_ops``:
   the machine's block-device I/O (requests that reached a disk);
   ``host.proc_read_bytes``, ``host.proc_write_bytes``: storage I/O of the process tree;
@@ -24,7 +27,7 @@ on Linux by re-reading ``/proc`` files through descriptors kept open (one ``prea
 per file, no open or close; psutil elsewhere).
 Per-core CPU, available memory and the cumulative counters (disk, network, process
 I/O) are read every ``slow_interval`` seconds (per-core figures then average over
-that interval), and USS, which costs milliseconds per process, every
+that interval), and USS and PSS, which cost a millisecond or so per process, every
 ``uss_interval`` seconds. The tree is kept current each tick, and cheaply: the PID
 list is diffed only when the kernel's last-allocated PID (``/proc/loadavg``) moved,
 so a worker counts from its first tick. A descriptor on ``/proc/<pid>/stat`` also
@@ -107,7 +110,7 @@ class HostSource:
     name = "host"
 
     def __init__(
-        self, root_pid: int | None = None, slow_interval: float = 1.0, uss_interval: float = 10.0
+        self, root_pid: int | None = None, slow_interval: float = 1.0, uss_interval: float = 2.0
     ) -> None:
         self.warnings: list[str] = []
         self._root_pid = os.getpid() if root_pid is None else root_pid
@@ -192,9 +195,11 @@ class HostSource:
                 add(metric, now, value - self._base.get(metric, 0.0))
         if mono >= self._next_uss:
             self._next_uss = mono + self._uss_interval
-            uss = self._tree_uss()
-            if uss is not None:
-                add("host.uss_bytes", now, float(uss))
+            shares = self._tree_uss_pss()
+            if shares is not None:
+                add("host.uss_bytes", now, float(shares[0]))
+                if shares[1] is not None:
+                    add("host.pss_bytes", now, float(shares[1]))
 
     def close(self, timeline: Timeline) -> None:
         for fd in [self._cpu_fd, self._loadavg_fd, *self._stat_fds.values(), *self._sched_fds.values()]:
@@ -314,20 +319,26 @@ class HostSource:
             int(rest[21]) * _PAGE,
         )
 
-    def _tree_uss(self) -> int | None:
+    def _tree_uss_pss(self) -> tuple[int, int | None] | None:
+        """The tree's USS and PSS (None where the platform has no PSS), in bytes."""
         if not self._uss_ok:
             return None
         uss = 0
+        pss: int | None = 0
         for proc in list(self._tree.values()):
             try:
-                uss += proc.memory_full_info().uss
+                info = proc.memory_full_info()
             except psutil.AccessDenied:
                 self._uss_ok = False
-                self.warnings.append("host: USS not available (no permission to read /proc/<pid>/smaps)")
+                self.warnings.append(
+                    "host: USS and PSS not available (no permission to read /proc/<pid>/smaps)"
+                )
                 return None
             except psutil.Error:
                 continue
-        return uss
+            uss += info.uss
+            pss = pss + info.pss if pss is not None and hasattr(info, "pss") else None
+        return uss, pss
 
     def _counters(self) -> dict[str, float]:
         """Cumulative disk, network and process-tree I/O counters, as they are now."""

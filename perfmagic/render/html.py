@@ -1,15 +1,19 @@
 """HTML rendering of a report: the fragment the notebook shows and the standalone file.
 
-A fragment carries what it needs to draw: its styles, the Bokeh charts and the
-BokehJS library inline (evaluated once per page: a fragment finds it already loaded
-and skips it), so a report opens offline, after the notebook is saved and reopened,
-and after ``jupyter nbconvert --to html``.
+A fragment carries its styles, the Bokeh charts and a still PNG of them. The standalone
+file carries BokehJS inline, so it opens offline; a notebook's fragment leaves it out
+(BokehJS is 1.3 MB) and draws with the page's, which the perfmagic server extension
+serves once per page. Where no script may run (an untrusted notebook, a viewer, an
+``nbconvert`` export) the PNG shows instead.
 """
 
 from __future__ import annotations
 
+import base64
 import html
+import json
 import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,7 @@ from perfmagic.render.text import (
     origin_words,
     saving_words,
 )
-from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
 
@@ -100,22 +104,62 @@ def bokeh_loader() -> str:
     )
 
 
-def charts_html(layout: Any) -> str:
-    """A Bokeh layout as a div plus its embedding script, BokehJS included."""
+def charts_html(layout: Any, png: bytes | None = None, *, inline_bokehjs: bool = False) -> str:
+    """The charts, drawn by BokehJS over a still PNG of them that stays where no script runs.
+
+    ``inline_bokehjs`` carries BokehJS along (a standalone file); without it the page's BokehJS
+    draws, loaded once per page from the perfmagic server extension when the page has none yet
+    (a notebook: so a notebook does not keep a copy of BokehJS per report).
+    """
     if layout is None:
         return ""
-    from bokeh.embed import components
+    from bokeh import __version__ as version
+    from bokeh.embed import json_item
 
-    script, div = components(layout)
-    return f"{bokeh_loader()}{script}{div}"
+    target = f"pm-{uuid.uuid4().hex}"
+    item = json.dumps(json_item(layout)).replace("</", "<\\/")  # never ends the script early
+    still = (
+        f'<img id="{target}-png" alt="perfmagic charts" style="max-width:100%" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        if png
+        else ""
+    )
+    # the chart's JSON last: it may hold any text, "TARGET" included
+    script = _EMBED_JS.replace("TARGET", target, 1).replace("VERSION", version, 1).replace("ITEM", item, 1)
+    loader = bokeh_loader() if inline_bokehjs else ""
+    return f'{loader}<div class="pm-charts">{still}<div id="{target}"></div></div><script>{script}</script>'
 
 
-def report_fragment(report: dict[str, Any], links: Sequence[tuple[str, str]] = ()) -> str:
-    """The whole report as one self-contained HTML fragment."""
+# Draws the charts once BokehJS is there: the page's, else bokeh.min.js from the perfmagic server
+# extension (one request per page, shared by every report), then hides the still picture. Where that
+# fails (no Jupyter server, an untrusted output: no script runs at all) the PNG stays.
+_EMBED_JS = (
+    "(function(){var item=ITEM,id='TARGET',v='VERSION';"
+    "function bk(){var b=window.Bokeh;return b&&(b[v]||(b.version===v?b:null))}"
+    "function load(){if(bk())return Promise.resolve();"
+    "var c=document.getElementById('jupyter-config-data');if(!c)return Promise.reject(new Error('no server'));"
+    "if(!window._perfmagicBokehJS){window._perfmagicBokehJS=new Promise(function(ok,no){"
+    "var s=document.createElement('script');"
+    "s.src=JSON.parse(c.textContent).baseUrl.replace(/\\/?$/,'/')+'perfmagic/static/bokeh.min.js?v='+v;"
+    "s.onload=ok;s.onerror=no;document.head.appendChild(s)})}return window._perfmagicBokehJS}"
+    "load().then(function(){return bk().embed.embed_item(item,id)}).then(function(){"
+    "var p=document.getElementById(id+'-png');if(p)p.style.display='none'})"
+    ".catch(function(e){console.info('perfmagic: static charts ('+e+')')})})();"
+)
+
+
+def report_fragment(
+    report: dict[str, Any],
+    links: Sequence[tuple[str, str]] = (),
+    png: bytes | None = None,
+    *,
+    inline_bokehjs: bool = False,
+) -> str:
+    """The whole report as one HTML fragment; ``inline_bokehjs``: one that needs no server either."""
     from perfmagic.render.waterfall import report_layout
 
     parts = [f"<style>{CSS}</style>", '<div class="pm-report">', _header(report)]
-    parts.append(charts_html(report_layout(report)))
+    parts.append(charts_html(report_layout(report), png, inline_bokehjs=inline_bokehjs))
     for line in hotspot_lines(report):
         parts.append(f'<p class="pm-hotspot">{html.escape(line[0].upper() + line[1:])}</p>')
     no_steps = "No advice: most rules weigh stages within steps, and no step was seen."
@@ -157,7 +201,8 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write the report as one HTML file that opens offline."""
     p = Path(path)
     p.write_text(
-        document(f"perfmagic report — {headline(report)}", report_fragment(report)), encoding="utf-8"
+        document(f"perfmagic report — {headline(report)}", report_fragment(report, inline_bokehjs=True)),
+        encoding="utf-8",
     )
     return p
 
@@ -198,9 +243,9 @@ def _header(report: dict[str, Any]) -> str:
         kpis = [
             ("step time (median)", fmt_seconds(steps.get("median_s"))),
             ("p90 step", fmt_seconds(steps.get("p90_s"))),
-            ("steps/s", f"{steps['per_s']:.3g}" if steps.get("per_s") else "n/a"),
-            *([("samples/s", f"{steps['samples_per_s']:,.0f}")] if steps.get("samples_per_s") else []),
-            *([("tokens/s", f"{steps['tokens_per_s']:,.0f}")] if steps.get("tokens_per_s") else []),
+            ("steps/s", fmt_rate(steps.get("per_s") or None)),
+            *([("samples/s", fmt_rate(steps["samples_per_s"]))] if steps.get("samples_per_s") else []),
+            *([("tokens/s", fmt_rate(steps["tokens_per_s"]))] if steps.get("tokens_per_s") else []),
             ("steps", str(steps.get("count", 0))),
             ("GPU busy", gpu_note),
         ]
@@ -210,7 +255,9 @@ def _header(report: dict[str, Any]) -> str:
             ("steps", "0"),
             ("profiled", fmt_seconds(report.get("wall_s"))),
             ("host CPU (mean)", fmt_fraction(host.get("cpu_util_mean"))),
-            ("process RSS (peak)", fmt_bytes(host.get("rss_peak_bytes"))),
+            ("memory (PSS peak)", fmt_bytes(host["pss_peak_bytes"]))
+            if host.get("pss_peak_bytes")
+            else ("process RSS (peak)", fmt_bytes(host.get("rss_peak_bytes"))),
             ("GPU busy", gpu_note),
         ]
     sub = f"{origin_words({'source': 'live', **report})}, {fmt_seconds(report.get('wall_s'))} profiled"

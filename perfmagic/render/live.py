@@ -1,10 +1,13 @@
-"""The live panel: GPU and host utilization and the training's stage while a cell runs.
+"""The live panel: GPU and host utilization and the training's stages while a cell runs.
 
-ipywidgets for the numbers and a Bokeh chart (through jupyter_bokeh, BokehJS
-inline) of utilization over the last minute. :meth:`LivePanel.update` runs on the
+ipywidgets for the numbers, a Bokeh chart (through jupyter_bokeh, BokehJS
+inline) of utilization over the last minute, and the share of step time per stage
+building up with a bar per recent step. :meth:`LivePanel.update` runs on the
 sampler's thread after each tick and does its work at most ``max_hz`` times a
-second; the training thread never runs any of it. It only reads: the timeline's
-latest samples and the recorder's current stage and step count.
+second (the stage shares once a second, over the steps ended since: the cost
+follows the steps, not the run's length); the training thread never runs any of
+it. It only reads: the timeline's latest samples and spans, and the recorder's
+current stage and step count.
 """
 
 from __future__ import annotations
@@ -17,13 +20,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from perfmagic.analyze.steps import ended_steps
 from perfmagic.render.waterfall import stage_color
 from perfmagic.schema import BOUNDARY_KINDS
 from perfmagic.timeline import Timeline
-from perfmagic.units import fmt_bytes, fmt_fraction
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 _RATE_WINDOW_S = 3.0
 _BAR = {"width": "150px"}
+STAGES_PERIOD_S = 1.0
+"""How often the stage shares are added up: each time costs in proportion to the spans since the last."""
+RECENT_STEPS = 40
+"""Per-step bars the panel shows: the last this many steps."""
 
 
 class Stages(Protocol):
@@ -84,10 +92,21 @@ class LivePanel:
                 self._host_text,
             ]
         )
+        # the stage shares: spans read up to this logical index, steps added up to ``_since``
+        self._stages = w.HTML()
+        self._stages.add_class("pm-live-stages")
+        self._span_cursor = 0
+        self._since: float | None = None
+        self._kind: str | None = None
+        self._stage_totals: dict[str, float] = {}
+        self._steps_added = 0
+        self._recent: deque[dict[str, float]] = deque(maxlen=RECENT_STEPS)
+        self._stages_at = 0.0
         self._gpu_line: Any = None
         self._legend: Any = None
         self._source, self._chart = self._make_chart(window_s)
-        children = [self._status, self._gpus, host] + ([self._chart] if self._chart is not None else [])
+        children = [self._status, self._stages, self._gpus, host]
+        children += [self._chart] if self._chart is not None else []
         self.widget = w.VBox(children, layout={"border": "1px solid #d0d7de", "padding": "6px 10px"})
         self.widget.add_class("perfmagic-live")
 
@@ -116,6 +135,9 @@ class LivePanel:
         steps = _step_count(recorder.boundary_counts) if recorder is not None else None
         stage = recorder.current_stage if recorder is not None else None
         self._status.value = self._status_html(stage, steps, self._step_rate(begin, steps))
+        if recorder is not None and (begin - self._stages_at >= STAGES_PERIOD_S or not self._stages_at):
+            self._stages_at = begin
+            self._update_stages(tl)
         gpu_utils = self._update_gpus(tl)
         cpu = _latest(tl, "host.cpu_util")
         self._cpu.value = 0.0 if cpu is None else cpu * 100
@@ -123,7 +145,9 @@ class LivePanel:
         cores = _latest(tl, "host.proc_cpu_cores")
         parts = [
             f"process {cores:.1f} cores" if cores is not None else None,
-            f"RSS {fmt_bytes(_latest(tl, 'host.rss_bytes'))}",
+            f"memory {fmt_bytes(pss)} (PSS)"
+            if (pss := _latest(tl, "host.pss_bytes")) is not None
+            else f"RSS {fmt_bytes(_latest(tl, 'host.rss_bytes'))}",
             f"read {fmt_bytes(_rate(tl, 'host.read_bytes'))}/s",
             f"write {fmt_bytes(_rate(tl, 'host.write_bytes'))}/s",
         ]
@@ -186,6 +210,23 @@ class LivePanel:
             power.value = "" if watts is None else f"&nbsp;·&nbsp;{watts:.0f} W"
         return utils
 
+    def _update_stages(self, tl: Timeline) -> None:
+        """Add the steps ended since the last time to the shares and the recent bars."""
+        first, spans = tl.spans_since(self._span_cursor)
+        steps = ended_steps(spans, self._kind, self._since)
+        if not steps.count:
+            return
+        self._kind, self._since = steps.boundary, float(steps.end[-1])
+        # the spans a later step may still need: those ending at or after the last step's end
+        later = np.flatnonzero(spans.end >= self._since)
+        self._span_cursor = first + (int(later[0]) if len(later) else len(spans))
+        for j, name in enumerate(steps.stages):
+            self._stage_totals[name] = self._stage_totals.get(name, 0.0) + float(steps.seconds[:, j].sum())
+        for row in steps.seconds[-RECENT_STEPS:]:
+            self._recent.append({n: float(x) for n, x in zip(steps.stages, row, strict=True) if x > 0})
+        self._steps_added += steps.count
+        self._stages.value = _stages_html(self._stage_totals, self._steps_added, list(self._recent))
+
     def _gpu_row(self, device: dict[str, Any]) -> Any:
         import ipywidgets as w
 
@@ -219,7 +260,7 @@ class LivePanel:
                 f'border-radius:3px;padding:0 5px">{html.escape(stage)}</span>'
             )
             parts.append(f'<span class="pm-live-steps">{steps}</span> steps')
-            parts.append(f"{rate:.2f} steps/s" if rate else "— steps/s")
+            parts.append(f"{fmt_rate(rate)} steps/s" if rate else "— steps/s")
         return " · ".join(parts)
 
     def _make_chart(self, window_s: float) -> tuple[Any, Any]:
@@ -249,6 +290,47 @@ class LivePanel:
         self._legend = fig.legend[0]
         fig.xaxis.axis_label = "seconds"
         return source, BokehModel(fig)
+
+
+def _stages_html(totals: dict[str, float], count: int, recent: list[dict[str, float]]) -> str:
+    """The share of step time per stage as one stacked bar with a legend, and a bar per recent step."""
+    whole = sum(totals.values())
+    if whole <= 0:
+        return ""
+    order = sorted((n for n in totals if totals[n] > 0), key=lambda n: -totals[n])
+    shares = "".join(
+        f'<div class="pm-live-share" data-stage="{html.escape(n)}" data-share="{totals[n] / whole:.4f}" '
+        f'title="{html.escape(n)} {totals[n] / whole:.0%}" style="width:{100 * totals[n] / whole:.2f}%;'
+        f'background:{stage_color(n)}"></div>'
+        for n in order
+    )
+    legend = " · ".join(
+        f'<span style="color:{stage_color(n)}">■</span> {html.escape(n)} {fmt_fraction(totals[n] / whole)}'
+        for n in order
+    )
+    peak = max(sum(r.values()) for r in recent) or 1.0
+    width, height = 6, 36  # px per step bar, px for the longest recent step
+    rects = []
+    for i, row in enumerate(recent):
+        y = float(height)
+        for name in order:  # stacked in the legend's order, largest share at the bottom
+            h = row.get(name, 0.0) / peak * height
+            if h > 0:
+                y -= h
+                rects.append(
+                    f'<rect x="{i * width}" y="{y:.1f}" width="{width - 1}" height="{h:.1f}" '
+                    f'fill="{stage_color(name)}"/>'
+                )
+    bars = (
+        f'<svg class="pm-live-recent" width="{width * len(recent)}" height="{height}">{"".join(rects)}</svg>'
+    )
+    return (
+        f'<div style="font-size:12px;margin:4px 0"><b>Share of step time</b> over {count} steps '
+        f'<span style="opacity:.75">(last {len(recent)} steps on the right; longest {fmt_seconds(peak)})</span>'
+        f'<div style="display:flex;align-items:flex-end;gap:12px">'
+        f'<div style="flex:1;max-width:520px"><div style="display:flex;height:14px;border-radius:3px;'
+        f'overflow:hidden">{shares}</div><div>{legend}</div></div>{bars}</div></div>'
+    )
 
 
 def _step_count(counts: dict[str, int]) -> int:

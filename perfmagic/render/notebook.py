@@ -6,6 +6,7 @@ and ``Report._repr_mimebundle_`` returns them, so nothing here imports IPython.
 
 from __future__ import annotations
 
+import base64
 import html
 from collections.abc import Sequence
 from typing import Any
@@ -19,8 +20,17 @@ Bundle = dict[str, str]
 
 
 def report_bundle(report: dict[str, Any], links: Sequence[tuple[str, str]] = ()) -> Bundle:
-    """The report: header, stage waterfall, utilization, advice cards, export links."""
-    return {"text/plain": render_text(report), "text/html": report_fragment(report, links)}
+    """The report: header, stage waterfall, utilization, advice cards, export links.
+
+    The charts also come as ``image/png``, for what reads no HTML (``nbconvert --to pdf``, some viewers).
+    """
+    from perfmagic.render.png import charts_png
+
+    png = charts_png(report)
+    bundle = {"text/plain": render_text(report), "text/html": report_fragment(report, links, png)}
+    if png:
+        bundle["image/png"] = base64.b64encode(png).decode()
+    return bundle
 
 
 def finished_bundle(report: dict[str, Any] | None, error: str | None = None) -> Bundle:

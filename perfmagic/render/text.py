@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from perfmagic.schema import STAGES
-from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 _BAR_WIDTH = 30
 
@@ -88,10 +88,18 @@ def minor_line(report: dict[str, Any]) -> str | None:
     return "also checked, each under 2% of a step to gain: " + ", ".join(parts)
 
 
+def memory_words(host: dict[str, Any]) -> str:
+    """The process tree's memory peak: its PSS where measured (shared pages counted once), else RSS."""
+    rss = fmt_bytes(host.get("rss_peak_bytes"))
+    if host.get("pss_peak_bytes"):
+        return f"memory peak {fmt_bytes(host['pss_peak_bytes'])} (PSS of the process tree; RSS summed {rss})"
+    return f"RSS peak {rss}"
+
+
 def throughput_words(steps: dict[str, Any]) -> str:
     """ ", 2,050 samples/s, 65,600 tokens/s" where the batches told them."""
     words = [
-        f", {steps[key]:,.0f} {unit}/s" if steps[key] >= 100 else f", {steps[key]:.3g} {unit}/s"
+        f", {fmt_rate(steps[key])} {unit}/s"
         for key, unit in (("samples_per_s", "samples"), ("tokens_per_s", "tokens"))
         if steps.get(key)
     ]
@@ -133,7 +141,7 @@ def render_text(report: dict[str, Any]) -> str:
     if steps.get("count"):
         lines.append(
             f"steps: {steps['count']}, median {fmt_seconds(steps['median_s'])}, "
-            f"p90 {fmt_seconds(steps['p90_s'])}, {steps['per_s']:.2f} steps/s{throughput_words(steps)}, "
+            f"p90 {fmt_seconds(steps['p90_s'])}, {fmt_rate(steps['per_s'])} steps/s{throughput_words(steps)}, "
             f"first step done after {fmt_seconds(steps['first_s'])}"
         )
         if steps.get("warmup"):
@@ -193,7 +201,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"host: {host.get('cpu_count', '?')} CPUs, CPU {fmt_fraction(host.get('cpu_util_mean'))}, "
-            f"RSS peak {fmt_bytes(host.get('rss_peak_bytes'))}",
+            f"{memory_words(host)}",
         ]
 
     if len(report.get("ranks", [])) > 1:

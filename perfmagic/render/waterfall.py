@@ -37,6 +37,9 @@ MAX_BARS = 600
 """More steps than this are drawn in bins of consecutive steps (per-step means)."""
 
 _TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
+_TIME_BORDER = 64
+"""Pixels left of every chart on the time axis: their y tick labels differ in width ("5" on a short
+run's waterfall, "100" on utilization), and a frame per width put the same instant at different x."""
 _MIB = 1024**2
 _GIB = 1024**3
 
@@ -102,6 +105,7 @@ def waterfall_figure(table: dict[str, Any]) -> Figure:
         x_axis_label="time since start (s)",
         y_axis_label=f"step time ({unit})",
         output_backend="canvas",
+        min_border_left=_TIME_BORDER,
     )
     renderers: list[DataRenderer] = []
     for j, name in enumerate(names):  # one renderer per stage: legend in pipeline order, click to hide
@@ -216,7 +220,11 @@ def utilization_figures(ts: dict[str, Any], x_range: Range | None = None) -> lis
     util = [(f"GPU {i}", m, 100.0) for m, (i, quantity) in gpus if quantity == "util"]
     util += [("host CPU", "host.cpu_util", 100.0)] if "host.cpu_util" in metrics else []
     mem_metrics = [(f"GPU {i} memory", m) for m, (i, quantity) in gpus if quantity == "mem_used_bytes"]
-    mem_metrics += [("process RSS", "host.rss_bytes")] if "host.rss_bytes" in metrics else []
+    # the tree's PSS where sampled: RSS summed over workers counts the pages they share once each
+    tree = [("process memory (PSS)", "host.pss_bytes"), ("process RSS", "host.rss_bytes")]
+    mem_metrics += (
+        [next((label, m) for label, m in tree if m in metrics)] if "host.rss_bytes" in metrics else []
+    )
     figs = []
     if util:
         figs.append(_series_figure("Utilization", "%", util, metrics, x_range, (0, 105)))
@@ -254,6 +262,7 @@ def _series_figure(
         tools=_TOOLS,
         y_axis_label=unit,
         output_backend="canvas",
+        min_border_left=_TIME_BORDER,
         **kwargs,
     )
     gpu_colors = iter(_SERIES_COLORS)

@@ -16,7 +16,7 @@ from typing import Any
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized, ws_authenticated
-from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.base.handlers import APIHandler, AuthenticatedFileHandler, JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
@@ -192,6 +192,19 @@ def _to_float(x: object) -> float | None:
     return None
 
 
+class BokehJSHandler(AuthenticatedFileHandler):
+    """BokehJS for the notebook's reports: fetched once per page instead of saved in every report."""
+
+    def initialize(self) -> None:  # type: ignore[override]
+        from bokeh.util.paths import bokehjs_path
+
+        super().initialize(path=str(bokehjs_path() / "js"))
+
+    def set_extra_headers(self, path: str) -> None:
+        # the URL names the version (?v=): a cached copy is never stale
+        self.set_header("Cache-Control", "private, max-age=31536000, immutable")
+
+
 def handlers() -> list[tuple[str, type[web.RequestHandler]]]:
     """Routes relative to the server's base_url."""
     return [
@@ -199,4 +212,5 @@ def handlers() -> list[tuple[str, type[web.RequestHandler]]]:
         (r"/perfmagic/metrics", MetricsHandler),
         (r"/perfmagic/api/cluster", ClusterHandler),
         (r"/perfmagic/api/stream", StreamHandler),
+        (r"/perfmagic/static/(bokeh\.min\.js)", BokehJSHandler),
     ]
