@@ -16,6 +16,7 @@ class Monitor:
     def __init__(self, interval: float = 0.5) -> None:
         self.timeline = Timeline()
         self.recorder: None = None  # no code is profiled, so no stages: the panel shows devices only
+        self.tuning_status: None = None  # nor tuned
         self._origin = time.perf_counter()
         self.panel = LivePanel(self, title="perfmagic monitor")
         self._sampler = Sampler(self.timeline, default_sources(), interval, self._clock, self.panel.update)

@@ -287,3 +287,24 @@ def test_perfmagic_run_tune_tunes_in_the_training_process(tmp_path: Path) -> Non
     assert workers["best"]["value"] > 0 and workers["speedup"] > 1.5, workers
     text = perfmagic.load(out).__str__()
     assert "tuning (tried after the window, on copies)" in text and "predicted step" in text
+
+
+def test_the_live_panel_says_what_tuning_tries_and_how_long_it_has_left() -> None:
+    from perfmagic.render.live import LivePanel
+
+    shown: list[str] = []
+    model, opt = model_and_optimizer()
+    loader = DataLoader(Sleepy(n=512, wait_s=0.0005), batch_size=16)
+    with perfmagic.profile(sample=False, tune=True, tune_budget=3) as session:
+        panel = LivePanel(session)
+
+        def refreshed() -> None:
+            panel.update(force=True)
+            shown.append(panel._status.value)
+
+        session.add_tick_listener(refreshed)
+        train(loader, model, opt, steps=10)
+    panel.close()
+    tuning = [s for s in shown if "tuning " in s]
+    assert any("num_workers=0" in s for s in tuning) and any("num_threads=" in s for s in tuning), shown[-5:]
+    assert all(" s left" in s for s in tuning)

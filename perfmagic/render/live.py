@@ -22,7 +22,6 @@ import numpy as np
 
 from perfmagic.analyze.steps import ended_steps
 from perfmagic.render.waterfall import stage_color
-from perfmagic.schema import BOUNDARY_KINDS
 from perfmagic.timeline import Timeline
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
@@ -41,7 +40,7 @@ class Stages(Protocol):
     def current_stage(self) -> str | None: ...
 
     @property
-    def boundary_counts(self) -> dict[str, int]: ...
+    def step_count(self) -> int: ...
 
 
 class Feed(Protocol):
@@ -52,6 +51,11 @@ class Feed(Protocol):
 
     @property
     def recorder(self) -> Stages | None: ...
+
+    @property
+    def tuning_status(self) -> str | None:
+        """What tuning tries now, once the window has ended; None before and without tuning."""
+        ...
 
 
 class LivePanel:
@@ -132,8 +136,12 @@ class LivePanel:
     def _refresh(self, begin: float) -> None:
         tl = self.feed.timeline
         recorder = self.feed.recorder
-        steps = _step_count(recorder.boundary_counts) if recorder is not None else None
+        steps = recorder.step_count if recorder is not None else None
         stage = recorder.current_stage if recorder is not None else None
+        tuning = self.feed.tuning_status
+        if tuning is not None:  # the window has ended: its figures stand, and tuning says how far it is
+            self._status.value = f"<b>{html.escape(self.title)}</b> · {html.escape(tuning)}"
+            return
         self._status.value = self._status_html(stage, steps, self._step_rate(begin, steps))
         if recorder is not None and (begin - self._stages_at >= STAGES_PERIOD_S or not self._stages_at):
             self._stages_at = begin
@@ -331,10 +339,6 @@ def _stages_html(totals: dict[str, float], count: int, recent: list[dict[str, fl
         f'<div style="flex:1;max-width:520px"><div style="display:flex;height:14px;border-radius:3px;'
         f'overflow:hidden">{shares}</div><div>{legend}</div></div>{bars}</div></div>'
     )
-
-
-def _step_count(counts: dict[str, int]) -> int:
-    return next((counts[k] for k in BOUNDARY_KINDS if counts.get(k)), 0)
 
 
 def _latest(tl: Timeline, metric: str) -> float | None:
