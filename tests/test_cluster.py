@@ -162,3 +162,30 @@ async def test_two_jobs_show_their_ranks_under_their_nodes(jp_fetch: Any, promet
         for job in jobs:
             job.terminate()
             job.wait(timeout=30)
+
+
+@pytest.mark.browser
+def test_the_sidebar_shows_every_node_of_the_cluster_and_says_when_prometheus_is_down(
+    tmp_path: Path, prometheus: Prometheus
+) -> None:
+    from browser import lab_page, screenshot
+    from test_sidebar_browser import PANEL, TAB
+
+    config = f"c.PerfmagicExtension.prometheus_url = {prometheus.url!r}\n"
+    with lab_page(tmp_path / "up", server_config=config) as (_, _, page):
+        page.locator(TAB).click()
+        page.wait_for_selector(f"{PANEL} .pm-cluster .pm-node", timeout=30_000)
+        hosts = page.locator(f"{PANEL} .pm-node-head").all_inner_texts()
+        assert hosts == ["node-a · 2 GPUs", "node-b · 1 GPU"]
+        rows = page.locator(f"{PANEL} .pm-node-gpu").all_inner_texts()
+        assert "NVIDIA H100 80GB HBM3" in rows[0] and "87%" in rows[0] and "250 W" in rows[0], rows
+        assert "NVIDIA GeForce GTX 1080" in rows[2]
+        screenshot(page, "sidebar-cluster")
+    down = f"c.PerfmagicExtension.prometheus_url = 'http://127.0.0.1:{free_port()}'\n"
+    with lab_page(tmp_path / "down", server_config=down) as (_, _, page):
+        page.locator(TAB).click()
+        notice = page.locator(f"{PANEL} .pm-cluster-notice")
+        notice.wait_for(state="visible", timeout=30_000)
+        assert notice.inner_text().startswith("Prometheus unreachable: ")
+        assert page.locator(f"{PANEL} .pm-node").count() == 0
+        page.wait_for_selector(f"{PANEL} .pm-metric", timeout=30_000)  # this machine's own view goes on

@@ -1,12 +1,14 @@
 /**
  * The sidebar panel: a card per GPU (utilization, memory, power, temperature), host CPU and
- * memory, and the GPU processes named after their notebooks. Updates pause while hidden.
+ * memory, the GPU processes named after their notebooks, and where a Prometheus is configured the
+ * cluster's nodes. Updates pause while hidden.
  */
 
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { Sparkline } from './chart';
+import { ClusterSection } from './cluster';
 import { FeedState, MonitorFeed } from './connection';
 import {
   clampRate,
@@ -60,6 +62,7 @@ export class GpuMonitorPanel extends Widget {
   private readonly gpuSection = el('div', 'pm-gpus');
   private readonly hostSection = el('section', 'pm-card pm-host');
   private readonly procSection = el('section', 'pm-card pm-procs');
+  private readonly cluster = new ClusterSection();
   private readonly rows = new Map<string, MetricRow>();
   private readonly cards = new Map<number, HTMLElement>();
   private readonly onVisibility = () => this.updateActivity();
@@ -80,7 +83,8 @@ export class GpuMonitorPanel extends Widget {
       this.notice,
       this.gpuSection,
       this.hostSection,
-      this.procSection
+      this.procSection,
+      this.cluster.node
     );
     this.renderProcesses([]);
     this.feed = new MonitorFeed({
@@ -106,6 +110,7 @@ export class GpuMonitorPanel extends Widget {
   dispose(): void {
     document.removeEventListener('visibilitychange', this.onVisibility);
     this.feed.dispose();
+    this.cluster.dispose();
     super.dispose();
   }
 
@@ -125,8 +130,10 @@ export class GpuMonitorPanel extends Widget {
   private updateActivity(): void {
     if (this.isVisible && document.visibilityState !== 'hidden') {
       this.feed.resume();
+      this.cluster.resume();
     } else {
       this.feed.pause();
+      this.cluster.pause();
     }
   }
 

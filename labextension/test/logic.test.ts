@@ -4,6 +4,9 @@ import { test } from 'node:test';
 import {
   backoffDelay,
   clampRate,
+  clusterGpuText,
+  clusterNotice,
+  clusterRankText,
   formatBytes,
   formatCelsius,
   formatPercent,
@@ -12,6 +15,7 @@ import {
   historySpan,
   hostMetrics,
   IGpu,
+  isClusterView,
   isSnapshot,
   isStale,
   ISnapshot,
@@ -186,4 +190,34 @@ test('the time scale follows the refresh rate', () => {
   assert.equal(historySpan(120, 1), 'last 2 min');
   assert.equal(historySpan(120, 4), 'last 30 s');
   assert.equal(historySpan(120, 10), 'last 12 s');
+});
+
+test('a node of the cluster reads as one line per GPU and per rank', () => {
+  const gpu = {
+    gpu: '0',
+    uuid: 'GPU-0',
+    model: 'NVIDIA H100 80GB HBM3',
+    util_pct: 87,
+    fb_used_mib: 20 * 1024,
+    fb_free_mib: 60 * 1024,
+    power_w: 250.12,
+    util_history: [] as [number, number][]
+  };
+  assert.equal(clusterGpuText(gpu), '87% · 20.0 GiB / 80.0 GiB · 250 W');
+  assert.equal(clusterGpuText({ ...gpu, util_pct: null, fb_free_mib: null, power_w: null }), 'n/a · 20.0 GiB');
+  const rank = { rank: 3, local_rank: 1, pid: 42, program: 'train.py', steps: 100, steps_per_s: 12.34 };
+  assert.equal(clusterRankText(rank), 'rank 3 · train.py · 12 steps/s');
+  assert.equal(clusterRankText({ ...rank, rank: null, program: null, steps_per_s: 2.34 }), 'pid 42 · 2.3 steps/s');
+});
+
+test('the cluster section says why it shows no nodes', () => {
+  const view = (configured: boolean, reachable: boolean, nodes = 0) => ({
+    prometheus: { configured, reachable, error: reachable ? null : 'ConnectionRefusedError' },
+    nodes: Array.from({ length: nodes }, () => ({ hostname: 'n', gpus: [], ranks: [] }))
+  });
+  assert.equal(clusterNotice(view(false, false)), null);
+  assert.match(clusterNotice(view(true, false))!, /unreachable: ConnectionRefusedError/);
+  assert.match(clusterNotice(view(true, true))!, /no GPU series/);
+  assert.equal(clusterNotice(view(true, true, 1)), null);
+  assert.ok(isClusterView(view(true, true)) && !isClusterView({ nodes: 1 }));
 });
