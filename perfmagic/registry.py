@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,18 @@ class StatusFile:
         self.identity = identity
         self._written = -PUBLISH_EVERY_S
         self._steps: deque[tuple[float, int]] = deque()
+        self._totals: deque[tuple[float, dict[str, float]]] = deque()
         self.failed: str | None = None
 
-    def publish(self, steps: int, stage: str | None, now: float | None = None) -> None:
+    def publish(
+        self,
+        steps: int,
+        stage: str | None,
+        stage_seconds: Callable[[], dict[str, float]],
+        now: float | None = None,
+    ) -> None:
+        """Note the step count; at most once a :data:`PUBLISH_EVERY_S`, write the status with the
+        seconds per stage of the steps ended so far (``stage_seconds``, asked only then)."""
         now = time.monotonic() if now is None else now
         self._steps.append((now, steps))
         while len(self._steps) > 2 and now - self._steps[0][0] > RATE_WINDOW_S:
@@ -54,13 +64,24 @@ class StatusFile:
         if self.failed is not None or now - self._written < PUBLISH_EVERY_S:
             return
         self._written = now
+        totals = dict(stage_seconds())
+        self._totals.append((now, totals))
+        while len(self._totals) > 2 and now - self._totals[0][0] > RATE_WINDOW_S:
+            self._totals.popleft()
         (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
+        earlier = self._totals[0][1]
+        recent = {k: v - earlier.get(k, 0.0) for k, v in totals.items()}
         status = {
             **self.identity,
             "updated": time.time(),
             "steps": steps,
             "steps_per_s": (s1 - s0) / (t1 - t0) if t1 > t0 else None,
             "stage": stage,
+            "stage_seconds": totals,
+            # where the last ten seconds' steps spent most of their time
+            "bottleneck": max(recent, key=lambda k: recent[k])
+            if any(v > 0 for v in recent.values())
+            else None,
         }
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # argv is the user's business

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from perfmagic.analyze.running import RunningStages
 from perfmagic.analyze.steps import plan_fold
 from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.recorder import NO_RECORDER, StageRecorder
@@ -108,6 +109,7 @@ class Session:
         self._report: Report | None = None
         self._tick_listeners: list[Callable[[], None]] = []
         self._status: StatusFile | None = None  # this session in the machine's registry (perfmagic exporter)
+        self._running_stages = RunningStages()  # what it says of the steps ended so far
         self.tuning_status: str | None = None  # what tuning tries now (after the window), for live views
         self._running = False
         self._forked = False  # this is a copy of the session in a forked child: it writes nothing
@@ -478,10 +480,14 @@ class Session:
                 self._bounding = False
                 self.warnings.append(f"old steps could not be folded ({e!r}): memory grows with the run")
         if self._running and self._status is not None:  # for perfmagic exporter: this process's progress
-            recorder = self.recorder
-            self._status.publish(
-                recorder.step_count if recorder else 0, recorder.current_stage if recorder else None
-            )
+            recorder, stages = self.recorder, self._running_stages
+
+            def stage_seconds() -> dict[str, float]:
+                stages.add_ended(self.timeline)
+                return stages.totals
+
+            steps, stage = (recorder.step_count, recorder.current_stage) if recorder else (0, None)
+            self._status.publish(steps, stage, stage_seconds)
         self._notify_listeners()
 
     def _notify_listeners(self) -> None:

@@ -121,7 +121,11 @@ def test_a_running_session_is_exported_with_its_rank_and_pace(tmp_path: Path) ->
         while time.monotonic() < deadline:
             series = samples(scrape(url))
             paced = series.get("perfmagic_training_steps_per_second") or []
-            if paced and series["perfmagic_training_steps"][0].value >= 20:
+            if (
+                paced
+                and series["perfmagic_training_steps"][0].value >= 20
+                and "perfmagic_training_bottleneck" in series
+            ):
                 break
             time.sleep(0.3)
         (steps,) = series["perfmagic_training_steps"]  # the parser names a counter without its _total
@@ -130,6 +134,11 @@ def test_a_running_session_is_exported_with_its_rank_and_pace(tmp_path: Path) ->
         assert 5 < paced[0].value < 200  # a step every 10 ms, however busy the machine
         (stage,) = series["perfmagic_training_stage"]
         assert stage.labels["stage"] in {"forward", "other"} and stage.value == 1
+        # the script's steps are a 10 ms forward stage and little else: the shares and the bottleneck say so
+        seconds = {s.labels["stage"]: s.value for s in series["perfmagic_training_stage_seconds"]}
+        assert seconds["forward"] > 0.9 * sum(seconds.values()), seconds
+        (bottleneck,) = series["perfmagic_training_bottleneck"]
+        assert bottleneck.labels["stage"] == "forward" and bottleneck.labels["rank"] == "3"
     finally:
         job.terminate()
         job.wait(timeout=30)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from perfmagic.analyze.steps import ended_steps
+from perfmagic.analyze.running import RunningStages
 from perfmagic.render.waterfall import stage_color
 from perfmagic.timeline import Timeline
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
@@ -96,14 +96,10 @@ class LivePanel:
                 self._host_text,
             ]
         )
-        # the stage shares: spans read up to this logical index, steps added up to ``_since``
+        # the stage shares, added up from the steps ended since the last look
         self._stages = w.HTML()
         self._stages.add_class("pm-live-stages")
-        self._span_cursor = 0
-        self._since: float | None = None
-        self._kind: str | None = None
-        self._stage_totals: dict[str, float] = {}
-        self._steps_added = 0
+        self._running = RunningStages()
         self._recent: deque[dict[str, float]] = deque(maxlen=RECENT_STEPS)
         self._stages_at = 0.0
         self._gpu_line: Any = None
@@ -220,20 +216,13 @@ class LivePanel:
 
     def _update_stages(self, tl: Timeline) -> None:
         """Add the steps ended since the last time to the shares and the recent bars."""
-        first, spans = tl.spans_since(self._span_cursor)
-        steps = ended_steps(spans, self._kind, self._since)
-        if not steps.count:
+        steps = self._running.add_ended(tl)
+        if steps is None:
             return
-        self._kind, self._since = steps.boundary, float(steps.end[-1])
-        # the spans a later step may still need: those ending at or after the last step's end
-        later = np.flatnonzero(spans.end >= self._since)
-        self._span_cursor = first + (int(later[0]) if len(later) else len(spans))
-        for j, name in enumerate(steps.stages):
-            self._stage_totals[name] = self._stage_totals.get(name, 0.0) + float(steps.seconds[:, j].sum())
         for row in steps.seconds[-RECENT_STEPS:]:
             self._recent.append({n: float(x) for n, x in zip(steps.stages, row, strict=True) if x > 0})
-        self._steps_added += steps.count
-        self._stages.value = _stages_html(self._stage_totals, self._steps_added, list(self._recent))
+        running = self._running
+        self._stages.value = _stages_html(running.totals, running.steps, list(self._recent))
 
     def _gpu_row(self, device: dict[str, Any]) -> Any:
         import ipywidgets as w

@@ -186,6 +186,25 @@ def _training(sessions: list[Json], hostname: str) -> list[str]:
             for s, la in paced
         ]
     lines += [
+        "# HELP perfmagic_training_stage_seconds_total Seconds the ended steps of a profiled process spent "
+        "in each stage (shares over a window: rate of one stage over the rate of all).",
+        "# TYPE perfmagic_training_stage_seconds_total counter",
+    ]
+    lines += [
+        f'perfmagic_training_stage_seconds_total{{{la},stage="{_escaped(stage)}"}} {_number(float(seconds))}'
+        for s, la in zip(sessions, labels, strict=True)
+        for stage, seconds in sorted((s.get("stage_seconds") or {}).items())
+    ]
+    lines += [
+        "# HELP perfmagic_training_bottleneck The stage the last ten seconds' steps spent most time in (1).",
+        "# TYPE perfmagic_training_bottleneck gauge",
+    ]
+    lines += [
+        f'perfmagic_training_bottleneck{{{la},stage="{_escaped(str(s["bottleneck"]))}"}} 1'
+        for s, la in zip(sessions, labels, strict=True)
+        if s.get("bottleneck")
+    ]
+    lines += [
         "# HELP perfmagic_training_stage The stage a profiled process is in now (1 for that stage).",
         "# TYPE perfmagic_training_stage gauge",
     ]
