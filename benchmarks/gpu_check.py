@@ -624,7 +624,20 @@ def sampler_cost(check: Check, session: Any) -> None:
 
 
 def gpu_tests(check: Check) -> None:
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *GPU_TEST_FILES]
+    # --noconftest: the suite's conftest loads the Jupyter server fixtures, which a bare GPU image lacks
+    # and the GPU tests do not use
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--noconftest",
+        *GPU_TEST_FILES,
+    ]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
