@@ -614,10 +614,40 @@ def sampler_cost(check: Check, session: Any) -> None:
     cost = measure(default_sources(), seconds=COST_S, hz=10.0)
     for w in cost["warnings"]:
         print(f"  warning: {w}")
+    _where_the_sampler_spends(default_sources())
     pct = cost["cpu_pct_of_core"]
     summary = f"host+nvml at 10 Hz: {pct:.2f}% of one core, {cost['ms_per_tick']:.3f} ms/tick, {cost['metrics']} metrics"
     print(summary)
     check.record("sampler cost", pct == pct and pct < 2.0, summary)
+
+
+def _where_the_sampler_spends(sources: list[Any], ticks: int = 20) -> None:
+    """The functions the sources' reads spend most time in, over ``ticks`` reads (cProfile)."""
+    import cProfile
+    import io
+    import pstats
+
+    from perfmagic.collect.sampler import SourceUnavailable
+    from perfmagic.timeline import Timeline
+
+    timeline, opened = Timeline(), []
+    for source in sources:
+        with contextlib.suppress(SourceUnavailable):  # no NVML: the host alone
+            source.open(timeline)
+            opened.append(source)
+    sources = opened
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for k in range(ticks):
+        for source in sources:
+            source.poll(float(k), timeline)
+        time.sleep(0.1)  # rates and GPM samples need time between reads, as at 10 Hz
+    profiler.disable()
+    for source in sources:
+        source.close(timeline)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(8)
+    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-1800:])
 
 
 # -- phase 5 ---------------------------------------------------------------------------------

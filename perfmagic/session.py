@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 from perfmagic.analyze.running import RunningStages
 from perfmagic.analyze.steps import plan_fold
 from perfmagic.collect.imports import PostImportHook, when_imported
-from perfmagic.collect.recorder import NO_RECORDER, StageRecorder
+from perfmagic.collect.recorder import NO_RECORDER, StageRecorder, keep_until_exit
 from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.stacks import StackSource
 from perfmagic.registry import StatusFile
@@ -449,6 +449,9 @@ class Session:
         if self.recorder is not None:
             self.recorder.stop_recording()
         self._spool_file = self._spooler = None  # not closed: closing could flush into the parent's file
+        # the sampler's sources may hold CUDA objects of the parent: kept, never freed here (see
+        # StageRecorder.stop_recording)
+        keep_until_exit(self._sampler)
         self._sampler = None
 
     def _clock(self) -> float:

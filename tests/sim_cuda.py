@@ -4,13 +4,15 @@ Installed over the real ``torch.cuda`` (``install``), it gives the torch hooks w
 machine would: kernels queue per stream and run in order for their modelled time,
 after what was queued before them; an event is reached when its stream gets there and
 ``query()`` says so only then; ``synchronize`` waits for the queues; while a graph is
-captured, querying or waiting on an event raises as CUDA does; the caching allocator has
+captured, querying or waiting on an event raises as CUDA does; an event freed in a forked child
+kills that child, as the real one's destructor aborts it; the caching allocator has
 current and peak figures, retries and OOMs. Every kernel's device interval is kept, so a
 test can measure the truth a profiler should find.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -148,6 +150,13 @@ class Event:
         self.sim = sim
         self.device: int | None = None
         self.at: float | None = None
+        self.pid = os.getpid()
+
+    def __del__(self) -> None:
+        # A real event freed in a forked child calls into a CUDA context the child cannot use: the C++
+        # destructor's error terminates the process (SIGABRT), whatever Python was doing
+        if os.getpid() != self.pid:
+            os._exit(134)
 
     def record(self, stream: Stream | None = None) -> None:
         sim = self.sim

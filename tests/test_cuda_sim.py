@@ -241,3 +241,22 @@ def test_a_mark_is_timed_when_the_device_reaches_it(sim: SimCuda) -> None:
     (t,) = clock.resolve([token])  # waits for that event only
     assert t == pytest.approx(queued + 0.05, abs=5e-3)
     assert clock.done(token) is True and sim.device_syncs == 0
+
+
+def test_dataloader_workers_forked_while_device_marks_are_held_live_on(sim: SimCuda) -> None:
+    """A worker forked inside the data stage (its start mark held, the last step's boundary held back)
+    must free none of the parent's events: on a GPU that aborts the worker."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = Net(sim)
+    opt = device_sgd(sim, model.parameters())
+    loader = DataLoader(
+        TensorDataset(torch.randn(32, 8)), batch_size=4, num_workers=2, multiprocessing_context="fork"
+    )
+    with perfmagic.profile(sample=False) as session:
+        for _ in range(2):  # each epoch forks its workers anew, the device behind the host
+            for (x,) in loader:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+    assert session.report.to_dict()["steps"]["count"] == 16

@@ -377,10 +377,15 @@ class StageRecorder:
                 self.exit()
 
     def stop_recording(self) -> None:
-        """Record nothing more from now on (a forked child's copy of the recorder)."""
+        """Record nothing more from now on (a forked child's copy of the recorder).
+
+        The child keeps the parent's device marks and clock referenced until it exits: freeing a CUDA
+        event in a forked child calls into a CUDA context that child cannot use, and the C++
+        destructor that fails there aborts the process (a DataLoader worker "exited unexpectedly").
+        """
         self.thread_id = _CLOSED
-        self._stack.clear()
-        self._held = None
+        keep_until_exit((self._stack, self._held, self._device_marks, self.device_clock))
+        self._stack, self._held, self._device_marks, self.device_clock = [], None, [], None
         if self.thread_clock is not None:
             self.thread_clock.close()
 
@@ -421,6 +426,15 @@ class StageRecorder:
         new_start = np.where(np.isnan(device_end), start, np.minimum(np.fmax(start, device_start), new_end))
         self.timeline.set_span_times(index, new_start, new_end)
         return []
+
+
+_KEPT_BY_FORKED_CHILD: list[object] = []
+
+
+def keep_until_exit(obj: object) -> None:
+    """Keep ``obj`` referenced until this forked child exits: what it holds of the parent's device
+    (CUDA events, streams) must never be freed here (see ``StageRecorder.stop_recording``)."""
+    _KEPT_BY_FORKED_CHILD.append(obj)
 
 
 class _NoRecorder:
