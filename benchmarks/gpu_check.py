@@ -578,6 +578,49 @@ def check_tuning_gpu_knobs(check: Check, torch: Any) -> None:
     torch.cuda.empty_cache()
 
 
+def check_ddp_nccl(check: Check, torch: Any) -> None:
+    """A 1-rank NCCL DDP job: its gradient all-reduce is comm inside backward, timed on the device."""
+    import socket
+
+    import perfmagic
+
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_nccl_available():
+        check.record("ddp nccl", None, "no NCCL in this torch")
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(_mlp(torch, 4096, "cuda"), device_ids=[0])
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        x = torch.randn(2048, 4096, device="cuda")
+        for _ in range(3):  # warm-up: NCCL communicator, buckets rebuilt after the first step
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        with perfmagic.profile(sample=False) as session:
+            for _ in range(30):
+                opt.zero_grad()
+                model(x).square().mean().backward()
+                opt.step()
+        torch.cuda.synchronize()
+    finally:
+        dist.destroy_process_group()
+    spans = session.timeline.spans
+    comm = sum(1 for i in spans.name_id if spans.names[int(i)] == "comm")
+    stages = session.report.to_dict()["stages"]
+    mean = {k: (stages.get(k) or {}).get("mean_s") or 0.0 for k in ("backward", "comm")}
+    device = [w for w in session.report.warnings if "device" in w]
+    check.record(
+        "ddp nccl",
+        comm == 30 and mean["comm"] > 0 and not device,
+        f"{comm} comm spans in 30 steps; comm {1000 * mean['comm']:.3f} ms, backward "
+        f"{1000 * mean['backward']:.2f} ms per step; device warnings: {device or 'none'}",
+    )
+
+
 CUDA_PATH_CHECKS = (
     check_stage_truth,
     check_pending_marks,
@@ -587,6 +630,7 @@ CUDA_PATH_CHECKS = (
     check_amp_and_allocator,
     check_second_gpu,
     check_tuning_gpu_knobs,
+    check_ddp_nccl,
 )
 
 

@@ -5,7 +5,9 @@
 imports ``sitecustomize`` at start-up in every interpreter the command starts
 (torchrun's workers included); it calls :func:`start_from_env`, which profiles
 the process until it exits, then hands over to the user's own
-``sitecustomize``, if any.
+``sitecustomize``, if any. A profiled block does the same for the interpreters
+it starts (``torch.multiprocessing.spawn`` workers) with :func:`profile_children`,
+for as long as it runs.
 """
 
 from __future__ import annotations
@@ -56,6 +58,41 @@ def write_sitecustomize(directory: Path) -> Path:
     path = directory / "sitecustomize.py"
     path.write_text(SITECUSTOMIZE, encoding="utf-8")
     return path
+
+
+def profile_children(run_dir: Path, interval: float) -> Callable[[], None]:
+    """Profile every Python interpreter this process starts from now on into ``run_dir``, as
+    ``perfmagic run`` does; returns the function that puts the environment back.
+
+    Only a fresh interpreter reads the environment (spawned workers, subprocesses); a forked
+    child does not. Inside ``perfmagic run`` the children are its own already: nothing is set.
+    Putting back restores each variable the block left as it was set here; one the block
+    changed itself stays the block's, less this directory on ``PYTHONPATH``.
+    """
+    if RUN_DIR_ENV in os.environ:
+        return lambda: None
+    boot = str(write_sitecustomize(run_dir / "boot").parent.resolve())
+    before = {name: os.environ.get(name) for name in ("PYTHONPATH", RUN_DIR_ENV, INTERVAL_ENV)}
+    ours = {
+        "PYTHONPATH": os.pathsep.join([boot, *filter(None, [before["PYTHONPATH"]])]),
+        RUN_DIR_ENV: str(run_dir.resolve()),
+        INTERVAL_ENV: str(interval),
+    }
+    os.environ.update(ours)
+
+    def restore() -> None:
+        for name, value in ours.items():
+            now = os.environ.get(name)
+            if now == value:
+                old = before[name]
+                if old is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = old
+            elif name == "PYTHONPATH" and now is not None:
+                os.environ[name] = os.pathsep.join(p for p in now.split(os.pathsep) if p != boot)
+
+    return restore
 
 
 def is_helper_process() -> bool:

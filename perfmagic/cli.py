@@ -262,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
         interval=args.interval,
         outdir=outdir / "sampler",
         hooks=False,
+        children=False,  # the command's own environment profiles them
         sources=[NvmlSource(), HostSource(root_pid=child.pid)],
         source="run",
     )

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from perfmagic.report import Report
 
 REPORT_NAME = "report.json"
+CHILDREN_DIR = "children"
+"""Where the records of the interpreters a window started go, in its ``outdir``."""
 _SPOOL_EVERY_S = 1.0
 
 SPAN_BUDGET = 1 << 16
@@ -56,7 +58,9 @@ class Session:
 
     ``outdir`` receives the spool (``timeline.jsonl``, appended about once a
     second so a killed process leaves a readable record) and ``report.json``.
-    Without it, a temporary directory is used.
+    Without it, a temporary directory is used. With ``children`` (the default), the
+    Python interpreters the block starts (``torch.multiprocessing.spawn`` workers,
+    subprocesses) are profiled into ``outdir/children`` and are the report's ranks.
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class Session:
         trace: bool | int = False,
         tune: bool = False,
         tune_budget: float | None = None,
+        children: bool = True,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
@@ -80,6 +85,7 @@ class Session:
             raise ValueError(f"tune must be True or False, got {tune!r}")
         self.tune = tune
         self.tune_budget = tune_budget
+        self.children = children
         self.interval = float(interval)
         # torch.profiler over this many training steps (True: 5); the heavy mode is opt-in and bounded
         self.trace_steps = 5 if trace is True else int(trace)
@@ -114,6 +120,7 @@ class Session:
         self._running = False
         self._forked = False  # this is a copy of the session in a forked child: it writes nothing
         self._bounding = True  # folding old steps and thinning old samples (off after a failure)
+        self._restore_env: Callable[[], None] | None = None  # puts back what profile_children set
 
     # -- lifecycle -------------------------------------------------------
 
@@ -166,6 +173,10 @@ class Session:
             }
             | {"program": Path(sys.argv[0]).name if sys.argv and sys.argv[0] else None}
         )
+        if self.children:
+            from perfmagic.bootstrap import profile_children
+
+            self._restore_env = profile_children(self.outdir / CHILDREN_DIR, self.interval)
         if self.hooks:
             self.recorder = StageRecorder(self.timeline, self._origin)
             self._start_framework_hooks()
@@ -334,7 +345,7 @@ class Session:
 
         self.timeline.meta["warnings"] = list(self.warnings)
         try:
-            return report_from_timelines([self.timeline], source=self.source)
+            return report_from_timelines(with_children(self.timeline, self.outdir), source=self.source)
         except Exception as e:  # a bug in perfmagic must not cost the user the block's results
             bare = Timeline(
                 {**self.timeline.meta, "warnings": [*self.warnings, _analysis_failed(e, self.outdir)]}
@@ -362,6 +373,9 @@ class Session:
                     except Exception as e:
                         self.warnings.append(f"{what} failed to stop ({e!r})")
         finally:
+            restore, self._restore_env = self._restore_env, None
+            if restore is not None:
+                restore()
             if self._sampler is not None:
                 self._sampler.stop()
                 self.warnings += self._sampler.warnings
@@ -588,7 +602,24 @@ def load(path: str | os.PathLike[str]) -> Report:
     if p.is_dir() and not (p / SPOOL_NAME).exists() and (p / REPORT_NAME).exists():
         return Report.load(p / REPORT_NAME)  # a perfmagic run directory: the records are per process
     timeline = Timeline.load(p)
-    return report_from_timelines([timeline], source=str(timeline.meta.get("source", "live")))
+    timelines = with_children(timeline, p) if p.is_dir() else [timeline]
+    return report_from_timelines(timelines, source=str(timeline.meta.get("source", "live")))
+
+
+def with_children(timeline: Timeline, outdir: Path) -> list[Timeline]:
+    """A window's timeline and those of the interpreters it started (``outdir/children``), on its clock."""
+    from perfmagic.merge import on_one_clock, read_node
+
+    directory = outdir / CHILDREN_DIR
+    if not directory.is_dir():
+        return [timeline]
+    node = read_node(directory)
+    if not node.processes:
+        return [timeline]
+    timeline.meta["warnings"] = [*timeline.meta.get("warnings", []), *node.warnings]
+    timelines = [timeline, *node.processes]
+    on_one_clock(timelines, timeline.meta.get("epoch"))
+    return timelines
 
 
 def default_sources() -> list[Source]:

@@ -465,6 +465,26 @@ def test_gpu_telemetry_reaches_the_report_and_its_rules(tmp_path: Path, fake_nvm
     assert not any("no NVIDIA GPU was seen" in w for w in report.warnings)
 
 
+def test_data_parallel_is_named_and_its_uneven_gpus_too(tmp_path: Path, fake_nvml: Any) -> None:
+    """A real nn.DataParallel (on a CPU build it runs its module in place) with NVML faked: GPU 0 holding
+    2.5x the memory of GPU 1, as DataParallel leaves it, at even utilization."""
+    from fake_nvml import FakeGpu, FakeNvml, GiB
+
+    one = {"uuid": "GPU-11111111-1111-1111-1111-111111111111", "pci_bus_id": "00000000:3B:00.0"}
+    fake_nvml(
+        FakeNvml([FakeGpu(util_gpu=85, mem_used=30 * GiB), FakeGpu(util_gpu=80, mem_used=12 * GiB, **one)])
+    )
+    report = _profile(tmp_path, lambda: _train(torch.nn.DataParallel(_mlp()), _loader(40)))
+    cards = {c["id"]: c for c in report.advice}
+    assert (
+        "torchrun" in cards["data_parallel"]["fix"]
+        and "DistributedDataParallel(" in cards["data_parallel"]["fix"]
+    )
+    assert cards["data_parallel"]["severity"] == "medium"
+    imbalance = cards["gpu_imbalance"]
+    assert imbalance["metrics"]["signal"] == "memory" and imbalance["title"].startswith("GPU 0 holds 2.5x")
+
+
 def test_a_large_other_is_explained_by_where_the_training_thread_was(tmp_path: Path) -> None:
     """61% of a step in "other" with nothing saying what it is: the report names the code it samples there."""
     model = _mlp()

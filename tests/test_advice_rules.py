@@ -481,6 +481,32 @@ def test_gpu_imbalance() -> None:
     assert distributed.gpu_imbalance(build(devices=four, samples=even)) is None
 
 
+def test_gpu_imbalance_in_memory_as_data_parallel_leaves_it_on_gpu_0() -> None:
+    """Even utilization, but GPU 0 holds 1.5x (and >= 1 GiB more) the memory of another working GPU."""
+    two = [gpu_static(i) for i in range(2)]
+
+    def memory(gpu0: float, gpu1: float, util1: float = 0.8) -> dict[str, float]:
+        return {
+            **HOST_SAMPLES,
+            "gpu0.util": 0.85,
+            "gpu1.util": util1,
+            "gpu0.mem_used_bytes": gpu0 * GiB,
+            "gpu1.mem_used_bytes": gpu1 * GiB,
+        }
+
+    card = check(distributed.gpu_imbalance(build(devices=two, samples=memory(30, 12))), "gpu_imbalance")
+    assert card.metrics["signal"] == "memory" and card.metrics["mem_ratio"] == pytest.approx(2.5)
+    assert card.title == "GPU 0 holds 2.5x the memory of GPU 1" and card.saving_s is None
+    assert "30.0 GiB peak" in card.evidence and "DistributedDataParallel" in card.fix
+    assert distributed.gpu_imbalance(build(devices=two, samples=memory(17, 12))) is None  # 1.4x
+    assert distributed.gpu_imbalance(build(devices=two, samples=memory(1.5, 0.6))) is None  # < 1 GiB apart
+    # an idle GPU's small footprint is no imbalance in memory: its utilization says what matters
+    idle = check(distributed.gpu_imbalance(build(devices=two, samples=memory(30, 0.5, 0.0))), "gpu_imbalance")
+    assert idle.metrics["signal"] == "utilization" and idle.metrics["idle_gpus"] == [1]
+    slow = {**memory(30, 0.5, 0.03), "gpu0.util": 0.2}  # both nearly idle: no utilization spread either
+    assert distributed.gpu_imbalance(build(devices=two, samples=slow)) is None
+
+
 def test_data_parallel() -> None:
     card = check(distributed.data_parallel(build(model={**MODEL, "data_parallel": True})), "data_parallel")
     assert card.severity == "medium" and "DistributedDataParallel" in card.fix

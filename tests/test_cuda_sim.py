@@ -92,6 +92,42 @@ def test_stage_times_are_the_devices_in_a_gpu_bound_loop(sim: SimCuda) -> None:
     assert sim.device_syncs == 0  # starting the clock and reading it never waits for the whole device
 
 
+ALLREDUCE_S = 0.004
+
+
+def test_ddp_reduction_on_a_nccl_like_stream_is_comm_in_device_time(sim: SimCuda, gloo_group: None) -> None:
+    """As on NCCL: the hook's all-reduce runs on a stream of its own and DDP's finalize only makes the
+    current stream wait for it, so the host's wait is ~0 and only device marks see the reduction."""
+    engine = torch.autograd.Variable._execution_engine
+    reduced_until: list[float] = []
+
+    def nccl_like(state: object, bucket: Any) -> Any:
+        start = sim.streams[0].busy_until  # after the backward kernels that made the gradients
+        reduced_until.append(max(time.perf_counter(), start) + ALLREDUCE_S)
+
+        def stream_waits() -> None:  # what finalize's work.wait() does on NCCL: a wait queued on the stream
+            stream = sim.streams[0]
+            stream.busy_until = max(stream.busy_until, reduced_until[-1])
+
+        engine.queue_callback(stream_waits)
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    nccl_like.__annotations__ = {"bucket": torch.distributed.GradBucket}  # DDP checks it (not as a string)
+    model = torch.nn.parallel.DistributedDataParallel(Net(sim))
+    model.register_comm_hook(None, nccl_like)
+    with perfmagic.profile(sample=False) as session:
+        train(sim, 30, model, device_sgd(sim, model.parameters()))
+    assert len(reduced_until) >= 30
+    means = stage_means(session.report)
+    # the device's time in the reduction, not the host's near-zero wait; backward keeps only its compute
+    assert means["comm"] == pytest.approx(ALLREDUCE_S, rel=0.15, abs=3e-4)
+    assert means["backward"] == pytest.approx(BACKWARD_S, rel=0.15, abs=3e-4)
+    step = session.report.to_dict()["steps"]["median_s"]
+    assert step == pytest.approx(FORWARD_S + BACKWARD_S + ALLREDUCE_S + OPTIMIZER_S, rel=0.15, abs=5e-4)
+
+
 def test_pending_device_marks_stay_bounded_with_the_hooks(sim: SimCuda) -> None:
     model, pending = Net(sim, forward_s=1e-4, backward_s=1e-4), []
     opt = device_sgd(sim, model.parameters(), seconds=5e-5)

@@ -83,6 +83,8 @@ def snapshot() -> dict[str, Any]:
             len(optim_mod._global_optimizer_post_hooks),
         ),
         "fd2": os.fstat(2).st_ino,
+        # what profile_children sets for the block (torch sets variables of its own: not compared)
+        "environ": {k: v for k, v in os.environ.items() if k.startswith("PERFMAGIC") or k == "PYTHONPATH"},
         "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("perfmagic")),
         "active": active_session(),
     }
@@ -312,6 +314,51 @@ def test_trace_runs_torch_profiler_for_a_few_steps(ip: InteractiveShell, tmp_pat
     names = {e.get("name") for e in json.loads(merged.read_text())["traceEvents"]}
     assert any(str(n).startswith("ProfilerStep#") for n in names) and "step 1" in names
     assert snapshot() == before
+
+
+SPAWN = """\
+import os, socket, sys
+import torch.multiprocessing as mp
+sys.path.insert(0, {scripts!r})
+import train_spawn  # the workers' function: importable, as spawn needs (sys.path goes to the workers)
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+os.environ["PYTHONPATH"] = os.environ.get("PYTHONPATH", "") + os.pathsep + "/cell/own"  # the cell's own change
+mp.spawn(train_spawn.train, args=(2,), nprocs=2)
+sys.path.remove({scripts!r})
+"""
+
+
+@pytest.mark.slow
+def test_a_cell_that_spawns_ranks_reports_each_worker_and_puts_the_environment_back(
+    ip: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.multiprocessing.spawn starts fresh interpreters: they are profiled as perfmagic run's are."""
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", pythonpath)  # put back after the test: the cell changes it
+    before = snapshot()
+    scripts = str(Path(__file__).resolve().parent / "scripts")
+    result, _ = run(
+        ip, f"%%gpuprofile --no-live -v spawned --outdir {tmp_path}\n" + SPAWN.format(scripts=scripts)
+    )
+    assert result.success, result.error_in_exec
+    report = ip.user_ns["spawned"]
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]  # the ranks the workers were given
+    assert all(r["steps"]["count"] == 10 for r in report["ranks"])
+    assert report.steps["count"] == 10 and report["source"] == "live"
+    assert len(list((tmp_path / "children").glob("proc-*"))) >= 2
+    # the variables set for the cell are gone; the cell's own change to PYTHONPATH stays, less perfmagic's
+    after = snapshot()
+    assert after.pop("environ") == {
+        **before.pop("environ"),
+        "PYTHONPATH": pythonpath + os.pathsep + "/cell/own",
+    }
+    assert after == before
+    assert perfmagic.load(tmp_path).steps["count"] == 10  # the record rebuilds with its children
 
 
 def test_gpumonitor_starts_and_stops(ip: InteractiveShell) -> None:

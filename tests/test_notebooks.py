@@ -116,6 +116,33 @@ def test_example_notebook_runs_and_shows_reports(name: str, tmp_path: Path) -> N
     assert "cdn.bokeh.org" not in html
 
 
+def test_multi_rank_notebook_reports_each_spawned_rank_and_names_the_straggler(tmp_path: Path) -> None:
+    """Two gloo DDP ranks started by torch.multiprocessing.spawn from the kernel, rank 1 slow to load."""
+    import shutil
+
+    nb = nbformat.read(EXAMPLES / "multi_rank.ipynb", as_version=4)
+    shutil.copy(EXAMPLES / "ddp_workers.py", tmp_path)  # beside the notebook, where its kernel runs
+    begin = time.monotonic()
+    execute(nb, tmp_path)
+    elapsed = time.monotonic() - begin
+    assert elapsed < BUDGET_S, f"multi_rank.ipynb took {elapsed:.0f} s"
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
+    profiled = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%gpuprofile")]
+    shown = []
+    for cell in profiled:
+        (report,) = [o for o in outputs_of(cell) if "pm-report" in o["data"].get("text/html", "")]
+        text = report["data"]["text/plain"]
+        assert re.search(r"^ranks \(", text, re.M) and re.search(r"^\s+1\*?\s", text, re.M), (
+            text
+        )  # both ranks
+        shown.append(set(re.findall(r'data-advice-id="([a-z_]+)"', report["data"]["text/html"])))
+    assert "rank_straggler" in shown[0] and "rank_straggler" not in shown[1], shown
+    straggler = next(c for c in nb.cells if c.source == 'slow["straggler"]')
+    (result,) = [o for o in straggler.outputs if o["output_type"] == "execute_result"]
+    assert "'rank': 1" in result["data"]["text/plain"] and "'stage': 'data'" in result["data"]["text/plain"]
+
+
 def test_interrupt_stops_run_all_after_showing_the_report() -> None:
     """Ctrl-C from the frontend (a kernel interrupt) mid-cell: report, KeyboardInterrupt, queue aborted."""
     from jupyter_client.manager import start_new_kernel

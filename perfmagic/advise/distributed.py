@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from perfmagic.advise.card import Card, make_card
 from perfmagic.analyze import Analysis
-from perfmagic.units import fmt_fraction, fmt_seconds
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 COMM_SHARE = 0.10
 """Exposed communication wait worth a card, as a share of step time."""
@@ -16,6 +18,10 @@ IMBALANCE_SPREAD = 0.30
 """Spread of mean utilization between the busiest and the idlest GPU."""
 IDLE_GPU = 0.05
 """A GPU below this utilization is idle."""
+MEMORY_RATIO = 1.5
+"""Peak memory of the fullest working GPU against the emptiest's, worth a card when utilization is even…"""
+MEMORY_GAP = 1024**3
+"""…and at least this many bytes apart (a small model's few hundred MiB of difference bounds nothing)."""
 
 _DDP_FIX = "\n".join(
     [
@@ -134,17 +140,36 @@ def rank_straggler(a: Analysis) -> Card | None:
 
 
 def gpu_imbalance(a: Analysis) -> Card | None:
-    """Some GPUs work much more than others, or sit idle."""
+    """Some GPUs work much more than others, sit idle, or hold much more memory than the others.
+
+    Utilization first: a spread of :data:`IMBALANCE_SPREAD` costs time. Otherwise memory: among the
+    GPUs that work, one holding :data:`MEMORY_RATIO` times the memory of the emptiest (nn.DataParallel
+    gathers outputs and keeps the master weights on GPU 0) bounds the batch of all by its own headroom.
+    """
     s = a.steady
-    utils = [(d.get("index"), u) for d, u in a.gpu_utils()]
-    if len(utils) < 2 or s is None:
+    gpus = a.gpu_utils()
+    if len(gpus) < 2 or s is None:
         return None
+    utils = [(d.get("index"), u) for d, u in gpus]
     values = np.array([u for _, u in utils])
     busiest, idlest = float(values.max()), float(values.min())
-    if busiest - idlest < IMBALANCE_SPREAD:
-        return None
-    idle = [i for i, u in utils if u < IDLE_GPU]
+    listing = ", ".join(
+        f"GPU {d.get('index')} {fmt_fraction(u)}"
+        + (
+            f" ({fmt_bytes(d['mem_used_peak_bytes'])} peak)"
+            if d.get("mem_used_peak_bytes") is not None
+            else ""
+        )
+        for d, u in gpus
+    )
+    metrics: dict[str, Any] = {
+        "gpu_util": {str(i): u for i, u in utils},
+        "gpu_mem_peak_bytes": {str(d.get("index")): d.get("mem_used_peak_bytes") for d, _ in gpus},
+    }
     step = s.step_s
+    if busiest - idlest < IMBALANCE_SPREAD:
+        return _memory_imbalance(gpus, listing, metrics, step)
+    idle = [i for i, u in utils if u < IDLE_GPU]
     if idle:
         used = len(utils) - len(idle)
         saving = step * (1 - used / len(utils))
@@ -156,17 +181,44 @@ def gpu_imbalance(a: Analysis) -> Card | None:
         saving = step * (1 - float(values.mean()) / busiest)
         model_txt = "every GPU as busy as the busiest one"
         fix = "# uneven work per GPU: one process per GPU with equal shards\n" + _DDP_FIX
-    listing = ", ".join(f"GPU {i} {fmt_fraction(u)}" for i, u in utils)
     return make_card(
         "gpu_imbalance",
         f"GPU load is uneven: {fmt_fraction(idlest)} to {fmt_fraction(busiest)} busy",
         f"Utilization during the steady steps: {listing}"
         + (f"; {len(idle)} GPU{'s' if len(idle) > 1 else ''} idle." if idle else "."),
         fix,
-        {"gpu_util": {str(i): u for i, u in utils}, "idle_gpus": idle},
+        {**metrics, "idle_gpus": idle, "signal": "utilization"},
         saving_s=saving,
         step_s=step,
         model=model_txt,
+    )
+
+
+def _memory_imbalance(
+    gpus: list[tuple[dict[str, Any], float]], listing: str, metrics: dict[str, Any], step: float
+) -> Card | None:
+    """The memory arm of :func:`gpu_imbalance`: no time is lost, the batch is bounded (no saving)."""
+    peaks = [
+        (d.get("index"), int(d["mem_used_peak_bytes"]))
+        for d, u in gpus
+        if u >= IDLE_GPU and d.get("mem_used_peak_bytes") is not None
+    ]
+    if len(peaks) < 2:
+        return None
+    (full, most), (empty, least) = max(peaks, key=lambda p: p[1]), min(peaks, key=lambda p: p[1])
+    if most < MEMORY_RATIO * least or most - least < MEMORY_GAP:
+        return None
+    return make_card(
+        "gpu_imbalance",
+        f"GPU {full} holds {most / least:.1f}x the memory of GPU {empty}",
+        f"Peak memory used by the working GPUs differs {most / least:.1f}x: {listing}. The fullest GPU's "
+        "headroom bounds the batch size of all of them.",
+        "# one process per GPU holds one model copy and its own outputs: equal memory on every GPU\n"
+        + _DDP_FIX,
+        {**metrics, "idle_gpus": [], "signal": "memory", "mem_ratio": most / least},
+        saving_s=None,
+        step_s=step,
+        model=None,
     )
 
 

@@ -16,6 +16,11 @@ finalize included. B − A is the rank's wait for gradient reduction; it is
 recorded as ``comm`` inside ``backward`` by the training thread, once backward
 returns. No comm hook is registered, so a user's own hook keeps its slot and
 is timed the same way; the pre-hook is removed when backward returns.
+
+On NCCL the finalize only makes the current CUDA stream wait for the reductions,
+so the host's B − A is near 0. Where the recorder has a device clock, A and B
+also mark the device (on the current stream, as every stage does): the span then
+lasts from the device finishing backward's compute to it getting past the wait.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ class ReducerWait:
         self._engine = torch.autograd.Variable._execution_engine
         self._ddp = torch.nn.parallel.DistributedDataParallel
         self.pending = False  # a DDP forward that will reduce gradients ran since the last backward
-        self._waits: list[tuple[float, float]] = []  # appended from the thread that finishes the graph
+        # (start, end, device marks at both) of each wait, appended from the thread that finishes the graph
+        self._waits: list[tuple[float, float, object | None, object | None]] = []
 
     def install(self, p: Patcher) -> None:
         torch = self._torch
@@ -72,8 +78,8 @@ class ReducerWait:
                 if handle is not None:
                     handle.remove()
                 waits, self._waits = self._waits, []
-                for start, end in waits:
-                    rec.record_within(comm_id, start, end)
+                for start, end, start_mark, end_mark in waits:
+                    rec.record_within(comm_id, start, end, (start_mark, end_mark))
                 exit_()
 
         recorded.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -89,10 +95,16 @@ class ReducerWait:
             return None
         queue = self._engine.queue_callback
         waits = self._waits
+        mark = self._recorder.device_mark
 
         def compute_done() -> None:
-            start = time.perf_counter()
-            queue(lambda: waits.append((start, time.perf_counter())))
+            start, start_mark = time.perf_counter(), mark()
+
+            def reduced() -> None:
+                end = time.perf_counter()
+                waits.append((start, end, start_mark, mark()))
+
+            queue(reduced)
 
         def started(grad_outputs: Any) -> None:
             queue(compute_done)

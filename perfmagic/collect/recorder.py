@@ -176,17 +176,28 @@ class StageRecorder:
         origin = self.origin
         self.timeline.add_span(sid, start - origin, end - origin, len(self._stack))
 
-    def record_within(self, sid: int, start: float, end: float) -> None:
+    def record_within(
+        self, sid: int, start: float, end: float, marks: tuple[object | None, object | None] = (None, None)
+    ) -> None:
         """A stage measured elsewhere (``perf_counter`` times, e.g. by a thread that finished autograd's
-        graph) recorded inside the innermost open stage, under the same nesting rules as ``enter``."""
+        graph) recorded inside the innermost open stage, under the same nesting rules as ``enter``;
+        ``marks``: :meth:`device_mark` tokens taken at its start and end, which give it device time."""
+        timed_on_device = marks[0] is not None and marks[1] is not None
         if (
             threading.get_ident() != self.thread_id
             or self._active[sid]
             or (self._opaque_depth and sid in self._builtin_ids)
-            or end <= start
+            or end < start
+            or (end == start and not timed_on_device)
         ):
             return
+        if timed_on_device and self.device_clock is not None:
+            self._device_marks.append((self.timeline.span_count, marks[0], marks[1]))
         self.timeline.add_span(sid, start - self.origin, end - self.origin, len(self._stack))
+
+    def device_mark(self) -> object | None:
+        """A device mark now, from any thread (None without a device clock), for :meth:`record_within`."""
+        return self._mark() if self.device_clock is not None else None
 
     def boundary(self, kind: str, *, hold: bool = False) -> None:
         """Mark a step boundary (``kind``: optimizer, batch, user; or loader_end, see ``analyze.steps``).

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import importlib.util
 import logging
 import os
@@ -223,6 +224,8 @@ class TorchStages:
             "distributed": bool(torch.distributed.is_available() and torch.distributed.is_initialized()),
         }
         self.recorder.timeline.meta["torch"] = meta
+        if torch.distributed.is_available():
+            _note_rank(torch.distributed, self.recorder.timeline.meta)
 
     def _maybe_start_device_clock(self) -> None:
         """Time stages on the device too, once CUDA is in use (called from hooks: must not raise)."""
@@ -692,6 +695,22 @@ class TorchStages:
             fn = getattr(dist, name, None)
             if fn is not None:
                 p.set(dist, name, rec.wrap(fn, "comm"))
+        init = dist.init_process_group
+        meta = rec.timeline.meta
+
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = init(*args, **kwargs)
+            _note_rank(dist, meta)
+            return result
+
+        p.set(dist, "init_process_group", functools.wraps(init)(init_process_group))
+
+
+def _note_rank(dist: Any, meta: dict[str, Any]) -> None:
+    """The process's rank where its environment did not say (``torch.multiprocessing.spawn`` workers pass
+    it to ``init_process_group``): the rank in the report is the job's, not an order of processes."""
+    if meta.get("rank") is None and dist.is_initialized():
+        meta["rank"], meta["world_size"] = dist.get_rank(), dist.get_world_size()
 
 
 class _TimedStream:
