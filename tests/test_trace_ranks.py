@@ -1,6 +1,6 @@
 """Many ranks' traces (``perfmagic report DIR/``) and two traces compared (``--compare A B``).
 
-Built from the two real ranks of one job in ``shared/traces`` (``sampled_rank-0/1``);
+Built from the two real ranks of one job in ``tests/data`` (``sampled_rank-0/1``);
 the expected figures are computed here from the raw events with pandas.
 """
 
@@ -16,27 +16,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from trace_data import raw, real
 
 from perfmagic.report import Report
 from perfmagic.trace_report import pool_size, report_from_traces, trace_paths
 from perfmagic.traces import TraceFormatError
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 RANKS = 64
 SHIFT_US = 100.0  # rank r's copy runs r * SHIFT_US later
-
-
-def real(name: str) -> Path:
-    path = TRACES / name
-    if not path.exists():
-        pytest.skip(f"real trace {name} not found in {TRACES} (the shared HTA test traces)")
-    return path
-
-
-def raw(path: Path) -> dict[str, Any]:
-    with gzip.open(path) as f:
-        doc: dict[str, Any] = json.load(f)
-    return doc
 
 
 @pytest.fixture(scope="module")
