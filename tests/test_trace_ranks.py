@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from trace_data import raw, real
+from trace_data import gpu_window, raw, real
 
 from perfmagic.report import Report
 from perfmagic.trace_report import pool_size, report_from_traces, trace_paths
@@ -113,16 +113,7 @@ def test_one_rank_has_no_collective_skew() -> None:
 
 def kernel_totals(path: Path) -> pd.DataFrame:
     """Count and total seconds per GPU event name over HTA's window: launched before the last step."""
-    events = [e for e in raw(path)["traceEvents"] if e.get("ph") == "X"]
-    ev = pd.DataFrame(events)
-    corr = ev["args"].map(lambda a: a.get("correlation", -1) if isinstance(a, dict) else -1)
-    gpu = ev[ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"])].assign(corr=corr)
-    launch = (
-        ev[ev["cat"] == "cuda_runtime"].assign(corr=corr)[["corr", "ts"]].rename(columns={"ts": "launch"})
-    )
-    gpu = gpu.merge(launch.drop_duplicates("corr"), on="corr", how="left")
-    last_step = ev[ev["name"].str.startswith("ProfilerStep#")]["ts"].max()
-    window = gpu[gpu["launch"] < last_step]
+    window = gpu_window(path)[0]
     return window.groupby("name").agg(count=("dur", "size"), total_s=("dur", lambda d: d.sum() / 1e6))
 
 
