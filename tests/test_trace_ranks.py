@@ -19,7 +19,7 @@ import pytest
 from trace_data import gpu_window, raw, real
 
 from perfmagic.report import Report
-from perfmagic.trace_report import pool_size, report_from_traces, trace_paths
+from perfmagic.trace_report import pool_size, report_from_traces, trace_paths, worker_peak_bytes
 from perfmagic.traces import TraceFormatError
 
 RANKS = 64
@@ -75,6 +75,31 @@ def test_a_directory_is_every_rank_read_in_parallel_with_the_collectives_skew(ra
         assert row["rank"] == r
         assert row["late_mean_s"] == pytest.approx(late[r].mean())
         assert row["late_p90_s"] == pytest.approx(np.percentile(late[r], 90))
+
+
+PEAK_RSS = """
+import resource, sys
+from perfmagic.trace_report import report_from_traces
+report_from_traces([sys.argv[1]])
+kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(kib[0] * 1024, kib[1] * 1024)
+"""
+
+
+def test_64_ranks_are_read_within_the_memory_budget(rank_dir: Path) -> None:
+    """Every worker process that reads ranks peaks within the budget the reader gives one worker (the pool's
+    size keeps their sum within half the available memory); the parent, which analyzes the 64 timelines,
+    is measured too and stays within a few workers' budgets."""
+    files = trace_paths([rank_dir])
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, str(rank_dir)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    parent, worker = map(int, result.stdout.split())
+    budget = worker_peak_bytes(files)
+    assert worker > 0  # read in worker processes
+    assert worker <= budget, (worker, budget)
+    assert parent <= 4 * budget, (parent, budget)
 
 
 def test_the_cli_reads_a_directory(rank_dir: Path, tmp_path: Path) -> None:
