@@ -77,22 +77,22 @@ def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> dict
     if not len(starts):
         return None
     cpu, gpu = trace.cpu, trace.gpu
-    name = np.array(cpu.names, dtype=object)[cpu.name_id]
-    sync = np.isin(name, [n for n in SYNC_CALLS if n != BLOCKING_COPY])
+    # by name first, then per event: an object array of every event's name would cost more than the rest
+    names = np.array(cpu.names, dtype=object)
+    sync = np.isin(names, [n for n in SYNC_CALLS if n != BLOCKING_COPY])[cpu.name_id]
     assert gpu.correlation is not None
     rows = launch_rows(cpu, gpu.correlation)
     dtoh = np.array([n.startswith("Memcpy DtoH") for n in gpu.names], dtype=bool)[gpu.name_id]
     copies = rows[dtoh & (rows >= 0)]
-    sync[copies[name[copies] == BLOCKING_COPY]] = True
+    sync[copies[names[cpu.name_id[copies]] == BLOCKING_COPY]] = True
     order = np.argsort(starts)
     at = np.searchsorted(starts[order], cpu.start, side="right") - 1
     inside = at >= 0
     inside[inside] = cpu.start[inside] < ends[order][at[inside]]
     counted = sync & inside
     n = len(starts)
-    per_call = {
-        str(k): int(v) / n for k, v in zip(*np.unique(name[counted], return_counts=True), strict=True)
-    }
+    per_name = np.bincount(cpu.name_id[counted], minlength=len(names))
+    per_call = {str(names[i]): int(per_name[i]) / n for i in np.flatnonzero(per_name)}
     return {
         "steps": n,
         "per_step": float(counted.sum()) / n,
