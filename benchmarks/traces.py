@@ -11,7 +11,7 @@ time (``cmd``: interpreter, imports, work) is printed too. The work:
 - perfmagic: ``report_from_traces`` (read, GPU figures, steps, stages, advice: the
   whole ``perfmagic report``).
 
-Besides the given traces (default: the shared real GPU traces), it builds the first
+Besides the given traces (default: the real GPU traces in ``tests/data``), it builds the first
 one scaled 4x and 16x (``--scale``): its events repeated with shifted timestamps,
 step numbers and correlation ids, one copy after another, to show that time and
 memory grow linearly with the trace.
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 DEFAULT = [
     "a100_rank3_control.json.gz",
     "v100_ns_resolution.json.gz",
@@ -188,9 +188,9 @@ def main() -> None:
     if args.child:
         child(*args.child)
         return
-    paths = args.traces or [SHARED / name for name in DEFAULT if (SHARED / name).exists()]
+    paths = args.traces or [DATA / name for name in DEFAULT if (DATA / name).exists()]
     if not paths:
-        raise SystemExit(f"no traces given and none in {SHARED}")
+        raise SystemExit(f"no traces given and none in {DATA}")
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = [Row(p, event_count(p), json_size(p)) for p in paths]
     for times in args.scale:

@@ -94,10 +94,16 @@ def pool_size(files: Sequence[Path]) -> int:
     sizes = np.array([_json_bytes(p) for p in files], dtype=np.float64)
     if len(files) < 2 or sizes.sum() < POOL_MIN_JSON_BYTES:
         return 1
-    peak = WORKER_BYTES + WORKER_BYTES_PER_JSON_BYTE * float(sizes.max())
+    peak = worker_peak_bytes(files)
     budget = psutil.virtual_memory().available / 2
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cpus, len(files), int(budget // peak)))
+
+
+def worker_peak_bytes(files: Sequence[Path]) -> float:
+    """The memory a process reading ``files`` one at a time is expected to peak at: the budget each
+    worker is given, estimated from the largest file's JSON."""
+    return WORKER_BYTES + WORKER_BYTES_PER_JSON_BYTE * max((_json_bytes(p) for p in files), default=0.0)
 
 
 def _json_bytes(path: Path) -> float:

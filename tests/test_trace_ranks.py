@@ -1,6 +1,6 @@
 """Many ranks' traces (``perfmagic report DIR/``) and two traces compared (``--compare A B``).
 
-Built from the two real ranks of one job in ``shared/traces`` (``sampled_rank-0/1``);
+Built from the two real ranks of one job in ``tests/data`` (``sampled_rank-0/1``);
 the expected figures are computed here from the raw events with pandas.
 """
 
@@ -16,27 +16,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from trace_data import gpu_window, raw, real
 
 from perfmagic.report import Report
-from perfmagic.trace_report import pool_size, report_from_traces, trace_paths
+from perfmagic.trace_report import pool_size, report_from_traces, trace_paths, worker_peak_bytes
 from perfmagic.traces import TraceFormatError
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 RANKS = 64
 SHIFT_US = 100.0  # rank r's copy runs r * SHIFT_US later
-
-
-def real(name: str) -> Path:
-    path = TRACES / name
-    if not path.exists():
-        pytest.skip(f"real trace {name} not found in {TRACES} (the shared HTA test traces)")
-    return path
-
-
-def raw(path: Path) -> dict[str, Any]:
-    with gzip.open(path) as f:
-        doc: dict[str, Any] = json.load(f)
-    return doc
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +77,31 @@ def test_a_directory_is_every_rank_read_in_parallel_with_the_collectives_skew(ra
         assert row["late_p90_s"] == pytest.approx(np.percentile(late[r], 90))
 
 
+PEAK_RSS = """
+import resource, sys
+from perfmagic.trace_report import report_from_traces
+report_from_traces([sys.argv[1]])
+kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(kib[0] * 1024, kib[1] * 1024)
+"""
+
+
+def test_64_ranks_are_read_within_the_memory_budget(rank_dir: Path) -> None:
+    """Every worker process that reads ranks peaks within the budget the reader gives one worker (the pool's
+    size keeps their sum within half the available memory); the parent, which analyzes the 64 timelines,
+    is measured too and stays within a few workers' budgets."""
+    files = trace_paths([rank_dir])
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, str(rank_dir)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    parent, worker = map(int, result.stdout.split())
+    budget = worker_peak_bytes(files)
+    assert worker > 0  # read in worker processes
+    assert worker <= budget, (worker, budget)
+    assert parent <= 4 * budget, (parent, budget)
+
+
 def test_the_cli_reads_a_directory(rank_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "ranks.json"
     result = subprocess.run(
@@ -126,16 +138,7 @@ def test_one_rank_has_no_collective_skew() -> None:
 
 def kernel_totals(path: Path) -> pd.DataFrame:
     """Count and total seconds per GPU event name over HTA's window: launched before the last step."""
-    events = [e for e in raw(path)["traceEvents"] if e.get("ph") == "X"]
-    ev = pd.DataFrame(events)
-    corr = ev["args"].map(lambda a: a.get("correlation", -1) if isinstance(a, dict) else -1)
-    gpu = ev[ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"])].assign(corr=corr)
-    launch = (
-        ev[ev["cat"] == "cuda_runtime"].assign(corr=corr)[["corr", "ts"]].rename(columns={"ts": "launch"})
-    )
-    gpu = gpu.merge(launch.drop_duplicates("corr"), on="corr", how="left")
-    last_step = ev[ev["name"].str.startswith("ProfilerStep#")]["ts"].max()
-    window = gpu[gpu["launch"] < last_step]
+    window = gpu_window(path)[0]
     return window.groupby("name").agg(count=("dur", "size"), total_s=("dur", lambda d: d.sum() / 1e6))
 
 

@@ -1,7 +1,7 @@
 """``perfmagic report``: traces torch.profiler wrote, read and analyzed.
 
-The real GPU traces (HolisticTraceAnalysis's test data, see their README) live next to
-the repository in ``shared/traces``; the reference numbers below are HTA 0.5.0's.
+The real GPU traces (HolisticTraceAnalysis's test data, see their README) are in
+``tests/data``; the reference numbers below are HTA 0.5.0's.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from trace_data import real
 
 from perfmagic.analyze.gpu import gpu_summary, trace_gpu
 from perfmagic.cli import main
@@ -23,8 +24,6 @@ from perfmagic.traces import TraceFormatError, read_trace
 from perfmagic.traces.kineto import COMMUNICATION, COMPUTATION, MEMORY, GpuEvents, _whole
 from perfmagic.traces.stages import profiler_steps
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-
 # trace, rank, HTA idle %, compute %, non-compute %, steps HTA uses, ProfilerStep# count
 HTA_TEMPORAL = [
     ("a100_rank3_control.json.gz", 3, 16.20, 61.23, 22.57, range(1009, 1014), 6),
@@ -32,13 +31,6 @@ HTA_TEMPORAL = [
     ("sampled_rank-0.json.gz", 0, 53.56, 17.71, 28.74, range(551, 552), 2),
     ("sampled_rank-1.json.gz", 1, 54.72, 22.57, 22.72, range(551, 552), 2),
 ]
-
-
-def real(name: str) -> Path:
-    path = TRACES / name
-    if not path.exists():
-        pytest.skip(f"real trace {name} not found in {TRACES} (the shared HTA test traces)")
-    return path
 
 
 # -- the GPU figures against HolisticTraceAnalysis -----------------------------------

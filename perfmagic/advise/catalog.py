@@ -118,9 +118,15 @@ def missing(analysis: Analysis) -> list[str]:
     out: list[str] = []
     if not analysis.steps.count:
         return out  # the analysis already says that no steps were seen
+    # a trace's copies say which came from pinned memory, which pin_memory reads without telemetry or hooks
+    fed = {"pin_memory"} if (analysis.gpu or {}).get("h2d_copies") else set()
+
+    def silent(rules: str) -> str:
+        return ", ".join(r for r in rules.split(", ") if r not in fed)
+
     if not analysis.devices and analysis.gpu is not None:
         out.append(
-            f"GPU telemetry rules ({_GPU_TELEMETRY_RULES}) stayed silent: a trace carries no NVML samples "
+            f"GPU telemetry rules ({silent(_GPU_TELEMETRY_RULES)}) stayed silent: a trace carries no NVML samples "
             "(perfmagic run or perfmagic.profile() records them)"
         )
     elif not analysis.devices:
@@ -138,7 +144,7 @@ def missing(analysis: Analysis) -> list[str]:
         )
     if not analysis.config.models and not analysis.config.dataloaders:
         out.append(
-            f"set-up rules ({_CONFIG_RULES}) stayed silent: the PyTorch hooks saw no model or DataLoader "
+            f"set-up rules ({silent(_CONFIG_RULES)}) stayed silent: the PyTorch hooks saw no model or DataLoader "
             "(profile the training with perfmagic.profile() or perfmagic run)"
         )
     return out

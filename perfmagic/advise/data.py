@@ -436,10 +436,22 @@ def pin_memory(a: Analysis) -> Card | None:
     c = a.config.counters
     copied, pinned = c.get("h2d_bytes") or 0, c.get("h2d_pinned_bytes") or 0
     copies, non_blocking = c.get("h2d_copies") or 0, c.get("h2d_non_blocking") or 0
+    traced = (a.gpu or {}).get("h2d_copies") if not copied else None
+    pageable_time = None
+    if traced:  # a trace: each copy's host memory is in its name; non_blocking is not
+        copied = traced["pageable"]["bytes"] + traced["pinned"]["bytes"]
+        pinned = traced["pinned"]["bytes"]
+        copy_s = traced["pageable"]["total_s"] + traced["pinned"]["total_s"]
+        pageable_time = traced["pageable"]["total_s"] / copy_s if copy_s > 0 else 0.0
     if s is None or not copied or s.share("h2d") < PIN_H2D_SHARE:
         return None
-    pinned_share, async_share = pinned / copied, non_blocking / copies if copies else 0.0
-    if pinned_share >= 0.5 and async_share >= 0.5:
+    pinned_share = pinned / copied
+    async_share = non_blocking / copies if copies else None
+    if pageable_time is not None:
+        # a pageable copy is slower and blocks the host: the signal is their share of the copy time
+        if pageable_time < 0.5:
+            return None
+    elif pinned_share >= 0.5 and (async_share or 0.0) >= 0.5:
         return None
     h2d = s.stage_s("h2d")
     tried = a.tuned("pin_memory")
@@ -453,10 +465,23 @@ def pin_memory(a: Analysis) -> Card | None:
         "pin_memory",
         "Copy batches from pinned memory, without blocking",
         f"Host-to-device copies take {fmt_fraction(s.share('h2d'))} of the step ({fmt_seconds(h2d)}); "
-        f"{fmt_fraction(pinned_share)} of the {fmt_bytes(copied)} copied came from pinned memory and "
-        f"{non_blocking} of {copies} copies were non_blocking.",
+        f"{fmt_fraction(pinned_share)} of the {fmt_bytes(copied)} copied came from pinned memory"
+        + (
+            f" and {non_blocking} of {copies} copies were non_blocking."
+            if async_share is not None
+            else f" (GPU trace: {traced['pageable']['count']} copies from pageable memory took "
+            f"{fmt_fraction(pageable_time)} of the copy time, {traced['pinned']['count']} from pinned the rest)."
+            if traced
+            else "."
+        ),
         fix,
-        {"h2d_s": h2d, "h2d_bytes": copied, "pinned_share": pinned_share, "non_blocking_share": async_share},
+        {
+            "h2d_s": h2d,
+            "h2d_bytes": copied,
+            "pinned_share": pinned_share,
+            "non_blocking_share": async_share,
+            "pageable_time_share": pageable_time,
+        },
         saving_s=tried["baseline"]["seconds"] - tried["best"]["seconds"] if tried else h2d / 2,
         step_s=s.step_s,
         model="measured"

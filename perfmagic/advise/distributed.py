@@ -48,9 +48,14 @@ def comm_bound(a: Analysis) -> Card | None:
     if not views:
         return None
     s = min(views, key=lambda v: v.share("comm"))
-    if s.share("comm") < COMM_SHARE:
+    # in a GPU trace, NCCL kernels run beside the host: the GPU time they are not hidden under compute
+    traced = (a.gpu or {}).get("comm") or {}
+    exposed = traced.get("exposed_fraction")
+    share = max(s.share("comm"), exposed or 0.0)
+    if share < COMM_SHARE:
         return None
-    step, comm = s.step_s, s.stage_s("comm")
+    step = s.step_s
+    comm = share * step
     ddp = any(m.get("ddp") for m in a.config.models)
     if ddp:
         saving = comm * (1 - 1 / ACCUMULATION)
@@ -76,14 +81,28 @@ def comm_bound(a: Analysis) -> Card | None:
         )
         fix = "# gradients synchronised by hand after backward: let DDP overlap them with it\n" + _DDP_FIX
     ranks = sum(1 for r in a.ranks if r.steps.count)
+    gpu_txt = (
+        f" In the GPU trace, communication kernels ran {fmt_seconds(traced['total_s'])}, "
+        f"{fmt_fraction(traced['overlap_fraction'])} of it overlapped by compute kernels: "
+        f"{fmt_fraction(exposed)} of the GPU's time is exposed communication."
+        if traced
+        else ""
+    )
     return make_card(
         "comm_bound",
-        f"Communication wait takes {fmt_fraction(s.share('comm'))} of each step",
-        f"The step waits {fmt_seconds(comm)} for collectives ({fmt_fraction(s.share('comm'))} of a "
+        f"Communication wait takes {fmt_fraction(share)} of each step",
+        f"The step waits {fmt_seconds(comm)} for collectives ({fmt_fraction(share)} of a "
         f"{fmt_seconds(step)} step, {ranks} rank{'s' if ranks != 1 else ''}; model "
-        f"{'is' if ddp else 'is not'} DistributedDataParallel).",
+        f"{'is' if ddp else 'is not'} DistributedDataParallel).{gpu_txt}",
         fix,
-        {"comm_s": comm, "comm_share": s.share("comm"), "ranks": ranks, "ddp": ddp},
+        {
+            "comm_s": comm,
+            "comm_share": share,
+            "ranks": ranks,
+            "ddp": ddp,
+            "gpu_comm_exposed_share": exposed,
+            "gpu_comm_overlap_share": traced.get("overlap_fraction"),
+        },
         saving_s=saving,
         step_s=step,
         model=model_txt,

@@ -168,7 +168,11 @@ def launch_bound(a: Analysis) -> Card | None:
     idle = gpu.get("idle_fraction")
     # kernel_wait is a share of idle time; the rule's signal is its share of all traced time
     wait = idle_share * idle if idle_share is not None and idle is not None else None
-    if s is None or wait is None or wait < KERNEL_WAIT:
+    launches = gpu.get("launches") or {}
+    # or the time kernels shorter than their launch call leave the GPU waiting for the host
+    short = launches.get("launch_bound_fraction")
+    signal = max((v for v in (wait, short) if v is not None), default=None)
+    if s is None or signal is None or signal < KERNEL_WAIT:
         return None
     step = s.step_s
     opt = a.config.optimizers[0] if a.config.optimizers else {}
@@ -178,16 +182,34 @@ def launch_bound(a: Analysis) -> Card | None:
             f"optimizer = torch.optim.{opt['cls']}(model.parameters(), ..., fused=True)  # one kernel"
         )
     lines.append("# and/or a larger batch: fewer, bigger kernels")
+    said = []
+    if wait is not None:
+        said.append(
+            f"the GPU sat idle between back-to-back kernels {fmt_fraction(wait)} of the time (kernel wait)"
+        )
+    if launches:
+        said.append(
+            f"{fmt_fraction(launches['shorter_than_launch_fraction'])} of {launches['count']} kernels ran for less "
+            f"time than their launch call took ({fmt_seconds(launches['call_median_s'])} median), leaving the GPU "
+            f"{fmt_fraction(short)} of the time to wait for launches; a kernel started "
+            f"{fmt_seconds(launches['delay_median_s'])} after its launch call ended (median, p90 "
+            f"{fmt_seconds(launches['delay_p90_s'])})"
+        )
     return make_card(
         "launch_bound",
         "Launch-bound: the GPU idles between many small kernels",
-        f"In the GPU trace, the GPU sat idle between back-to-back kernels {fmt_fraction(wait)} of the time "
-        "(kernel wait): it runs kernels faster than the host launches them.",
+        f"In the GPU trace, {'; '.join(said)}: it runs kernels faster than the host launches them.",
         "\n".join(lines),
-        {"kernel_wait_share": wait},
-        saving_s=step * wait,
+        {
+            "kernel_wait_share": wait,
+            "launch_bound_share": short,
+            "short_kernel_share": launches.get("shorter_than_launch_fraction"),
+            "launch_delay_median_s": launches.get("delay_median_s"),
+            "launch_delay_p90_s": launches.get("delay_p90_s"),
+        },
+        saving_s=step * signal,
         step_s=step,
-        model="the kernel-wait time, which CUDA graphs remove",
+        model="the kernel-wait or launch-bound time, whichever is larger, which CUDA graphs remove",
     )
 
 

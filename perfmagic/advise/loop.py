@@ -33,6 +33,9 @@ def sync_logging(a: Analysis) -> Card | None:
     c = a.config.counters
     steps = c.get("optimizer_steps") or c.get("batches") or 0
     syncs = (c.get("syncs") or 0) / steps if steps else 0.0
+    traced = (a.gpu or {}).get("syncs") or {}
+    if not syncs and traced:  # a trace: its synchronizing CUDA calls
+        syncs = traced["per_step"]
     factor = nice_interval(spent / (TARGET_OVERHEAD * step))
     every = nice_interval(factor / calls) if calls > 0 else factor
     lines = [f"LOG_EVERY = {every}  # steps", "if step % LOG_EVERY == 0:"]
@@ -44,7 +47,12 @@ def sync_logging(a: Analysis) -> Card | None:
         ]
     else:
         lines.append("    print(...)  # your logging, unchanged")
-    sync_txt = f"; {syncs:.1f} host-device syncs per step (item/cpu/tolist/synchronize)" if syncs else ""
+    calls_txt = ", ".join(f"{n} {k:.1f}" for n, k in traced.get("calls_per_step", {}).items())
+    sync_txt = (
+        f"; {syncs:.1f} host-device syncs per step ({calls_txt or 'item/cpu/tolist/synchronize'})"
+        if syncs
+        else ""
+    )
     return make_card(
         "sync_logging",
         f"Logging takes {fmt_fraction(s.share('logging'))} of each step: log less often",
@@ -57,6 +65,7 @@ def sync_logging(a: Analysis) -> Card | None:
             "logging_share": s.share("logging"),
             "calls_per_step": calls,
             "syncs_per_step": syncs,
+            "sync_calls_per_step": traced.get("calls_per_step"),
             "log_every_steps": every,
         },
         saving_s=spent * (1 - 1 / (calls * every)) if calls > 0 else spent * (1 - 1 / factor),

@@ -12,19 +12,35 @@ against it:
 - *idle breakdown*: each gap before a GPU event is *host wait* when the CPU call
   that launched the event started after the gap began (the host was late),
   else *kernel wait* when the gap is shorter than ``KERNEL_WAIT_US`` (launch
-  overhead between back-to-back kernels), else *other* (e.g. waiting on an event).
+  overhead between back-to-back kernels), else *other* (e.g. waiting on an event);
+- *exposed communication*: the union of communication kernels minus its overlap with the
+  union of computation kernels (the time the GPU only communicates).
+
+Kernel names say whether a kernel ran on tensor cores (:func:`tensor_cores`); the host's
+CUDA calls (launches, syncs, copies) are figured in :mod:`perfmagic.analyze.cuda_calls`.
 
 Times are microseconds on the trace's clock in, seconds and fractions out.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 
+from perfmagic.analyze.cuda_calls import h2d_copies, launch_stats, sync_stats
 from perfmagic.intervals import merge_intervals, union_length
-from perfmagic.traces.kineto import COMMUNICATION, COMPUTATION, KINDS, MEMORY, GpuEvents, KinetoTrace
+from perfmagic.traces.kineto import (
+    COMMUNICATION,
+    COMPUTATION,
+    CUDA_DEVICE,
+    KINDS,
+    MEMORY,
+    GpuEvents,
+    KinetoTrace,
+    MemoryEvents,
+)
 from perfmagic.traces.stages import profiler_steps
 
 KERNEL_WAIT_US = 30.0
@@ -36,6 +52,47 @@ IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 TOP_KERNELS = 10
 KERNEL_TABLE = 200
 """GPU event names the ``kernels`` table keeps (by total time); the rest are summed in ``kernels_omitted``."""
+
+TENSOR_CORE_MARKS = (
+    "h884", "h1688", "s1688", "s16816", "i8816", "hmma", "imma", "tensorop", "tf32", "xmma", "gmma", "nvjet",
+)  # fmt: skip
+"""Pieces of a kernel name that say it runs on tensor cores: the MMA shapes and instructions in cuBLAS,
+cuDNN and CUTLASS names and their tensor-op kernel families (``xmma``, Hopper's ``gmma`` and ``nvjet``)."""
+TENSOR_TYPES = ("bf16", "fp16", "f16f16", "e4m3", "e5m2")
+"""Types only tensor cores multiply: in a matrix kernel's name, they say it ran on them."""
+MATRIX_KERNEL = re.compile(r"gemm|conv[0-9_]|convolution|convolve|wgrad|dgrad|fprop")
+"""A matrix kernel's name: matrix products and convolutions."""
+
+
+def tensor_cores(name: str) -> bool | None:
+    """Whether a kernel ran on tensor cores, as far as its name says.
+
+    Only the name before its argument list counts (template arguments included: CUTLASS names its
+    kernels there), lower case, FBGEMM's library name left out. True for a ``TENSOR_CORE_MARKS``
+    piece, or a matrix kernel (``MATRIX_KERNEL``) with a ``TENSOR_TYPES`` one, unless ``ffma``
+    (SIMT fused multiply-add) is in it; False for another matrix kernel (e.g.
+    ``ampere_sgemm_128x64_nn``: CUDA cores); None when the name does not tell.
+    """
+    low = name.split("(", 1)[0].lower().replace("fbgemm", "")
+    matrix = MATRIX_KERNEL.search(low) is not None
+    if "ffma" not in low and (
+        any(m in low for m in TENSOR_CORE_MARKS) or (matrix and any(t in low for t in TENSOR_TYPES))
+    ):
+        return True
+    return False if matrix else None
+
+
+def _window(
+    events: GpuEvents, launched_before: float | None, whole_us: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(events kept, their start, end and launch times): HTA's window and its whole-µs counting."""
+    start, end, launch = events.start, events.start + events.dur, events.launch
+    if whole_us:
+        start, end, launch = np.ceil(start), np.floor(end), np.ceil(launch)
+        if launched_before is not None:
+            launched_before = float(np.ceil(launched_before))
+    keep = np.ones(len(events), dtype=bool) if launched_before is None else launch < launched_before
+    return keep, start, end, launch
 
 
 def gpu_summary(
@@ -54,12 +111,7 @@ def gpu_summary(
     exactly: per stream, the gaps between consecutive events on that stream, which count
     time that other streams kept the GPU busy.
     """
-    start, end, launch = events.start, events.start + events.dur, events.launch
-    if whole_us:
-        start, end, launch = np.ceil(start), np.floor(end), np.ceil(launch)
-        if launched_before is not None:
-            launched_before = float(np.ceil(launched_before))
-    keep = np.ones(len(events), dtype=bool) if launched_before is None else launch < launched_before
+    keep, start, end, launch = _window(events, launched_before, whole_us)
     if not keep.any():
         return None
     ev = events.take(keep)
@@ -91,6 +143,8 @@ def gpu_summary(
         "kernel_count": int(is_kernel.sum()),
         "streams": np.unique(ev.stream).tolist(),
         "top_kernels": _top_kernels(ev, start, end, is_kernel, span),
+        "tensor_core_fraction": _tensor_core_fraction(ev, start, end, is_kernel),
+        "comm": _comm(ev, start, end, span),
         **_kernel_table(ev, start, end),
         "memcpy_bytes": _memcpy_bytes(ev),
     }
@@ -103,13 +157,20 @@ def trace_gpu(trace: KinetoTrace) -> dict[str, Any] | None:
     (``profiler_steps`` lists the steps it covers); with fewer than two steps, HTA
     keeps every event, and so does this.
     """
-    numbers, starts, _ = profiler_steps(trace)
+    numbers, starts, ends = profiler_steps(trace)
     before = float(starts.max()) if len(starts) > 1 else None
     gpu = gpu_summary(trace.gpu, launched_before=before, whole_us=trace.ns_resolution)
-    if gpu is not None:
-        gpu["profiler_steps"] = (numbers[starts < before] if before is not None else numbers).tolist()
-        names = {d.get("id"): d.get("name") for d in trace.device_properties}
-        gpu["devices"] = [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)]
+    if gpu is None:
+        return None
+    steps = starts < before if before is not None else np.ones(len(starts), dtype=bool)
+    gpu["profiler_steps"] = numbers[steps].tolist()
+    names = {d.get("id"): d.get("name") for d in trace.device_properties}
+    gpu["devices"] = [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)]
+    launched = _window(trace.gpu, before, trace.ns_resolution)[0]
+    gpu["launches"] = launch_stats(trace, launched, gpu["window_s"] * 1e6)
+    gpu["syncs"] = sync_stats(trace, (starts[steps], ends[steps]))
+    gpu["h2d_copies"] = h2d_copies(trace, launched)
+    gpu["memory"] = _memory_peaks(trace.memory)
     return gpu
 
 
@@ -180,10 +241,60 @@ def _top_kernels(
             "kind": KINDS[kind[i]],
             "count": int(count[i]),
             "total_s": float(total[i]) / 1e6,
+            "mean_s": float(total[i]) / count[i] / 1e6,
             "fraction": float(total[i]) / span if span > 0 else None,
+            "tensor_cores": tensor_cores(ev.names[i]),
         }
         for i in order[:TOP_KERNELS]
     ]
+
+
+def _tensor_core_fraction(
+    ev: GpuEvents, start: np.ndarray, end: np.ndarray, is_kernel: np.ndarray
+) -> float | None:
+    """Of the matrix kernels' time (those whose name tells), the share on tensor cores; None without any."""
+    total, _, _, order = _by_name(ev, start, end, is_kernel)
+    says = [(tensor_cores(ev.names[i]), float(total[i])) for i in order]
+    matrix = sum(t for tc, t in says if tc is not None)
+    return sum(t for tc, t in says if tc) / matrix if matrix > 0 else None
+
+
+def _comm(ev: GpuEvents, start: np.ndarray, end: np.ndarray, span: float) -> dict[str, Any] | None:
+    """Communication kernels' time (their union), the part overlapped by computation kernels and the
+    exposed rest, in seconds and as a share of the span; None without communication kernels."""
+    comm, compute = ev.kind == COMMUNICATION, ev.kind == COMPUTATION
+    if not comm.any():
+        return None
+    total = union_length(start[comm], end[comm])
+    either = union_length(start[comm | compute], end[comm | compute])
+    exposed = either - union_length(start[compute], end[compute])
+    return {
+        "total_s": total / 1e6,
+        "overlapped_s": (total - exposed) / 1e6,
+        "exposed_s": exposed / 1e6,
+        "exposed_fraction": exposed / span if span > 0 else None,
+        "overlap_fraction": (total - exposed) / total if total > 0 else None,
+    }
+
+
+def _memory_peaks(memory: MemoryEvents) -> list[dict[str, Any]] | None:
+    """Per CUDA device, the peak of the memory allocated (and reserved) in the allocator's ``[memory]``
+    events over the whole trace; None when the trace has none (recorded without ``profile_memory``)."""
+    cuda = memory.device_type == CUDA_DEVICE
+    if not cuda.any():
+        return None
+    out = []
+    for device in np.unique(memory.device[cuda]):
+        on = cuda & (memory.device == device)
+        reserved = memory.reserved[on]
+        out.append(
+            {
+                "device": int(device),
+                "allocated_peak_bytes": float(memory.allocated[on].max()),
+                "reserved_peak_bytes": float(np.nanmax(reserved)) if np.isfinite(reserved).any() else None,
+            }
+        )
+    return out
 
 
 def _kernel_table(ev: GpuEvents, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:

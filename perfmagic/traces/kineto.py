@@ -3,8 +3,10 @@
 A trace is one JSON object with ``traceEvents`` (plain or gzip-compressed). Only
 complete events (``"ph": "X"``) matter here: GPU events (``kernel``, ``gpu_memcpy``,
 ``gpu_memset``) become :class:`GpuEvents`, classified as HTA does (:func:`kernel_kind`);
-every other one is a CPU event (operators, ``record_function`` annotations, CUDA runtime
-calls) in :class:`CpuEvents`. Times stay in microseconds on the trace's clock.
+every other one but the GPU-side copies of annotations (``gpu_user_annotation``) is a CPU
+event (operators, ``record_function`` annotations, CUDA runtime calls) in :class:`CpuEvents`. The allocator's ``[memory]`` instant events
+(``profile_memory=True``) become :class:`MemoryEvents`. Times stay in microseconds on the
+trace's clock.
 
 The JSON parse dominates the cost, so a trace is streamed: decompressed and decoded a
 few MiB at a time by msgspec into structs of only the fields used (the rest of each
@@ -18,6 +20,7 @@ otherwise traverse again and again (it doubles the time).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import gzip
 import json
@@ -33,6 +36,8 @@ import msgspec
 import numpy as np
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+GPU_ANNOTATION = "gpu_user_annotation"
+"""The GPU-side copy of a ``record_function`` range (``ProfilerStep#N`` too): left out, not a CPU event."""
 _MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -126,6 +131,30 @@ def kernel_kind(name: str, memory: bool) -> int:
 
 
 @dataclass(frozen=True)
+class MemoryEvents:
+    """The allocator's ``[memory]`` events: the memory allocated on a device after each (de)allocation."""
+
+    start: np.ndarray  # (n,) float64 µs
+    allocated: np.ndarray  # (n,) float64 bytes: "Total Allocated"
+    reserved: np.ndarray  # (n,) float64 bytes: "Total Reserved" (NaN when absent)
+    device_type: np.ndarray  # (n,) int64: "Device Type", CUDA_DEVICE for a CUDA GPU (0 is the CPU)
+    device: np.ndarray  # (n,) int64: "Device Id"
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+CUDA_DEVICE = 1
+"""``Device Type`` of a CUDA GPU in ``[memory]`` events (c10's DeviceType::CUDA)."""
+MEMORY_EVENT = "[memory]"
+
+
+def _no_memory() -> MemoryEvents:
+    f, i = np.zeros(0), np.zeros(0, dtype=np.int64)
+    return MemoryEvents(f, f, f, i, i)
+
+
+@dataclass(frozen=True)
 class KinetoTrace:
     """One rank's trace."""
 
@@ -136,6 +165,7 @@ class KinetoTrace:
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     base_time_ns: int = 0  # baseTimeNanoseconds: add to ts for wall-clock time, when the trace has it
     dropped: dict[str, int] = field(default_factory=dict)  # events left out, by reason
+    memory: MemoryEvents = field(default_factory=_no_memory)
 
     @property
     def ns_resolution(self) -> bool:
@@ -173,6 +203,11 @@ class _Args(msgspec.Struct, gc=False):
     stream: _Int64 = -1
     correlation: _Int64 = -1
     bytes: float = 0.0
+    # [memory] events
+    allocated: float = msgspec.field(default=float("nan"), name="Total Allocated")
+    reserved: float = msgspec.field(default=float("nan"), name="Total Reserved")
+    device_type: _Int64 = msgspec.field(default=-1, name="Device Type")
+    device_id: _Int64 = msgspec.field(default=-1, name="Device Id")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -313,6 +348,7 @@ class _Columns:
         self.threads: dict[tuple[Any, Any], int] = {}
         self.cpu: list[tuple[np.ndarray, ...]] = []
         self.gpu: list[tuple[np.ndarray, ...]] = []
+        self.memory: list[tuple[np.ndarray, ...]] = []
 
     def add(self, events: list[_Event]) -> None:
         names, threads = self.names, self.threads
@@ -329,8 +365,14 @@ class _Columns:
         g_stream: list[int] = []
         g_corr: list[int] = []
         g_bytes: list[float] = []
+        memory: list[tuple[Any, float, float, int, int]] = []
         for e in events:
             if e.ph != "X" or e.dur is msgspec.UNSET:
+                if e.ph == "i" and e.name == MEMORY_EVENT and e.args is not None:
+                    a = e.args
+                    memory.append((e.ts, a.allocated, a.reserved, a.device_type, a.device_id))
+                continue
+            if e.cat == GPU_ANNOTATION:
                 continue
             nid = names.setdefault(e.name, len(names))
             args = e.args or _NO_ARGS
@@ -372,6 +414,17 @@ class _Columns:
             )
         )
 
+        if memory:
+            types = (f64, f64, f64, i64, i64)  # MemoryEvents' columns
+            self.memory.append(
+                tuple(np.array(c, t) for c, t in zip(zip(*memory, strict=True), types, strict=True))
+            )
+
+    def memory_events(self) -> MemoryEvents:
+        if not self.memory:
+            return _no_memory()
+        return MemoryEvents(*_joined(self.memory, 5))
+
     def events(self) -> tuple[CpuEvents, GpuEvents]:
         name_list = list(self.names)
         name_id, start, dur, thread, corr = _joined(self.cpu, 5)
@@ -405,6 +458,8 @@ def _trace(
 ) -> KinetoTrace:
     cpu, gpu = columns.events()
     cpu, gpu = _drop_bad_times(cpu, "CPU", dropped), _drop_bad_times(gpu, "GPU", dropped)
+    memory = columns.memory_events()
+    sound = np.isfinite(memory.start) & np.isfinite(memory.allocated)
     return KinetoTrace(
         path=p,
         cpu=cpu,
@@ -415,6 +470,7 @@ def _trace(
         if isinstance(base, (int, float)) and _finite_number(base) and abs(base) < _INT64
         else 0,
         dropped=dropped,
+        memory=memory if sound.all() else MemoryEvents(*(c[sound] for c in dataclasses.astuple(memory))),
     )
 
 
@@ -455,6 +511,13 @@ def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, 
         dropped[reason] = dropped.get(reason, 0) + 1
 
     for e in events:
+        if type(e) is dict and e.get("ph") == "i" and e.get("name") == MEMORY_EVENT:
+            memory = _sound_memory_event(e)
+            if memory is None:
+                drop("memory event fields not numbers")
+            else:
+                out.append(memory)
+            continue
         if type(e) is not dict or e.get("ph") != "X" or "dur" not in e:
             continue
         name = e.get("name", "")
@@ -485,6 +548,21 @@ def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, 
                 }
             )
     return out
+
+
+_MEMORY_ARGS = {"Total Allocated": float, "Total Reserved": float, "Device Type": int, "Device Id": int}
+
+
+def _sound_memory_event(e: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``[memory]`` event as :class:`_Event`'s fields, or None when a field it needs is odd."""
+    args = e.get("args")
+    if type(args) is not dict or not _finite_number(e.get("ts")) or "Total Allocated" not in args:
+        return None
+    kept = {k: args[k] for k in _MEMORY_ARGS if k in args}
+    for k, v in kept.items():
+        if not _finite_number(v) or (_MEMORY_ARGS[k] is int and not (type(v) is int and abs(v) < _INT64)):
+            return None
+    return {"ph": "i", "name": MEMORY_EVENT, "ts": e["ts"], "args": kept}
 
 
 def _drop_bad_times(ev: Any, side: str, dropped: dict[str, int]) -> Any:
@@ -519,15 +597,24 @@ def _load_json(p: Path) -> Any:
         raise TraceFormatError(f"{p}: not UTF-8 text ({e.reason})") from e
 
 
-def _launch_times(cpu: CpuEvents, correlation: np.ndarray) -> np.ndarray:
-    """Per GPU event, the start of the CPU call (runtime launch) with its correlation id."""
-    launch = np.full(len(correlation), np.nan)
+def launch_rows(cpu: CpuEvents, correlation: np.ndarray) -> np.ndarray:
+    """Per GPU event, the row of the CPU call (runtime launch) with its correlation id; -1 when none."""
+    rows = np.full(len(correlation), -1, dtype=np.int64)
     has = np.flatnonzero(cpu.correlation >= 0)
     if not len(has) or not len(correlation):
-        return launch
+        return rows
     order = has[np.argsort(cpu.correlation[has], kind="stable")]
     keys = cpu.correlation[order]
     at = np.minimum(np.searchsorted(keys, correlation), len(keys) - 1)
     found = (keys[at] == correlation) & (correlation >= 0)
-    launch[found] = cpu.start[order[at[found]]]
+    rows[found] = order[at[found]]
+    return rows
+
+
+def _launch_times(cpu: CpuEvents, correlation: np.ndarray) -> np.ndarray:
+    """Per GPU event, the start of the CPU call that launched it; NaN when unknown."""
+    rows = launch_rows(cpu, correlation)
+    launch = np.full(len(rows), np.nan)
+    found = rows >= 0
+    launch[found] = cpu.start[rows[found]]
     return launch

@@ -46,13 +46,13 @@ BACKWARD_EVENT = "autograd::engine::evaluate_function: "
 H2D_MEMCPY = "Memcpy HtoD"  # "Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)"
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+"""CUDA runtime calls that make the host wait for the GPU (``cudaMemcpy`` blocks until its copy ends)."""
+
 _EXACT = {
     **{f"## {stage} ##": stage for stage in STAGES if stage != "other"},  # perfmagic --trace writes these
     "## zero_grad ##": "optimizer",
-    "cudaStreamSynchronize": "logging",
-    "cudaDeviceSynchronize": "logging",
-    "cudaEventSynchronize": "logging",
-    "cudaMemcpy": "logging",
+    **dict.fromkeys(SYNC_CALLS, "logging"),
 }
 _PREFIXES = (
     ("enumerate(DataLoader)#", "data"),

@@ -1,0 +1,128 @@
+"""What the host's CUDA calls in a trace say: kernel launches, synchronizations, host-to-device copies.
+
+Each figure pairs a CPU runtime call with the GPU event it launched (their shared
+``correlation`` id) over the ``gpu`` section's window: the GPU events launched before the
+last ``ProfilerStep#`` began and the steps before it (:func:`perfmagic.analyze.gpu.trace_gpu`).
+Times are microseconds on the trace's clock in, seconds and fractions out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from perfmagic.traces.kineto import MEMORY, KinetoTrace, launch_rows
+from perfmagic.traces.stages import SYNC_CALLS
+
+LAUNCH_CALLS = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cudaLaunchCooperativeKernel",
+    }
+)
+"""Runtime and driver calls that launch a kernel."""
+BLOCKING_COPY = "cudaMemcpy"
+"""The blocking copy call: a synchronization when it copies device to host."""
+H2D_SOURCES = ("Pageable", "Pinned")
+"""Host memory a ``Memcpy HtoD (<source> -> Device)`` copies from."""
+
+
+def launch_stats(trace: KinetoTrace, launched: np.ndarray, span_us: float) -> dict[str, Any] | None:
+    """``launches``: the kernels in ``launched`` (a mask over ``trace.gpu``) against their launch calls.
+
+    HolisticTraceAnalysis's definitions: a kernel's *launch delay* is its start minus the end of
+    the call that launched it (0 when it started earlier); a kernel is *shorter than its launch*
+    when it runs for less time than that call took. ``launch_bound_fraction``: what those short
+    kernels' calls took beyond their kernels' run time, as a share of the window's span (the GPU
+    time a stream of such kernels leaves idle, since the host cannot launch them as fast as
+    they run). None without launched kernels.
+    """
+    cpu, gpu = trace.cpu, trace.gpu
+    assert gpu.correlation is not None  # read from a trace
+    rows = launch_rows(cpu, gpu.correlation)
+    names = np.array([n in LAUNCH_CALLS for n in cpu.names], dtype=bool)
+    ok = launched & (gpu.kind != MEMORY) & (rows >= 0)
+    ok[ok] = names[cpu.name_id[rows[ok]]]
+    if not ok.any():
+        return None
+    call = rows[ok]
+    call_dur, kernel_dur = cpu.dur[call], gpu.dur[ok]
+    delay = np.maximum(gpu.start[ok] - (cpu.start[call] + call_dur), 0.0)
+    short = kernel_dur < call_dur
+    return {
+        "count": int(ok.sum()),
+        "delay_median_s": float(np.median(delay)) / 1e6,
+        "delay_p90_s": float(np.percentile(delay, 90)) / 1e6,
+        "call_median_s": float(np.median(call_dur)) / 1e6,
+        "shorter_than_launch": int(short.sum()),
+        "shorter_than_launch_fraction": float(short.mean()),
+        "launch_bound_fraction": float((call_dur - kernel_dur)[short].sum()) / span_us
+        if span_us > 0
+        else None,
+    }
+
+
+def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> dict[str, Any] | None:
+    """``syncs``: the synchronizing CUDA calls per step, over the step ranges ``(starts, ends)`` (µs).
+
+    The calls: ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, and
+    ``cudaMemcpy`` when its copy runs device to host (the host waits for the GPU to finish). A call
+    counts in the step its start falls in. None without steps.
+    """
+    starts, ends = steps
+    if not len(starts):
+        return None
+    cpu, gpu = trace.cpu, trace.gpu
+    # by name first, then per event: an object array of every event's name would cost more than the rest
+    names = np.array(cpu.names, dtype=object)
+    sync = np.isin(names, [n for n in SYNC_CALLS if n != BLOCKING_COPY])[cpu.name_id]
+    assert gpu.correlation is not None
+    rows = launch_rows(cpu, gpu.correlation)
+    dtoh = np.array([n.startswith("Memcpy DtoH") for n in gpu.names], dtype=bool)[gpu.name_id]
+    copies = rows[dtoh & (rows >= 0)]
+    sync[copies[names[cpu.name_id[copies]] == BLOCKING_COPY]] = True
+    order = np.argsort(starts)
+    at = np.searchsorted(starts[order], cpu.start, side="right") - 1
+    inside = at >= 0
+    inside[inside] = cpu.start[inside] < ends[order][at[inside]]
+    counted = sync & inside
+    n = len(starts)
+    per_name = np.bincount(cpu.name_id[counted], minlength=len(names))
+    per_call = {str(names[i]): int(per_name[i]) / n for i in np.flatnonzero(per_name)}
+    return {
+        "steps": n,
+        "per_step": float(counted.sum()) / n,
+        "calls_per_step": per_call,
+        "time_per_step_s": float(cpu.dur[counted].sum()) / n / 1e6,
+    }
+
+
+def h2d_copies(trace: KinetoTrace, launched: np.ndarray) -> dict[str, Any] | None:
+    """``h2d_copies``: the host-to-device copies in ``launched`` by host memory, pageable or pinned
+    (the kind Kineto writes in each copy's name: ``Memcpy HtoD (Pinned -> Device)``), each with its
+    ``count``, ``bytes`` and GPU ``total_s``; ``pinned_bytes_fraction`` of all bytes copied. None
+    without such copies."""
+    gpu = trace.gpu
+    source = np.full(len(gpu.names), -1)
+    for i, n in enumerate(gpu.names):
+        for k, host in enumerate(H2D_SOURCES):
+            if n.startswith(f"Memcpy HtoD ({host} -> "):
+                source[i] = k
+    of = source[gpu.name_id]
+    if not (launched & (of >= 0)).any():
+        return None
+    out: dict[str, Any] = {}
+    for k, host in enumerate(H2D_SOURCES):
+        m = launched & (of == k)
+        out[host.lower()] = {
+            "count": int(m.sum()),
+            "bytes": float(gpu.bytes[m].sum()),
+            "total_s": float(gpu.dur[m].sum()) / 1e6,
+        }
+    copied = out["pageable"]["bytes"] + out["pinned"]["bytes"]
+    out["pinned_bytes_fraction"] = out["pinned"]["bytes"] / copied if copied > 0 else None
+    return out

@@ -1,0 +1,45 @@
+"""The real GPU traces in ``tests/data`` (HolisticTraceAnalysis's test data, MIT; see its README)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def real(name: str) -> Path:
+    """The path of one of the real traces; a missing one is an error, not a skip."""
+    path = DATA / name
+    if not path.exists():
+        raise FileNotFoundError(f"real trace {name} not found in {DATA}: it is part of the repository")
+    return path
+
+
+def raw(path: Path) -> dict[str, Any]:
+    """A gzipped trace's JSON document, as the standard library reads it."""
+    with gzip.open(path) as f:
+        doc: dict[str, Any] = json.load(f)
+    return doc
+
+
+def gpu_window(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(GPU events in HolisticTraceAnalysis's window, every complete event, the ``ProfilerStep#`` ones),
+    from the raw JSON with pandas: each GPU event joined to the CPU call with its correlation id
+    (``launch``, ``launch_dur``, ``launch_name``) and kept when that call started before the last step."""
+    ev = pd.DataFrame([e for e in raw(path)["traceEvents"] if e.get("ph") == "X"])
+    ev["corr"] = ev["args"].map(lambda a: a.get("correlation", -1) if isinstance(a, dict) else -1)
+    gpu = ev[ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"])]
+    calls = ev[~ev["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"]) & (ev["corr"] >= 0)]
+    calls = calls[["corr", "ts", "dur", "name"]].rename(
+        columns={"ts": "launch", "dur": "launch_dur", "name": "launch_name"}
+    )
+    gpu = gpu.merge(calls.drop_duplicates("corr"), on="corr", how="left")
+    # the CPU's step ranges (newer traces copy them onto the GPU's timeline as gpu_user_annotation)
+    steps = ev[ev["name"].str.startswith("ProfilerStep#") & (ev["cat"] != "gpu_user_annotation")]
+    steps = steps.sort_values("ts")
+    return gpu[gpu["launch"] < steps["ts"].max()], ev, steps
