@@ -166,12 +166,17 @@ class Session:
         self._open_spool()
         self._running = True
         meta = self.timeline.meta
-        self._status = StatusFile(
-            {
-                k: meta[k]
-                for k in ("pid", "hostname", "rank", "local_rank", "node_rank", "world_size", "epoch")
-            }
-            | {"program": Path(sys.argv[0]).name if sys.argv and sys.argv[0] else None}
+        # a session that profiles code (not perfmagic run's own hardware sampler) is a training process
+        self._status = (
+            None
+            if not self.hooks
+            else StatusFile(
+                {
+                    k: meta[k]
+                    for k in ("pid", "hostname", "rank", "local_rank", "node_rank", "world_size", "epoch")
+                }
+                | {"program": Path(sys.argv[0]).name if sys.argv and sys.argv[0] else None}
+            )
         )
         if self.children:
             from perfmagic.bootstrap import profile_children

@@ -61,16 +61,38 @@ class Exporters:
 
 TRAINING = """
 import time, perfmagic
-with perfmagic.profile(sample=False):
-    while True:
-        with perfmagic.stage("forward"):
-            time.sleep(0.01)
-        perfmagic.step()
+while True:
+    with perfmagic.stage("forward"):
+        time.sleep(0.01)
+    perfmagic.step()
 """
 
 
 def training(registry: Path, rank: int) -> subprocess.Popen[str]:
-    """A profiled process stepping every 10 ms as ``rank``, in the session registry ``registry``,
-    until it is ended."""
+    """``perfmagic run`` of a script stepping every 10 ms as ``rank``, in the session registry
+    ``registry``, until it is ended (``terminate``: perfmagic run passes the signal on)."""
     env = dict(os.environ, PERFMAGIC_REGISTRY_DIR=str(registry), RANK=str(rank), LOCAL_RANK="0")
-    return subprocess.Popen([sys.executable, "-c", TRAINING], env=env, text=True, cwd=registry.parent)
+    cmd = [
+        sys.executable,
+        "-m",
+        "perfmagic.cli",
+        "run",
+        "--quiet",
+        "--outdir",
+        str(registry.parent / f"run-{rank}"),
+    ]
+    return subprocess.Popen(
+        [*cmd, "--", sys.executable, "-c", TRAINING],
+        env=env,
+        text=True,
+        cwd=registry.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def profiled(job: subprocess.Popen[str]) -> set[int]:
+    """The pids of the processes a ``training`` job's ``perfmagic run`` started."""
+    import psutil
+
+    return {p.pid for p in psutil.Process(job.pid).children(recursive=True)}
