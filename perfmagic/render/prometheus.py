@@ -136,83 +136,74 @@ def exposition(
     then a machine without NVML, not a machine without GPUs.
     """
     live = [g for g in gpus if not g.get("lost")]
-    lines = [
-        "# HELP perfmagic_nvml_up Whether NVML could be read (1) or not (0).",
-        "# TYPE perfmagic_nvml_up gauge",
-        f'perfmagic_nvml_up{{Hostname="{_escaped(hostname)}"}} {int(nvml_up)}',
-    ]
-    for name, kind, text, value_of in GPU_METRICS:
-        samples = [(g, v) for g in live if (v := _finite(value_of(g))) is not None]
-        if not samples:
-            continue
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        lines += [f"{name}{{{_gpu_labels(g, hostname)}}} {_number(v)}" for g, v in samples]
     host_label = f'Hostname="{_escaped(hostname)}"'
+    lines = _family(
+        "perfmagic_nvml_up",
+        "gauge",
+        "Whether NVML could be read (1) or not (0).",
+        [(host_label, int(nvml_up))],
+    )
+    for name, kind, text, value_of in GPU_METRICS:
+        lines += _family(name, kind, text, [(_gpu_labels(g, hostname), value_of(g)) for g in live])
     for name, key, text in HOST_METRICS:
-        value = _finite((host or {}).get(key))
-        if value is not None:
-            lines += [
-                f"# HELP {name} {text}",
-                f"# TYPE {name} gauge",
-                f"{name}{{{host_label}}} {_number(value)}",
-            ]
+        lines += _family(name, "gauge", text, [(host_label, (host or {}).get(key))])
     lines += _training(list(sessions), hostname)
     return "\n".join(lines) + "\n"
 
 
-def _training(sessions: list[Json], hostname: str) -> list[str]:
-    """Each profiled process's steps, pace and current stage, labelled with its rank and node."""
-    if not sessions:
-        return []
+def _family(name: str, kind: str, text: str, samples: list[tuple[str, Any]]) -> list[str]:
+    """One metric's HELP, TYPE and a line per (labels, value) with a finite value; nothing without any."""
     lines = [
-        "# HELP perfmagic_training_steps_total Training steps a profiled process has ended.",
-        "# TYPE perfmagic_training_steps_total counter",
+        f"{name}{{{labels}}} {_number(v)}" for labels, value in samples if (v := _finite(value)) is not None
     ]
-    labels = [_session_labels(s, hostname) for s in sessions]
-    lines += [
-        f"perfmagic_training_steps_total{{{la}}} {int(s['steps'])}"
-        for s, la in zip(sessions, labels, strict=True)
+    return [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *lines] if lines else []
+
+
+def _training(sessions: list[Json], hostname: str) -> list[str]:
+    """Each profiled process's steps, pace, seconds per stage, bottleneck and current stage, labelled
+    with its rank and node."""
+    labelled = [(s, _session_labels(s, hostname)) for s in sessions]
+    return [
+        *_family(
+            "perfmagic_training_steps_total",
+            "counter",
+            "Training steps a profiled process has ended.",
+            [(la, s["steps"]) for s, la in labelled],
+        ),
+        *_family(
+            "perfmagic_training_steps_per_second",
+            "gauge",
+            "Steps a profiled process ended per second, over ten seconds.",
+            [(la, s.get("steps_per_s")) for s, la in labelled],
+        ),
+        *_family(
+            "perfmagic_training_stage_seconds_total",
+            "counter",
+            "Seconds the ended steps of a profiled process spent in each stage (shares over a window: "
+            "rate of one stage over the rate of all).",
+            [
+                (f'{la},stage="{_escaped(stage)}"', seconds)
+                for s, la in labelled
+                for stage, seconds in sorted((s.get("stage_seconds") or {}).items())
+            ],
+        ),
+        *_family(
+            "perfmagic_training_bottleneck",
+            "gauge",
+            "The stage the last ten seconds' steps spent most time in (1).",
+            [
+                (f'{la},stage="{_escaped(str(s["bottleneck"]))}"', 1)
+                for s, la in labelled
+                if s.get("bottleneck")
+            ],
+        ),
+        *_family(
+            "perfmagic_training_stage",
+            "gauge",
+            "The stage a profiled process is in now (1 for that stage).",
+            [(f'{la},stage="{_escaped(str(s.get("stage") or "other"))}"', 1) for s, la in labelled],
+        ),
     ]
-    paced = [
-        (s, la) for s, la in zip(sessions, labels, strict=True) if _finite(s.get("steps_per_s")) is not None
-    ]
-    if paced:
-        lines += [
-            "# HELP perfmagic_training_steps_per_second Steps a profiled process ended per second, over ten seconds.",
-            "# TYPE perfmagic_training_steps_per_second gauge",
-        ]
-        lines += [
-            f"perfmagic_training_steps_per_second{{{la}}} {_number(float(s['steps_per_s']))}"
-            for s, la in paced
-        ]
-    lines += [
-        "# HELP perfmagic_training_stage_seconds_total Seconds the ended steps of a profiled process spent "
-        "in each stage (shares over a window: rate of one stage over the rate of all).",
-        "# TYPE perfmagic_training_stage_seconds_total counter",
-    ]
-    lines += [
-        f'perfmagic_training_stage_seconds_total{{{la},stage="{_escaped(stage)}"}} {_number(float(seconds))}'
-        for s, la in zip(sessions, labels, strict=True)
-        for stage, seconds in sorted((s.get("stage_seconds") or {}).items())
-    ]
-    lines += [
-        "# HELP perfmagic_training_bottleneck The stage the last ten seconds' steps spent most time in (1).",
-        "# TYPE perfmagic_training_bottleneck gauge",
-    ]
-    lines += [
-        f'perfmagic_training_bottleneck{{{la},stage="{_escaped(str(s["bottleneck"]))}"}} 1'
-        for s, la in zip(sessions, labels, strict=True)
-        if s.get("bottleneck")
-    ]
-    lines += [
-        "# HELP perfmagic_training_stage The stage a profiled process is in now (1 for that stage).",
-        "# TYPE perfmagic_training_stage gauge",
-    ]
-    lines += [
-        f'perfmagic_training_stage{{{la},stage="{_escaped(str(s.get("stage") or "other"))}"}} 1'
-        for s, la in zip(sessions, labels, strict=True)
-    ]
-    return lines
 
 
 def _session_labels(session: Json, hostname: str) -> str:
