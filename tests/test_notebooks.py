@@ -52,7 +52,8 @@ def outputs_of(cell: Any) -> list[dict[str, Any]]:
 
 def test_example_notebooks_are_committed_without_outputs() -> None:
     names = sorted(p.name for p in EXAMPLES.glob("*.ipynb"))
-    assert names == sorted(EXPECTED_ADVICE), "every example notebook is run by the test below"
+    run_apart = {"multi_rank.ipynb"}  # its own test below: it spawns ranks
+    assert names == sorted({*EXPECTED_ADVICE, *run_apart}), "every example notebook is run by a test below"
     for name in names:
         nb = nbformat.read(EXAMPLES / name, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
