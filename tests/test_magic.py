@@ -338,8 +338,10 @@ def test_a_cell_that_spawns_ranks_reports_each_worker_and_puts_the_environment_b
     """torch.multiprocessing.spawn starts fresh interpreters: they are profiled as perfmagic run's are."""
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    pythonpath = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", pythonpath)  # put back after the test: the cell changes it
+    # put back after the test: the cell changes it. Never empty: perfmagic puts its directory before the
+    # user's entries, and an empty PYTHONPATH has none to keep (CI runs with it unset)
+    pythonpath = os.environ.get("PYTHONPATH") or str(tmp_path / "users-own")
+    monkeypatch.setenv("PYTHONPATH", pythonpath)
     before = snapshot()
     scripts = str(Path(__file__).resolve().parent / "scripts")
     result, _ = run(

@@ -77,12 +77,15 @@ def test_a_directory_is_every_rank_read_in_parallel_with_the_collectives_skew(ra
         assert row["late_p90_s"] == pytest.approx(np.percentile(late[r], 90))
 
 
+# The parent's peak is VmHWM, not ru_maxrss: Linux carries a process's ru_maxrss over fork and exec, so a
+# subprocess of a big pytest process would report pytest's size (1.1 GB in a CI run)
 PEAK_RSS = """
-import resource, sys
+import re, resource, sys
 from perfmagic.trace_report import report_from_traces
 report_from_traces([sys.argv[1]])
-kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print(kib[0] * 1024, kib[1] * 1024)
+with open("/proc/self/status") as f:
+    parent_kib = int(re.search(r"VmHWM:\\s+(\\d+)", f.read()).group(1))
+print(parent_kib * 1024, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
 """
 
 
