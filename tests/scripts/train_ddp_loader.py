@@ -8,29 +8,17 @@ Each rank writes what it saw to ``$RESULT_DIR/rank<N>.json`` when that is set.
 
 import json
 import os
-import time
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-BATCH = 16
-
-
-class Samples(Dataset):
-    def __init__(self, wait: float) -> None:
-        self.wait = wait
-
-    def __len__(self) -> int:
-        return 100_000
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.wait:
-            time.sleep(self.wait / BATCH)
-        g = torch.Generator().manual_seed(i)
-        return torch.randn(64, generator=g), torch.randn(1, generator=g)
-
+# the example notebook's dataset: synthetic samples behind a wait per batch
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "example_notebooks"))
+from ddp_workers import BATCH, Samples
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 rank = dist.get_rank()
