@@ -115,6 +115,14 @@ def main() -> None:
             per_step[name].append(this_round[name])
         for name in names[1:]:
             ratios[name].append(this_round[name] / this_round["unprofiled"])
+        # each round as it ends: a run cut short (a device's time limit) still says what it measured
+        print(
+            f"round {r + 1}: "
+            + ", ".join(
+                f"{n} {100 * (this_round[n] / this_round['unprofiled'] - 1):+.2f}%" for n in names[1:]
+            ),
+            flush=True,
+        )
 
     print(f"{args.rounds} rounds x {args.seconds:g} s per mode, torch {torch.__version__}, 1 intra-op thread")
     for name in names:
