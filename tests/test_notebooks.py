@@ -46,6 +46,19 @@ def execute(nb: Any, cwd: Path) -> Any:
     return client.execute()
 
 
+def executed(name: str, cwd: Path) -> tuple[Any, list[Any]]:
+    """The example notebook ``name`` run in ``cwd`` within :data:`BUDGET_S` and without an error, and its
+    ``%%gpuprofile`` cells."""
+    nb = nbformat.read(EXAMPLES / name, as_version=4)
+    begin = time.monotonic()
+    execute(nb, cwd)
+    elapsed = time.monotonic() - begin
+    assert elapsed < BUDGET_S, f"{name} took {elapsed:.0f} s"
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
+    return nb, [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%gpuprofile")]
+
+
 def outputs_of(cell: Any) -> list[dict[str, Any]]:
     return [o for o in cell.get("outputs", []) if o.get("output_type") in {"display_data", "execute_result"}]
 
@@ -72,15 +85,7 @@ def test_example_notebooks_are_committed_without_outputs() -> None:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_ADVICE))
 def test_example_notebook_runs_and_shows_reports(name: str, tmp_path: Path) -> None:
-    nb = nbformat.read(EXAMPLES / name, as_version=4)
-    begin = time.monotonic()
-    execute(nb, tmp_path)
-    elapsed = time.monotonic() - begin
-    assert elapsed < BUDGET_S, f"{name} took {elapsed:.0f} s"
-
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors, errors
-    profiled = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%gpuprofile")]
+    nb, profiled = executed(name, tmp_path)
     assert len(profiled) == 2
     for cell in profiled:
         reports = [o for o in outputs_of(cell) if "pm-report" in o["data"].get("text/html", "")]
@@ -121,15 +126,8 @@ def test_multi_rank_notebook_reports_each_spawned_rank_and_names_the_straggler(t
     """Two gloo DDP ranks started by torch.multiprocessing.spawn from the kernel, rank 1 slow to load."""
     import shutil
 
-    nb = nbformat.read(EXAMPLES / "multi_rank.ipynb", as_version=4)
     shutil.copy(EXAMPLES / "ddp_workers.py", tmp_path)  # beside the notebook, where its kernel runs
-    begin = time.monotonic()
-    execute(nb, tmp_path)
-    elapsed = time.monotonic() - begin
-    assert elapsed < BUDGET_S, f"multi_rank.ipynb took {elapsed:.0f} s"
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors, errors
-    profiled = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%gpuprofile")]
+    nb, profiled = executed("multi_rank.ipynb", tmp_path)
     shown = []
     for cell in profiled:
         (report,) = [o for o in outputs_of(cell) if "pm-report" in o["data"].get("text/html", "")]
