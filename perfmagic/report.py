@@ -208,8 +208,8 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
     }
     data = _clean(data)
     data["step_table"] = step_table(b)  # after _clean: numbers made JSON-safe by numpy, not one by one
-    if len(analysis.ranks) > 1:  # for the per-rank waterfall; the ranks share one step table's rows
-        rows = max(MIN_RANK_ROWS, MAX_STEP_ROWS // len(analysis.ranks))
+    if len(analysis.ranks) > 1:  # for the per-rank waterfall; the ranks share a long run's rows
+        rows = max(MIN_RANK_ROWS, BINNED_ROWS // len(analysis.ranks))
         for entry, rank in zip(data["ranks"], analysis.ranks, strict=True):
             entry["step_table"] = step_table(rank.breakdown, rows, rows)
     return Report(data, analysis, timelines)
@@ -218,8 +218,8 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
 MAX_STEP_ROWS = 100_000
 """Steps the step table holds one row each; a longer run gets ``BINNED_ROWS`` rows of several steps."""
 BINNED_ROWS = 20_000
-MIN_RANK_ROWS = 100
-"""Rows each rank's step table holds at least, however many ranks share the budget of one."""
+MIN_RANK_ROWS = 20
+"""Rows each rank's step table holds at least, however many ranks share ``BINNED_ROWS``."""
 
 
 def step_table(
