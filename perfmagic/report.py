@@ -208,21 +208,30 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
     }
     data = _clean(data)
     data["step_table"] = step_table(b)  # after _clean: numbers made JSON-safe by numpy, not one by one
+    if len(analysis.ranks) > 1:  # for the per-rank waterfall; the ranks share a long run's rows
+        rows = max(MIN_RANK_ROWS, BINNED_ROWS // len(analysis.ranks))
+        for entry, rank in zip(data["ranks"], analysis.ranks, strict=True):
+            entry["step_table"] = step_table(rank.breakdown, rows, rows)
     return Report(data, analysis, timelines)
 
 
 MAX_STEP_ROWS = 100_000
 """Steps the step table holds one row each; a longer run gets ``BINNED_ROWS`` rows of several steps."""
 BINNED_ROWS = 20_000
+MIN_RANK_ROWS = 20
+"""Rows each rank's step table holds at least, however many ranks share ``BINNED_ROWS``."""
 
 
-def step_table(b: StepBreakdown) -> dict[str, Any]:
+def step_table(
+    b: StepBreakdown, max_rows: int = MAX_STEP_ROWS, binned_rows: int = BINNED_ROWS
+) -> dict[str, Any]:
     """Each step's start, end and seconds per stage, to the microsecond; a long run's in equal blocks.
 
-    A block of ``steps_per_row`` steps runs from its first step's start to its last step's end, and
-    holds the mean seconds per step of each stage.
+    A run of more than ``max_rows`` steps gets at most ``binned_rows`` rows: a block of
+    ``steps_per_row`` steps runs from its first step's start to its last step's end, and holds the
+    mean seconds per step of each stage.
     """
-    k = 1 if b.count <= MAX_STEP_ROWS else -(-b.count // BINNED_ROWS)
+    k = 1 if b.count <= max_rows else -(-b.count // binned_rows)
     rows = -(-b.count // k) if b.count else 0
     edges = np.arange(0, b.count, k)
     if k == 1:

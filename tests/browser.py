@@ -215,3 +215,54 @@ def copy_artifact(src: Path, name: str) -> Path:
     dest = ARTIFACTS / name
     shutil.copyfile(src, dest)
     return dest
+
+
+# Bokeh draws in shadow DOM and on canvas: the rank waterfall is read from its BokehJS model.
+_RANK_WATERFALL_JS = """(name) => {
+  const doc = (window.Bokeh?.documents || []).find(d => d.get_model_by_name(name));
+  if (!doc) return null;
+  const fig = doc.get_model_by_name(name);
+  return {factors: fig.y_range.factors,
+          rows: fig.renderers.map(r => [r.name, [...new Set(r.data_source.data.y)]])};
+}"""
+
+
+def rank_waterfall(page: Any, timeout_ms: int = 30_000) -> dict[str, Any]:
+    """The per-rank waterfall once drawn: its rows (``factors``, top last) and, per stage, the rows it
+    has bars in (``rows``: ``[[stage, [row, ...]], ...]``)."""
+    from perfmagic.render.ranks import WATERFALL_NAME
+
+    page.locator(".pm-ranks .bk-Canvas").first.wait_for(timeout=timeout_ms)
+    handle = page.wait_for_function(_RANK_WATERFALL_JS, arg=WATERFALL_NAME, timeout=timeout_ms)
+    found: dict[str, Any] = handle.json_value()
+    return found
+
+
+def heat_cells(page: Any) -> dict[int, dict[str, float]]:
+    """The rank × stage heat table as shown: per rank, per stage, the seconds its cell holds."""
+    cells = page.eval_on_selector_all(
+        ".pm-rank-heat td.pm-heat",
+        "els => els.map(e => [e.closest('tr').dataset.rank, e.dataset.stage, e.dataset.seconds])",
+    )
+    out: dict[int, dict[str, float]] = {}
+    for rank, stage, seconds in cells:
+        out.setdefault(int(rank), {})[stage] = float(seconds)
+    return out
+
+
+def assert_ranks_shown(page: Any, report: dict[str, Any]) -> None:
+    """The report's ranks section as the page shows it: a waterfall row with bars for every rank, the
+    straggler marked in both, heat cells equal to the report's per-rank stage means."""
+    straggler = report["straggler"]["rank"]
+    ranks = {r["rank"]: r for r in report["ranks"]}
+    labels = {r: f"rank {r}" + (" (straggler)" if r == straggler else "") for r in ranks}
+    chart = rank_waterfall(page)
+    assert chart["factors"] == [labels[r] for r in sorted(ranks, reverse=True)]
+    assert {row for _, rows in chart["rows"] for row in rows} == set(labels.values())
+    assert {stage for stage, _ in chart["rows"]} >= {"data", "comm"}
+    shown = heat_cells(page)
+    assert shown == {r: {n: s["mean_s"] for n, s in ranks[r]["stages"].items()} for r in ranks}
+    marked = page.locator(".pm-rank-heat tr.pm-straggler")
+    assert marked.count() == 1 and marked.get_attribute("data-rank") == str(straggler)
+    outlined = marked.locator("td.pm-straggler-stage")
+    assert outlined.get_attribute("data-stage") == report["straggler"]["stage"]

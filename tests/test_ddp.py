@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from browser import assert_ranks_shown, chromium, screenshot
 
 import perfmagic
 from perfmagic.timeline import SPOOL_NAME, Timeline
@@ -95,6 +96,8 @@ def run_job(
         "--quiet",
         "--json",
         str(tmp_path / f"{name}.json"),
+        "--html",
+        str(tmp_path / f"{name}.html"),
         "--outdir",
         str(tmp_path / name),
     ]
@@ -115,9 +118,20 @@ def mean(rank: dict[str, Any], stage: str) -> float:
     return float(rank["stages"].get(stage, {}).get("mean_s", 0.0))
 
 
+@pytest.fixture(scope="module")
+def straggler_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The 2-rank job whose rank 1 waits 40 ms per batch: its directory (``straggler.html`` in it) and report."""
+    tmp = tmp_path_factory.mktemp("job")
+    report, _ = one_node(tmp, "straggler", SLOW_RANK="1")
+    return tmp, report
+
+
 @pytest.mark.slow
-def test_a_slow_data_rank_is_the_straggler_and_the_fast_rank_waits_in_comm(tmp_path: Path) -> None:
-    report, ranks = one_node(tmp_path, "straggler", SLOW_RANK="1")
+def test_a_slow_data_rank_is_the_straggler_and_the_fast_rank_waits_in_comm(
+    straggler_job: tuple[Path, dict[str, Any]],
+) -> None:
+    report = straggler_job[1]
+    ranks = {r["rank"]: r for r in report["ranks"]}
     wait = mean(ranks[1], "data")
     assert wait > 0.035  # the 40 ms per batch
     # rank 0 waits for it in DDP's all-reduce, inside backward: comm, not backward
@@ -141,6 +155,23 @@ def test_a_balanced_job_has_no_straggler_and_the_users_comm_hook_works_and_is_ti
     assert all(mean(r, "comm") > 0 for r in ranks.values())  # and its reduction is timed
     assert report["straggler"] is None
     assert "rank_straggler" not in {c["id"] for c in report["advice"]}
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_html_export_shows_each_rank_over_time_and_marks_the_straggler(
+    straggler_job: tuple[Path, dict[str, Any]],
+) -> None:
+    directory, report = straggler_job
+    assert all(len(r["step_table"]["start"]) == STEPS for r in report["ranks"])  # every step, each rank's
+    errors: list[str] = []
+    with chromium(viewport=(1280, 1400)) as page:
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto((directory / "straggler.html").as_uri())  # offline: BokehJS is in the file
+        assert_ranks_shown(page, report)
+        page.locator(".pm-ranks").scroll_into_view_if_needed()
+        screenshot(page, "html-ranks")
+    assert not errors, errors
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from browser import lab_page, screenshot
+from browser import assert_ranks_shown, lab_page, screenshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -39,12 +40,35 @@ for step, (x, y) in enumerate(DataLoader(Slow(), batch_size=16)):
         break
 step
 """
+# Two DDP ranks started from the notebook (the example notebook's workers), rank 1 slow to load data:
+# its report has a ranks section; the next cell hands that report to the test.
+EXAMPLES = Path(__file__).resolve().parent.parent / "example_notebooks"
+RANKS = f"""\
+%%gpuprofile -v job
+import os, socket, sys
+import torch.multiprocessing as mp
+sys.path.insert(0, {str(EXAMPLES)!r})
+import ddp_workers
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+mp.spawn(ddp_workers.train, args=(2, 1), nprocs=2)
+"""
+SAVE = 'job.to_json("job.tmp"); os.replace("job.tmp", "job.json")  # whole, once there'
 # Open the notebook on a python3 kernel (no kernel dialog) and wait until the kernel is ready.
 OPEN = """async () => {
   const panel = await window.jupyterapp.commands.execute(
     'docmanager:open', {path: 'train.ipynb', factory: 'Notebook', kernel: {name: 'python3'}});
   await panel.context.sessionContext.ready;
   await panel.context.sessionContext.session.kernel.info;
+}"""
+
+
+# From the notebook's cell ``index``: run the cells above it, or (``notebook:run-all-below``) it and
+# those below. Not awaited: the live panel is watched while the cells run.
+RUN_FROM = """([index, command = 'notebook:run-all-above']) => {
+  window.jupyterapp.shell.currentWidget.content.activeCellIndex = index;
+  void window.jupyterapp.commands.execute(command);
 }"""
 
 
@@ -56,14 +80,15 @@ def steps_shown(page: Any) -> int | None:
 def test_gpuprofile_in_jupyterlab(tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir()
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(TRAIN)])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (SETUP, TRAIN, RANKS, SAVE)])
     nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "train.ipynb")
     errors: list[str] = []
     with lab_page(tmp_path, root_dir=root) as (_, _, page):
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.evaluate(OPEN)
-        page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        # the training cell and the one before it; the multi-rank job's cells after these checks
+        page.evaluate(RUN_FROM, [2])
 
         # While the cell runs: the panel appears and its numbers move.
         page.locator(".perfmagic-live").wait_for(timeout=90_000)
@@ -117,4 +142,16 @@ def test_gpuprofile_in_jupyterlab(tmp_path: Path) -> None:
         )
         copied = page.evaluate("() => navigator.clipboard.readText()")
         assert copied == fix.locator("pre").evaluate("el => el.textContent") and "\n" in copied
+        assert page.locator(".pm-ranks").count() == 0  # one process: no ranks section
+
+        # A multi-rank job: its report shows each rank over time and the rank × stage table.
+        page.evaluate(RUN_FROM, [2, "notebook:run-all-below"])
+        page.locator(".pm-report .pm-ranks").wait_for(timeout=180_000)
+        saved = root / "job.json"
+        deadline = time.monotonic() + 30
+        while not saved.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert_ranks_shown(page, json.loads(saved.read_text()))
+        page.locator(".pm-ranks").scroll_into_view_if_needed()
+        screenshot(page, "notebook-ranks")
     assert not [e for e in errors if "Bokeh" in e or "perfmagic" in e], errors

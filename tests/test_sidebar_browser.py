@@ -7,10 +7,14 @@ Screenshots: ``test-artifacts/sidebar-no-gpu.png`` (this machine: real NVML, no 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,16 @@ gpu1 = LiveGpu(name="NVIDIA A100-SXM4-40GB", uuid="GPU-1", mem_total=40 * GiB, m
 gpu1.phase = 2.0
 fake = fakes.FakeNvml([LiveGpu(processes=KernelPids()), gpu1])
 nvml._load_pynvml = lambda: fake
+"""
+
+
+# A rank of a distributed job, profiled by perfmagic: its session's status file says its rank and node.
+RANK_PROCESS = """
+import time, perfmagic
+with perfmagic.profile(sources=[]):
+    while True:
+        perfmagic.step()
+        time.sleep(0.05)
 """
 
 
@@ -132,9 +146,27 @@ def test_sidebar_without_gpu_says_why_and_pauses_when_hidden(tmp_path: Path) -> 
         _wait_seq(blocked, _wait_seq(blocked, 0))
 
 
+@pytest.fixture
+def two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Two running processes profiled as ranks 1 and 0 of one node, in a registry the lab server reads."""
+    monkeypatch.setenv("PERFMAGIC_REGISTRY_DIR", str(tmp_path / "registry"))
+    env = {**os.environ, "WORLD_SIZE": "2", "GROUP_RANK": "0"}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", RANK_PROCESS], env={**env, "RANK": r, "LOCAL_RANK": r})
+        for r in ("1", "0")
+    ]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 @pytest.mark.browser
 @pytest.mark.slow
-def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
+def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path, two_ranks: list[int]) -> None:
+    """Also: a distributed job's ranks on GPU 1 (real profiled processes) are listed by rank."""
     root = tmp_path / "root"
     root.mkdir()
     notebook = {
@@ -147,7 +179,9 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
     }
     (root / "train.ipynb").write_text(json.dumps(notebook))
     # behind a prefix, as JupyterHub serves it: REST and WebSocket URLs must both carry it
-    with lab_page(tmp_path, root_dir=root, server_config=FAKE_TWO_GPUS, url_prefix="/jh/user/") as (
+    on_gpu1 = f"gpu1.processes = {[(pid, 2 * 1024**3) for pid in two_ranks]!r}\n"
+    config = FAKE_TWO_GPUS + on_gpu1
+    with lab_page(tmp_path, root_dir=root, server_config=config, url_prefix="/jh/user/") as (
         base_url,
         _,
         page,
@@ -176,7 +210,19 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path) -> None:
         page.locator(f'{PANEL} .pm-gpu[data-gpu="0"] .pm-gpu-proc').first.wait_for(timeout=10_000)
         held = page.inner_text(f'{PANEL} .pm-gpu[data-gpu="0"] .pm-gpu-procs .pm-metric-value')
         assert "train.ipynb 18.0 GiB" in held
-        assert page.locator(f'{PANEL} .pm-gpu[data-gpu="1"] .pm-gpu-procs').is_hidden()  # nobody on GPU 1
+
+        # the job's ranks first in the list, in rank order, named by rank and node
+        ranked = page.locator(f"{PANEL} .pm-proc[data-rank]")
+        page.wait_for_function(
+            f"() => document.querySelectorAll('{PANEL} .pm-proc[data-rank]').length === 2", timeout=20_000
+        )
+        node = f"{socket.gethostname()}#0"
+        assert [ranked.nth(i).inner_text().split("\t")[0] for i in range(2)] == [
+            f"rank 0 · {node}",
+            f"rank 1 · {node}",
+        ]
+        assert page.locator(f"{PANEL} .pm-proc").first.get_attribute("data-rank") == "0"
+        assert f"(pid {two_ranks[0]}), local rank 1" in (ranked.nth(1).get_attribute("title") or "")
 
         # charts update over time: more points, and the utilization text moves with the fake load
         util = f'{PANEL} .pm-metric[data-key="gpu0.util"] .pm-metric-value'

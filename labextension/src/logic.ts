@@ -42,6 +42,10 @@ export interface IGpuProcess {
   name: string | null;
   visible?: boolean;
   kernel: IKernelRef | null;
+  /** Where a perfmagic session profiles the process: its distributed rank and node. */
+  rank?: number | null;
+  local_rank?: number | null;
+  node?: string | null;
 }
 
 export interface IHost {
@@ -296,23 +300,31 @@ export interface IProcessRow {
   memory: string;
   bytes: number;
   isKernel: boolean;
+  rank: number | null;
 }
 
-/** GPU processes, largest memory first, named after their notebook when a kernel owns them. */
+/**
+ * GPU processes: the ranks of a distributed job first, by rank (named by rank and node), then the
+ * others, largest memory first, named after their notebook when a kernel owns them.
+ */
 export function processRows(procs: IGpuProcess[]): IProcessRow[] {
   return procs
     .map(p => {
       const nb = p.kernel?.notebook ?? null;
-      const label = nb
+      const who = nb
         ? nb
         : p.kernel
           ? `kernel ${p.kernel.id.slice(0, 8)}`
           : p.visible === false
             ? `pid ${p.pid} (not visible here)`
             : `${p.name ?? 'process'} (pid ${p.pid})`;
+      const rank = p.rank ?? null;
+      const label = rank === null ? who : `rank ${rank}${p.node ? ` · ${p.node}` : ''}`;
       const title = p.kernel?.path
         ? `${p.kernel.path} — kernel ${p.kernel.name ?? ''} (pid ${p.pid})`
-        : label;
+        : rank === null
+          ? label
+          : `${label} — ${who}${p.local_rank != null ? `, local rank ${p.local_rank}` : ''}`;
       return {
         label,
         title,
@@ -320,10 +332,19 @@ export function processRows(procs: IGpuProcess[]): IProcessRow[] {
         pid: p.pid,
         memory: formatBytes(p.used_memory_bytes),
         bytes: p.used_memory_bytes ?? 0,
-        isKernel: p.kernel !== null
+        isKernel: p.kernel !== null,
+        rank
       };
     })
-    .sort((a, b) => b.bytes - a.bytes || a.gpu - b.gpu || a.pid - b.pid);
+    .sort((a, b) => byRank(a.rank, b.rank) || b.bytes - a.bytes || a.gpu - b.gpu || a.pid - b.pid);
+}
+
+/** Ranked before unranked, then by rank. */
+function byRank(a: number | null, b: number | null): number {
+  if (a === null || b === null) {
+    return (a === null ? 1 : 0) - (b === null ? 1 : 0);
+  }
+  return a - b;
 }
 
 /**

@@ -224,13 +224,16 @@ export class GpuMonitorPanel extends Widget {
     }
     const table = el('table', 'pm-proc-table');
     const head = el('tr');
-    for (const h of ['Notebook', 'GPU', 'Memory']) {
+    for (const h of ['Process', 'GPU', 'Memory']) {
       head.append(el('th', '', h));
     }
     table.append(head);
     for (const r of rows) {
       const tr = el('tr', r.isKernel ? 'pm-proc pm-kernel' : 'pm-proc');
       tr.title = r.title;
+      if (r.rank !== null) {
+        tr.dataset.rank = String(r.rank);
+      }
       tr.append(el('td', 'pm-proc-name', r.label), el('td', '', String(r.gpu)), el('td', '', r.memory));
       table.append(tr);
     }

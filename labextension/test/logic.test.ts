@@ -147,6 +147,26 @@ test('processes: notebook names, biggest first, foreign PIDs labelled', () => {
   assert.match(rows[0].title, /work\/train\.ipynb/);
 });
 
+test('processes: the ranks of a job first, by rank, named by rank and node', () => {
+  const proc = { used_memory_bytes: GiB, name: 'python', visible: true, kernel: null };
+  const rows = processRows([
+    { ...proc, gpu_index: 0, pid: 30, used_memory_bytes: 8 * GiB },
+    { ...proc, gpu_index: 1, pid: 21, rank: 1, local_rank: 1, node: 'a#0' },
+    { ...proc, gpu_index: 0, pid: 22, rank: 2, local_rank: 0, node: 'b#1' },
+    { ...proc, gpu_index: 0, pid: 20, rank: 0, local_rank: 0, node: 'a#0' }
+  ]);
+  assert.deepEqual(
+    rows.map(r => [r.label, r.rank]),
+    [
+      ['rank 0 · a#0', 0],
+      ['rank 1 · a#0', 1],
+      ['rank 2 · b#1', 2],
+      ['python (pid 30)', null]
+    ]
+  );
+  assert.equal(rows[1].title, 'rank 1 · a#0 — python (pid 21), local rank 1');
+});
+
 test('rates are clamped to what the server serves', () => {
   assert.equal(clampRate(100), 10);
   assert.equal(clampRate(0), 0.25);

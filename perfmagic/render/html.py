@@ -156,10 +156,14 @@ def report_fragment(
     inline_bokehjs: bool = False,
 ) -> str:
     """The whole report as one HTML fragment; ``inline_bokehjs``: one that needs no server either."""
+    from perfmagic.render.ranks import ranks_html
     from perfmagic.render.waterfall import report_layout
 
     parts = [f"<style>{CSS}</style>", '<div class="pm-report">', _header(report)]
-    parts.append(charts_html(report_layout(report), png, inline_bokehjs=inline_bokehjs))
+    charts = charts_html(report_layout(report), png, inline_bokehjs=inline_bokehjs)
+    parts.append(charts)
+    # BokehJS once per file: the ranks' charts carry it only where the report's charts did not
+    parts.append(ranks_html(report, inline_bokehjs=inline_bokehjs and not charts))
     for line in hotspot_lines(report):
         parts.append(f'<p class="pm-hotspot">{html.escape(line[0].upper() + line[1:])}</p>')
     no_steps = "No advice: most rules weigh stages within steps, and no step was seen."

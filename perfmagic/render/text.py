@@ -248,11 +248,16 @@ def _watts(w: float | None) -> str:
     return "n/a" if w is None else f"{w:.0f} W"
 
 
+def rank_stages(ranks: list[dict[str, Any]]) -> list[str]:
+    """The stages any of the report's ``ranks`` has: built-in ones in pipeline order, then the user's."""
+    stages = [n for n in STAGES if any(n in r["stages"] for r in ranks)]
+    return stages + sorted({n for r in ranks for n in r["stages"]} - set(stages))
+
+
 def rank_table(report: dict[str, Any]) -> list[str]:
     """The ranks' stage tables side by side: one row per rank, mean seconds per steady step."""
     ranks = report["ranks"]
-    stages = [n for n in STAGES if any(n in r["stages"] for r in ranks)]
-    stages += sorted({n for r in ranks for n in r["stages"]} - set(stages))
+    stages = rank_stages(ranks)
     busy = any((r.get("gpu") or {}).get("busy_fraction") is not None for r in ranks)
     straggler = (report.get("straggler") or {}).get("rank")
     head = ["rank", "node", "steps", "step", *stages, *(["GPU busy"] if busy else [])]

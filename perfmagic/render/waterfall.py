@@ -81,14 +81,7 @@ def waterfall_figure(table: dict[str, Any]) -> Figure:
     end = np.asarray(table["end"], dtype=float)
     names = list(table["stages"])
     seconds = np.array([[_num(x) for x in table["stages"][n]] for n in names], dtype=float).T
-    k = max(1, -(-len(start) // MAX_BARS))  # bins of k consecutive steps, drawn as per-step means
-    first = np.arange(0, len(start), k)
-    last = first
-    if k > 1:
-        last = np.minimum(first + k - 1, len(start) - 1)
-        counts = (last - first + 1)[:, None]
-        seconds = np.add.reduceat(seconds, first, axis=0) / counts
-        start, end = start[first], end[last]
+    k, first, last, start, end, seconds = binned_steps(start, end, seconds, MAX_BARS)
     totals = seconds.sum(axis=1)
     scale, unit = (1.0, "s") if len(totals) and np.median(totals) >= 1 else (1e3, "ms")
     pad = (end - start) * 0.06
@@ -157,6 +150,23 @@ def waterfall_figure(table: dict[str, Any]) -> Figure:
         fig.add_layout(fig.legend[0], "below")
     fig.toolbar.logo = None
     return fig
+
+
+def binned_steps(
+    start: np.ndarray, end: np.ndarray, seconds: np.ndarray, max_bars: int
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """At most ``max_bars`` rows of a step table: bins of ``k`` consecutive rows, each from its first
+    row's start to its last row's end with the mean seconds per row of each stage.
+
+    Returns ``(k, first, last, start, end, seconds)``: ``first``/``last`` index each bin's rows.
+    """
+    k = max(1, -(-len(start) // max_bars))
+    first = np.arange(0, len(start), k)
+    if k == 1:
+        return k, first, first, start, end, seconds
+    last = np.minimum(first + k - 1, len(start) - 1)
+    means = np.add.reduceat(seconds, first, axis=0) / (last - first + 1)[:, None]
+    return k, first, last, start[first], end[last], means
 
 
 def breakdown_figure(stages: dict[str, dict[str, Any]]) -> Figure | None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from perfmagic.registry import running_sessions
 from perfmagic.server import snapshot
 from perfmagic.server.kernels import KernelIndex
 
@@ -224,7 +225,7 @@ class MonitorService:
             gpus = snapshot.read_gpus(nv, static)
             procs = process_cache.get(
                 lambda: snapshot.describe_processes(
-                    snapshot.read_processes(nv, gpus), self.kernels.kernel_for
+                    snapshot.read_processes(nv, gpus), self.kernels.kernel_for, running_sessions()
                 )
             )
             warnings = list(nv.warnings)

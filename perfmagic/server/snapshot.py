@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import psutil
 
+from perfmagic.analyze import node_name
 from perfmagic.collect.host import busy_fractions, cpu_times_of
 
 SCHEMA = "perfmagic.snapshot/1"
@@ -131,15 +132,26 @@ class ProcessCache:
         return self._value
 
 
-def describe_processes(procs: list[Json], kernel_for: Callable[[int], Json | None]) -> list[Json]:
-    """Add each GPU process's name, user and owning kernel (with its notebook path).
+def describe_processes(
+    procs: list[Json], kernel_for: Callable[[int], Json | None], sessions: Sequence[Json] = ()
+) -> list[Json]:
+    """Add each GPU process's name, user and owning kernel (with its notebook path), and where
+    a perfmagic session profiles it (``sessions``: their status files), its ``rank``,
+    ``local_rank`` and ``node``.
 
     NVML may report PIDs of another PID namespace (containers): those get ``visible: false``.
     """
+    by_pid = {int(s["pid"]): s for s in sessions}
     out: list[Json] = []
     for p in procs:
         pid = int(p["pid"])
         entry: Json = {**p, "name": None, "username": None, "visible": False, "kernel": None}
+        session = by_pid.get(pid, {})
+        entry |= {
+            "rank": session.get("rank"),
+            "local_rank": session.get("local_rank"),
+            "node": node_name(session) if session else None,
+        }
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
