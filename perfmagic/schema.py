@@ -80,7 +80,7 @@ THROTTLE_REASONS: dict[int, str] = {
 THREAD_PREFIX = "thread."
 """Counters of the profiled thread, sampled at step ends (not by the sampler; cumulative)."""
 THREAD_CPU = "thread.cpu_s"
-"""Cumulative CPU seconds of the profiled thread, sampled at each step boundary…"""
+"""Cumulative CPU seconds of the profiled thread, sampled at step boundaries at least 10 ms apart…"""
 THREAD_WAIT = "thread.wait_s"
 """…and the seconds it was runnable but waited for a CPU (NaN where the OS does not say)."""
 THREAD_GC = "thread.gc_s"
@@ -92,7 +92,11 @@ THREAD_TOKENS = "thread.tokens"
 """Token ids among them so far: a batch's ``input_ids``, or its one 2-D integer tensor (padding included)."""
 
 THREAD_DATA_CPU = "thread.data_cpu_s"
-"""Cumulative CPU seconds the profiled thread spent getting batches (in ``data``), sampled after each."""
+"""Cumulative CPU seconds the profiled thread spent getting the batches it timed (those at least 10 ms
+apart: a CPU clock read costs a fast loop), sampled after each…"""
+
+THREAD_DATA_TIMED = "thread.data_timed_s"
+"""…and the cumulative wall seconds of those fetches."""
 
 STACK_SAMPLES = "stack_samples"
 """``timeline.meta`` key: where the training thread was at each sampler tick, ``[{"stage", "where",

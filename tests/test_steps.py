@@ -403,3 +403,53 @@ def test_nvtx_ranges_only_when_a_tool_collects_them(listened: bool) -> None:
     probe = "import nvtx, perfmagic.collect.recorder as r; print(r._nvtx_push is nvtx.push_range)"
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(listened)
+
+
+def _busy(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_fast_steps_read_the_thread_clock_sparingly_and_still_get_their_cpu() -> None:
+    """A CPU clock read costs a fast loop more than it seems: 1 ms steps read it about every 10 ms, and the
+    steps' CPU seconds still add up to what the thread spent (shared by time between readings)."""
+    from perfmagic.collect.recorder import THREAD_CLOCK_EVERY_S
+    from perfmagic.schema import THREAD_CPU
+
+    tl = Timeline()
+    origin = time.perf_counter()
+    rec = StageRecorder(tl, origin)
+    began, cpu_began = time.perf_counter() - origin, time.thread_time()
+    for _ in range(200):
+        _busy(0.001)
+        rec.boundary("user")
+    cpu = time.thread_time() - cpu_began
+    rec.close()
+    wall = time.perf_counter() - origin - began
+    readings = tl.sample_count(THREAD_CPU)
+    assert 3 <= readings <= wall / THREAD_CLOCK_EVERY_S + 3, (readings, wall)
+    b = step_breakdown(tl)
+    assert b.count == 200 and b.cpu_s is not None
+    assert float(b.cpu_s.sum()) == pytest.approx(cpu, rel=0.1)
+
+
+def test_a_collection_in_one_fast_step_is_that_steps_alone() -> None:
+    """GC seconds are read at every step (a counter in Python): a collection inside one 1 ms step between
+    two clock readings is that step's, not spread over its neighbours."""
+    import gc
+
+    heap = [[i] for i in range(300_000)]  # objects a full collection walks: it takes milliseconds
+    tl = Timeline()
+    rec = StageRecorder(tl, time.perf_counter())
+    for i in range(40):
+        _busy(0.001)
+        if i == 25:
+            gc.collect()
+        rec.boundary("user")
+    rec.close()
+    del heap
+    b = step_breakdown(tl)
+    assert b.gc_s is not None
+    assert int(np.argmax(b.gc_s)) == 25 and b.gc_s[25] > 0.0005
+    assert float(np.delete(b.gc_s, 25).sum()) == 0.0

@@ -18,7 +18,7 @@ import numpy as np
 from perfmagic.analyze.steady import Steady
 from perfmagic.analyze.steps import StepBreakdown
 from perfmagic.intervals import merge_intervals
-from perfmagic.schema import STAGES, THREAD_DATA_CPU
+from perfmagic.schema import STAGES, THREAD_DATA_CPU, THREAD_DATA_TIMED
 from perfmagic.timeline import Timeline
 
 
@@ -67,13 +67,17 @@ def _held(steady: Steady, breakdown: StepBreakdown, since: float) -> Steady | No
 
 
 def data_cpu_share(timeline: Timeline, steady: Steady) -> float | None:
-    """CPU seconds the training thread spent in ``data`` over the steady steps, per second of ``data``."""
-    t, v = timeline.series(THREAD_DATA_CPU)
-    wall = steady.stage_s("data") * steady.count
-    if len(t) < 2 or wall <= 0:
+    """CPU seconds the training thread spent getting batches over the steady steps, per second it spent
+    (of the fetches it timed: ``THREAD_DATA_TIMED``)."""
+    t, cpu = timeline.series(THREAD_DATA_CPU)
+    t_wall, wall = timeline.series(THREAD_DATA_TIMED)
+    if len(t) < 2 or len(t_wall) != len(t):
         return None
-    cpu = float(np.interp(steady.end, t, v) - np.interp(steady.start, t, v))
-    return min(1.0, max(0.0, cpu / wall))
+    inside = np.interp([steady.start, steady.end], t, cpu), np.interp([steady.start, steady.end], t, wall)
+    spent = float(inside[1][1] - inside[1][0])
+    if spent <= 0:
+        return None
+    return min(1.0, max(0.0, float(inside[0][1] - inside[0][0]) / spent))
 
 
 def calls_per_step(timeline: Timeline, steady: Steady) -> dict[str, float]:

@@ -105,6 +105,9 @@ def plan_fold(
         return int(np.argmin(gone)) if not gone.all() else len(gone)
 
     lo, hi = -1, b.count - 1  # the last step stays: it may still grow
+    read_at, _ = timeline.series(THREAD_CPU)
+    if len(read_at):  # steps after the thread clock's last reading stay until one covers them
+        hi = min(hi, int(np.searchsorted(b.end, read_at[-1], side="right")))
     while hi - lo > 1:  # the last step j whose spans fit in the limit
         mid = (lo + hi) // 2
         if prefix(float(b.end[mid])) <= limit:

@@ -20,6 +20,7 @@ Rules that keep the picture right without the user's help:
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -46,6 +47,13 @@ _STEP_ENDS = frozenset({"optimizer", "user"})
 
 MAX_DEPTH = 127
 """Open stages beyond this depth are not recorded (a span's depth is one signed byte)."""
+
+_ClockReading = tuple[float | None, float | None, float]
+"""A thread clock reading: CPU and run-queue wait seconds (None where not read this time), GC seconds."""
+
+THREAD_CLOCK_EVERY_S = 0.01
+"""Shortest time between two readings of the recorded thread's CPU and wait (see ``_read_thread_clock``):
+steps at least this long get them at both ends, shorter ones share them by time between readings."""
 
 _CLOSED = -1
 """The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
@@ -106,8 +114,12 @@ class StageRecorder:
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
         # per-step CPU and run-queue wait of the recorded thread: only readable on that thread
         self.thread_clock = ThreadClock() if thread_id is None else None
+        self._clock_read_at = -math.inf  # perf_counter time of the last full thread clock reading
+        self._clock_t = 0.0  # timeline time of the last step boundary that carried the thread clock
+        self._gc_s_written = 0.0
         if self.thread_clock is not None:
-            self._sample_thread_clock(time.perf_counter() - origin)
+            now = time.perf_counter()
+            self._add_thread_clock(now - origin, self._read_thread_clock(now))
         self.device_clock: DeviceClock | None = None
         self.ids = {name: timeline.name_id(name) for name in STAGES}
         self._opaque_ids = frozenset(self.ids[n] for n in OPAQUE_STAGES)
@@ -128,7 +140,7 @@ class StageRecorder:
         self._steps_end_elsewhere = False  # an optimizer or user boundary was written: batches end no step
         self._boundary_ids: dict[str, int] = {}
         # a boundary held back (kind, time, device mark, thread clock reading): see ``boundary``
-        self._held: tuple[str, float, object | None, tuple[float, float, float] | None] | None = None
+        self._held: tuple[str, float, object | None, _ClockReading | None] | None = None
 
     def stage_id(self, name: str) -> int:
         sid = self.timeline.name_id(name)
@@ -209,12 +221,13 @@ class StageRecorder:
         if threading.get_ident() != self.thread_id:
             return
         self.release_held()
-        t = time.perf_counter() - self.origin
+        now = time.perf_counter()
+        t = now - self.origin
         token = self._mark() if self.device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
         clock_reading = None
         if self.thread_clock is not None and (kind != "batch" or not self._steps_end_elsewhere):
-            clock_reading = self._read_thread_clock()
+            clock_reading = self._read_thread_clock(now)
         if hold:
             self._held = (kind, t, token, clock_reading)
         else:
@@ -240,7 +253,7 @@ class StageRecorder:
         self._held = None
 
     def _write_boundary(
-        self, kind: str, t: float, token: object | None, clock_reading: tuple[float, float, float] | None
+        self, kind: str, t: float, token: object | None, clock_reading: _ClockReading | None
     ) -> None:
         self._boundaries[kind] = self._boundaries.get(kind, 0) + 1
         if kind in _STEP_ENDS:
@@ -300,20 +313,43 @@ class StageRecorder:
             self._device_marks = marks[lo:]
             self._device_warnings += self._apply_device_times(clock, marks[:lo])
 
-    def _sample_thread_clock(self, t: float) -> None:
-        self._add_thread_clock(t, self._read_thread_clock())
+    def _read_thread_clock(self, now: float) -> _ClockReading:
+        """The recorded thread's cumulative CPU, run-queue wait and GC seconds at ``now`` (``perf_counter``
+        seconds). CPU and wait are system calls that cost a fast loop more in place than they seem to
+        (cache and TLB refills): read at most every :data:`THREAD_CLOCK_EVERY_S`, else None; the GC
+        seconds are a counter in Python, read at every step."""
+        clock = self.thread_clock
+        assert clock is not None
+        if now - self._clock_read_at < THREAD_CLOCK_EVERY_S:
+            return None, None, clock.gc_s
+        self._clock_read_at = now
+        on_cpu, waiting = clock.read()
+        return on_cpu, waiting, clock.gc_s
 
-    def _read_thread_clock(self) -> tuple[float, float, float]:
-        """The recorded thread's cumulative CPU, run-queue wait and GC seconds, now."""
-        assert self.thread_clock is not None
-        on_cpu, waiting = self.thread_clock.read()
-        return on_cpu, waiting, self.thread_clock.gc_s
-
-    def _add_thread_clock(self, t: float, reading: tuple[float, float, float]) -> None:
+    def _add_thread_clock(self, t: float, reading: _ClockReading) -> None:
         on_cpu, waiting, gc_s = reading
-        self.timeline.add_sample(THREAD_GC, t, gc_s)
-        self.timeline.add_sample(THREAD_CPU, t, on_cpu)
-        self.timeline.add_sample(THREAD_WAIT, t, waiting)
+        add = self.timeline.add_sample
+        if gc_s != self._gc_s_written:
+            # the collection ran within the step ending now: its seconds begin at the step's start, which
+            # a reading between the two would otherwise spread them back past
+            add(THREAD_GC, self._clock_t, self._gc_s_written)
+            add(THREAD_GC, t, gc_s)
+            self._gc_s_written = gc_s
+        elif on_cpu is not None:
+            add(THREAD_GC, t, gc_s)
+        if on_cpu is not None and waiting is not None:
+            add(THREAD_CPU, t, on_cpu)
+            add(THREAD_WAIT, t, waiting)
+        self._clock_t = t
+
+    def read_thread_clock_now(self) -> None:
+        """A full thread clock reading now (on the recorded thread): the steps since the last one get
+        their CPU and wait from it. Called where recording ends."""
+        if self.thread_clock is None or threading.get_ident() != self.thread_id:
+            return
+        now = time.perf_counter()
+        self._clock_read_at = -math.inf
+        self._add_thread_clock(now - self.origin, self._read_thread_clock(now))
 
     @property
     def pending_device_marks(self) -> int:
@@ -408,6 +444,7 @@ class StageRecorder:
         while self._stack:
             self.exit()
         self.release_held()
+        self.read_thread_clock_now()
         self.thread_id = _CLOSED
         if self.thread_clock is not None:
             self.thread_clock.close()

@@ -50,7 +50,7 @@ from perfmagic.collect.ddp import ReducerWait
 from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
-from perfmagic.schema import THREAD_DATA_CPU, THREAD_SAMPLES, THREAD_TOKENS
+from perfmagic.schema import THREAD_DATA_CPU, THREAD_DATA_TIMED, THREAD_SAMPLES, THREAD_TOKENS
 
 _COLLECTIVES = (
     "all_reduce",
@@ -76,6 +76,9 @@ _PROGRESS_BARS = (("tqdm.std", "tqdm"), ("tqdm.notebook", "tqdm_notebook"), ("tq
 """tqdm classes whose ``display`` draws the bar, patched when the profiled code already imported them."""
 
 _SYNC_METHODS = ("item", "tolist", "cpu", "numpy")
+
+DATA_CPU_EVERY_S = 0.01
+"""Shortest time between the starts of two fetches whose CPU time is measured (``THREAD_DATA_CPU``)."""
 
 
 def non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -255,12 +258,19 @@ class TorchStages:
         orig_iter = dl.DataLoader.__iter__
         stats = self.stats
         boundary = rec.boundary
-        add_sample, now, thread_time = rec.timeline.add_sample, self._now, time.thread_time
+        add_sample, now, thread_time, perf_counter = (
+            rec.timeline.add_sample,
+            self._now,
+            time.thread_time,
+            time.perf_counter,
+        )
         # id(iterator) -> when its pass began and what had trained by then (optimizer steps, forwards with grad)
         passes: dict[int, tuple[float, int, int]] = {}
-        # CPU the training thread spends getting batches: loading itself (no workers) or taking them over
-        # from workers; against the data stage's wall time it tells CPU-bound loading from waiting
-        data_cpu = [0.0]
+        # CPU and wall seconds of the fetches timed, and when the last one began: against each other they
+        # tell CPU-bound loading (by the training thread itself, or taking batches over from workers) from
+        # waiting. A CPU clock read is a system call that costs a fast loop: fetches are timed
+        # DATA_CPU_EVERY_S apart.
+        timed = [0.0, 0.0, -DATA_CPU_EVERY_S]
         counted = [0, 0]  # samples and tokens taken so far: throughput as the frameworks log it
         Tensor = torch.Tensor
 
@@ -270,23 +280,31 @@ class TorchStages:
             boundary("batch")
             stepped.clear()  # a batch between two optimizer steps: they are two iterations
             entered = rec.enter(data_id)
-            cpu = thread_time()
+            began = perf_counter()
+            cpu = thread_time() if entered and began - timed[2] >= DATA_CPU_EVERY_S else None
             try:
                 batch = orig_next(it)
             except StopIteration:
                 boundary("loader_end")  # this fetch found the epoch over: it starts no step
-                began = passes.pop(id(it), None)
-                if began is not None and began[1:] == (
+                began_pass = passes.pop(id(it), None)
+                if began_pass is not None and began_pass[1:] == (
                     stats["optimizer_steps"],
                     stats["grad_enabled_forwards"],
                 ):
-                    evaluation.seen(began[0])  # the pass trained nothing: an evaluation, not training steps
+                    evaluation.seen(
+                        began_pass[0]
+                    )  # the pass trained nothing: an evaluation, not training steps
                 raise
             finally:
                 if entered:
                     rec.exit()
-                    data_cpu[0] += thread_time() - cpu
-                    add_sample(THREAD_DATA_CPU, now(), data_cpu[0])
+                    if cpu is not None:
+                        timed[0] += thread_time() - cpu
+                        timed[1] += perf_counter() - began
+                        timed[2] = began
+                        t = now()
+                        add_sample(THREAD_DATA_CPU, t, timed[0])
+                        add_sample(THREAD_DATA_TIMED, t, timed[1])
             stats["batches"] += 1
             size = batch_size(batch, Tensor)
             if size is not None:
