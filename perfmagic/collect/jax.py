@@ -68,7 +68,7 @@ class JaxHooks:
         # torch's CUDA event clock times a torch loop better; a process that has torch trains with it
         if recorder.device_clock is None and "torch" not in sys.modules:
             recorder.device_clock = BlockingClock(recorder.origin)
-            self._on_framework("jax")
+        on_framework = self._on_framework  # at an annotation: Keras imports JAX whatever its backend
         annotation, step = profiler.TraceAnnotation, profiler.StepTraceAnnotation
         init, enter, exit_ = annotation.__init__, annotation.__enter__, annotation.__exit__
 
@@ -88,6 +88,8 @@ class JaxHooks:
                 and recorder.enter(recorder.stage_id(name))
             )
             note._perfmagic_open = opened
+            if opened or is_step:
+                on_framework("jax")
             return out
 
         def __exit__(note: Any, *exc: Any) -> Any:

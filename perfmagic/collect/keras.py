@@ -72,7 +72,9 @@ class KerasHooks:
         model = keras.Model
         self._patcher.set(model, "fit", self._fit(model.fit))
         if keras.backend.backend() == "tensorflow":
-            self._patcher.set(model, "make_train_function", self._make_train_function(model.make_train_function))
+            self._patcher.set(
+                model, "make_train_function", self._make_train_function(model.make_train_function)
+            )
 
     def uninstall(self) -> list[str]:
         for ref, wrapper, original in self._wrapped:
