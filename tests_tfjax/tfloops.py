@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
-
-import keras
 
 FEATURES, BATCH, BATCHES = 512, 256, 6
 MAP_WAIT_S = 0.08
