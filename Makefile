@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck cuda-coverage test-torch-min lab browser prometheus gpu-check clean
+.PHONY: install demo test test-tfjax test-fast lint typecheck cuda-coverage test-torch-min lab browser prometheus gpu-check clean
 
 install: $(STAMP)
 
@@ -26,8 +26,8 @@ demo: install
 	$(VENV)/bin/perfmagic demo
 
 lint: install
-	$(VENV)/bin/ruff check perfmagic tests benchmarks
-	$(VENV)/bin/ruff format --check perfmagic tests benchmarks
+	$(VENV)/bin/ruff check perfmagic tests tests_tfjax benchmarks
+	$(VENV)/bin/ruff format --check perfmagic tests tests_tfjax benchmarks
 
 typecheck: install
 	$(VENV)/bin/mypy
@@ -40,13 +40,30 @@ browser:
 prometheus:
 	command -v prometheus >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus)
 
-test: install browser prometheus lint typecheck cuda-coverage
+test: install browser prometheus lint typecheck cuda-coverage test-tfjax
 	$(VENV)/bin/pytest
 
 # The CUDA code runs on a simulated device here (tests/sim_cuda.py): every line of it must be run.
 cuda-coverage: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_cuda_sim.py \
 	  --cov=perfmagic/collect --cov-report=term-missing --cov-fail-under=90
+
+# TensorFlow/Keras and JAX (tests_tfjax/, the Keras and JAX notebooks) in a venv of their own: ~2 GB of
+# frameworks whose numpy/protobuf pins stay apart from torch's. perfmagic comes from this checkout (a .pth
+# file: the sidebar needs no second build). Install ~1 min, tests ~1.5 min here.
+TFJAX := .venv-tfjax
+TFJAX_STAMP := $(TFJAX)/.installed
+TFJAX_DEPS := $(shell python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+  print(' '.join(repr(d) for d in p['dependencies'] + p['optional-dependencies']['tfjax']))")
+$(TFJAX_STAMP): pyproject.toml
+	test -x $(TFJAX)/bin/python || python3 -m venv $(TFJAX)
+	$(TFJAX)/bin/python -m pip install -q -U pip
+	$(TFJAX)/bin/python -m pip install -q $(TFJAX_DEPS) 'pytest>=8' 'ipykernel>=6.29' 'nbclient>=0.10' 'nbformat>=5.10'
+	echo $(CURDIR) > "$$($(TFJAX)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/perfmagic-src.pth"
+	touch $@
+
+test-tfjax: $(TFJAX_STAMP)
+	$(TFJAX)/bin/pytest -q -p no:cacheprovider tests_tfjax
 
 # Everything but the slow groups (real kernels, notebooks, browsers): for quick iterations.
 test-fast: install
@@ -66,7 +83,7 @@ lab: install
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
-	rm -rf $(VENV) .venv-torch-min build dist perfmagic/labextension
+	rm -rf $(VENV) .venv-torch-min $(TFJAX) build dist perfmagic/labextension
 
 # On a GPU machine, in one go and under 5 minutes: `pytest -m gpu`, a real CUDA training loop under
 # perfmagic.profile(), the sampler's cost with real NVML, and a summary (also in $OUT when set).

@@ -118,6 +118,10 @@ TRAINER_MARK = "trainer"
 """A training framework drove the loop: ``trainer`` (its name), ``version``, ``settings`` (what its fixes
 are written in)."""
 
-TRAINERS = ("transformers.Trainer", "lightning.Trainer", "lightning.Fabric", "accelerate")
+TRAINERS = ("transformers.Trainer", "lightning.Trainer", "lightning.Fabric", "accelerate", "keras.Model.fit")
 """The report's ``trainer`` names; when several drove the loop (HF's Trainer drives an Accelerator), the
 first of them here is the one the user wrote against."""
+
+TF_DATA_MARK = "tf_data"
+"""A tf.data pipeline was iterated: ``ops`` (its datasets' kinds, last first), ``serial_maps``,
+``parallel_maps``, ``prefetch``, ``cache`` (``collect.tfdata``)."""

@@ -29,6 +29,7 @@ from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
 if TYPE_CHECKING:
     from perfmagic.collect.evaluation import EvaluationPasses
     from perfmagic.collect.frameworks import FrameworkHooks
+    from perfmagic.collect.tfjax import TfJaxHooks
     from perfmagic.collect.torch_hooks import TorchStages
     from perfmagic.collect.torch_profiler import TorchProfiler
     from perfmagic.report import Report
@@ -102,6 +103,7 @@ class Session:
         self._sampler: Sampler | None = None
         self._torch: TorchStages | None = None
         self._frameworks: FrameworkHooks | None = None
+        self._tfjax: TfJaxHooks | None = None  # TensorFlow, Keras, JAX
         self._evaluation: EvaluationPasses | None = None  # shared by the torch and framework hooks
         self._torch_failed = False
         self._tracer: TorchProfiler | None = None
@@ -234,19 +236,28 @@ class Session:
                 file.close()
 
     def _start_framework_hooks(self) -> None:
-        from perfmagic.collect import torch_hooks
+        from perfmagic.collect import tfjax, torch_hooks
 
+        assert self.recorder is not None
+        if tfjax.available():
+            self._tfjax = tfjax.TfJaxHooks(self.recorder, self._set_framework)
+            self._tfjax.install()
         if not torch_hooks.torch_available():
-            self.warnings.append("torch is not installed: no training stages were recorded")
+            if self._tfjax is None:
+                self.warnings.append("torch is not installed: no training stages were recorded")
             return
         from perfmagic.collect.evaluation import EvaluationPasses
 
-        assert self.recorder is not None
         self._evaluation = EvaluationPasses(self.recorder)
         # Hook torch now if it is imported, else as soon as the profiled code imports it.
         self._pending_import = when_imported("torch", self._install_torch)
         if not self._torch_failed:
             self._install_framework_hooks()
+
+    def _set_framework(self, name: str, override: bool) -> None:
+        """The report's ``framework``: ``override`` for the library that trains (Keras's backend)."""
+        if override or not self.timeline.meta.get("framework"):
+            self.timeline.meta["framework"] = name
 
     def _install_framework_hooks(self) -> None:
         """Hook the training frameworks now for those imported, at their import for the others."""
@@ -368,6 +379,8 @@ class Session:
                     parts.append(("the import hook", self._pending_import.remove))
                 if self._frameworks is not None:
                     parts.append(("the framework hooks", self._frameworks.uninstall))
+                if self._tfjax is not None:
+                    parts.append(("the TensorFlow/JAX hooks", self._tfjax.uninstall))
                 if self._torch is not None:
                     parts.append(("the torch hooks", self._torch.uninstall))
                 if self.recorder is not None:

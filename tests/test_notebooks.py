@@ -65,7 +65,8 @@ def outputs_of(cell: Any) -> list[dict[str, Any]]:
 
 def test_example_notebooks_are_committed_without_outputs() -> None:
     names = sorted(p.name for p in EXAMPLES.glob("*.ipynb"))
-    run_apart = {"multi_rank.ipynb"}  # its own test below: it spawns ranks
+    # multi_rank: its own test below (it spawns ranks); keras, jax: tests_tfjax/ runs them in its venv
+    run_apart = {"multi_rank.ipynb", "keras.ipynb", "jax.ipynb"}
     assert names == sorted({*EXPECTED_ADVICE, *run_apart}), "every example notebook is run by a test below"
     for name in names:
         nb = nbformat.read(EXAMPLES / name, as_version=4)

@@ -142,7 +142,12 @@ def missing(analysis: Analysis) -> list[str]:
                 else " (sampler off)"
             )
         )
-    if not analysis.config.models and not analysis.config.dataloaders:
+    # the set-up rules read PyTorch's models and DataLoaders: TensorFlow and JAX have none to see
+    if (
+        analysis.framework in (None, "torch")
+        and not analysis.config.models
+        and not analysis.config.dataloaders
+    ):
         out.append(
             f"set-up rules ({silent(_CONFIG_RULES)}) stayed silent: the PyTorch hooks saw no model or DataLoader "
             "(profile the training with perfmagic.profile() or perfmagic run)"

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from perfmagic.advise.card import Card, make_card, severity_for
 from perfmagic.advise.host import contention
+from perfmagic.advise.tf_fixes import tf_data_code
 from perfmagic.advise.trainer_fixes import loader_code, trainer_name
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
@@ -240,6 +241,11 @@ def input_bound(a: Analysis) -> Card | None:
         ) + ", so each batch must get cheaper to load."
         fix = "# More workers cannot help here: make each sample cheaper.\n" + _cheaper_samples_fix(ld)
         model = "all of the data wait, once samples are cheap enough for the workers to keep up (upper bound)"
+    elif ld is None and a.config.pipeline is not None:
+        saving, pipeline = wait, a.config.pipeline
+        evidence += "the tf.data pipeline " + _pipeline_says(pipeline) + "."
+        fix = tf_data_code(pipeline)
+        model = "all of the data wait, if each batch were ready when the step asks for it (upper bound)"
     else:
         saving = wait
         evidence += (
@@ -268,6 +274,23 @@ def input_bound(a: Analysis) -> Card | None:
         step_s=step,
         model=model,
         severity=severity_for(wait, step),  # the size of the problem; the saving is what the fix achieves
+    )
+
+
+def _pipeline_says(pipeline: dict[str, Any]) -> str:
+    """What a tf.data pipeline lacks, in words."""
+    lacks = []
+    if pipeline.get("serial_maps"):
+        n = int(pipeline["serial_maps"])
+        lacks.append(f"maps one element at a time ({n} serial map{'s' if n > 1 else ''})")
+    if not pipeline.get("cache"):
+        lacks.append("recomputes every element each epoch (no cache)")
+    if not pipeline.get("prefetch"):
+        lacks.append("sets no prefetch of its own")
+    return (
+        "; ".join(lacks)
+        if lacks
+        else "already maps in parallel, caches and prefetches: each element must get cheaper"
     )
 
 

@@ -329,8 +329,9 @@ def compute_bound(a: Analysis) -> Card | None:
             "with torch.autocast('cuda', dtype=torch.bfloat16):  # mixed precision",
             "    loss = ...",
         ]
-    if md and not md.get("compiled"):
-        levers += (compile_code(a) or "").splitlines() or [
+    compile_fix = compile_code(a)
+    if (md and not md.get("compiled")) or (md is None and compile_fix):  # no torch model: Keras, JAX
+        levers += (compile_fix or "").splitlines() or [
             "model = torch.compile(model)  # fused kernels, less Python overhead"
         ]
     ld = a.config.loader

@@ -14,12 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from perfmagic.advise.fixes import dataloader_code
+from perfmagic.advise.tf_fixes import jax_jit_code, keras_jit_compile_code, keras_mixed_precision_code
 from perfmagic.analyze import Analysis
 
 HF = "transformers.Trainer"
 LIGHTNING = "lightning.Trainer"
 FABRIC = "lightning.Fabric"
 ACCELERATE = "accelerate"
+KERAS = "keras.Model.fit"
 
 _LOADER_ARGUMENTS = {
     "num_workers": "dataloader_num_workers",
@@ -112,6 +114,8 @@ def mixed_precision_code(a: Analysis, bf16: bool) -> str | None:
         return f"trainer = Trainer(precision={precision!r})  # with your other Trainer arguments"
     if name == FABRIC:
         return f"fabric = Fabric(precision={precision!r})  # with your other Fabric arguments"
+    if name == KERAS:
+        return keras_mixed_precision_code(bf16)
     if name == ACCELERATE:
         mode = "bf16" if bf16 else "fp16"
         return f"accelerator = Accelerator(mixed_precision={mode!r})  # with your other Accelerator arguments"
@@ -119,8 +123,14 @@ def mixed_precision_code(a: Analysis, bf16: bool) -> str | None:
 
 
 def compile_code(a: Analysis) -> str | None:
-    """``torch.compile`` the way the framework applies it (None: a plain loop)."""
+    """``torch.compile`` the way the framework applies it, XLA for Keras and JAX (None: a plain
+    PyTorch loop; Keras already compiling with XLA)."""
     name = trainer_name(a)
+    if name == KERAS:
+        settings = (a.config.trainer or {}).get("settings") or {}
+        return None if settings.get("jit_compile") is True else keras_jit_compile_code()
+    if name is None and a.framework == "jax":
+        return jax_jit_code()
     if name == HF:
         return training_arguments_code(a, {"torch_compile": True})
     if name in (LIGHTNING, FABRIC):

@@ -24,6 +24,7 @@ from perfmagic.analyze.timeseries import profiler_traces, timeseries
 from perfmagic.schema import (
     STACK_SAMPLES,
     STEP_BOUNDARY_PREFIX,
+    TF_DATA_MARK,
     THREAD_SAMPLES,
     THREAD_TOKENS,
     TRAINER_MARK,
@@ -71,6 +72,13 @@ class TrainingConfig:
     trainers: list[dict[str, Any]] = field(
         default_factory=list
     )  # frameworks that drove the loop (see TRAINERS)
+    pipelines: list[dict[str, Any]] = field(default_factory=list)  # tf.data pipelines iterated (TF_DATA_MARK)
+
+    @property
+    def pipeline(self) -> dict[str, Any] | None:
+        """The tf.data pipeline the training iterated: the last one seen (Keras makes its iterator anew
+        each epoch, after any validation pass of the epoch before)."""
+        return self.pipelines[-1] if self.pipelines else None
 
     @property
     def loader(self) -> dict[str, Any] | None:
@@ -319,6 +327,7 @@ def training_config(timeline: Timeline) -> TrainingConfig:
         torch=torch,
         counters=counters,
         trainers=[m.data for m in timeline.marks(TRAINER_MARK)],
+        pipelines=[m.data for m in timeline.marks(TF_DATA_MARK)],
     )
 
 
