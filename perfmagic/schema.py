@@ -26,7 +26,7 @@ def nests_inside(stage: str, open_stages: Collection[str]) -> bool:
     """Whether ``stage`` is recorded when ``open_stages`` are open: the nesting rules.
 
     - a stage does not nest in itself (a module called inside a module is one
-      ``forward``; ``Tensor.backward`` calling ``autograd.backward`` is one ``backward``);
+      ``forward``);
     - nothing built in nests inside ``data``, ``checkpoint`` or ``comm``: a transform
       that is an ``nn.Module`` is part of loading the batch, and the syncs inside a
       collective are its wait, not logging; user stages still nest, since the user

@@ -34,7 +34,7 @@ from perfmagic.collect.recorder import StageRecorder
 
 
 class ReducerWait:
-    """Wraps ``Tensor.backward`` and ``torch.autograd.backward`` as ``backward``, with DDP's wait inside."""
+    """Wraps ``torch.autograd.backward`` (``Tensor.backward`` calls it) as ``backward``, with DDP's wait inside."""
 
     def __init__(self, torch: Any, recorder: StageRecorder) -> None:
         self._torch = torch
@@ -47,8 +47,9 @@ class ReducerWait:
 
     def install(self, p: Patcher) -> None:
         torch = self._torch
+        # Tensor.backward calls torch.autograd.backward by its module attribute: one wrapper times both,
+        # and each wrapper in the step costs a fast loop a microsecond or two
         p.set(torch.autograd, "backward", self.wrap(torch.autograd.backward))
-        p.set(torch.Tensor, "backward", self.wrap(torch.Tensor.backward))
         orig_forward = self._ddp.forward
         grad_enabled = torch.is_grad_enabled
 
@@ -77,9 +78,10 @@ class ReducerWait:
             finally:
                 if handle is not None:
                     handle.remove()
-                waits, self._waits = self._waits, []
-                for start, end, start_mark, end_mark in waits:
-                    rec.record_within(comm_id, start, end, (start_mark, end_mark))
+                if self._waits:
+                    waits, self._waits = self._waits, []
+                    for start, end, start_mark, end_mark in waits:
+                        rec.record_within(comm_id, start, end, (start_mark, end_mark))
                 exit_()
 
         recorded.__wrapped__ = fn  # type: ignore[attr-defined]

@@ -55,6 +55,9 @@ THREAD_CLOCK_EVERY_S = 0.01
 """Shortest time between two readings of the recorded thread's CPU and wait (see ``_read_thread_clock``):
 steps at least this long get them at both ends, shorter ones share them by time between readings."""
 
+_get_ident = threading.get_ident
+_perf_counter = time.perf_counter
+
 _CLOSED = -1
 """The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
 
@@ -120,7 +123,10 @@ class StageRecorder:
         if self.thread_clock is not None:
             now = time.perf_counter()
             self._add_thread_clock(now - origin, self._read_thread_clock(now))
-        self.device_clock: DeviceClock | None = None
+        self._device_clock: DeviceClock | None = None
+        self._annotate: Callable[[str], Callable[[], object]] | None = None
+        # a device clock, trace annotations or NVTX ranges: enter and exit do more than time the stage
+        self._extras = _NVTX
         self.ids = {name: timeline.name_id(name) for name in STAGES}
         self._opaque_ids = frozenset(self.ids[n] for n in OPAQUE_STAGES)
         self._builtin_ids = frozenset(self.ids.values())
@@ -129,8 +135,6 @@ class StageRecorder:
         self._active: list[int] = [0] * len(self._names)
         # open stages: (id, start, device mark, what ends its trace annotation)
         self._stack: list[tuple[int, float, object, Callable[[], object] | None]] = []
-        # while torch.profiler records: opens a ``## stage ##`` range in its trace, returns what closes it
-        self.annotate: Callable[[str], Callable[[], object]] | None = None
         self._opaque_depth = 0
         # (span index, token at start, token at end) for spans with device marks
         self._device_marks: list[tuple[int, object, object]] = []
@@ -149,44 +153,80 @@ class StageRecorder:
             self._active.extend([0] * (len(self._names) - len(self._active)))
         return sid
 
+    @property
+    def device_clock(self) -> DeviceClock | None:
+        """Where stage boundaries are also marked on the device (None: host times only)."""
+        return self._device_clock
+
+    @device_clock.setter
+    def device_clock(self, clock: DeviceClock | None) -> None:
+        self._device_clock = clock
+        self._extras = _NVTX or clock is not None or self._annotate is not None
+
+    @property
+    def annotate(self) -> Callable[[str], Callable[[], object]] | None:
+        """While torch.profiler records: opens a ``## stage ##`` range in its trace, returns what closes it."""
+        return self._annotate
+
+    @annotate.setter
+    def annotate(self, annotate: Callable[[str], Callable[[], object]] | None) -> None:
+        self._annotate = annotate
+        self._extras = _NVTX or self._device_clock is not None or annotate is not None
+
     def enter(self, sid: int) -> bool:
-        """Open a stage; False when it is not recorded (then don't call ``exit``)."""
+        """Open a stage; False when it is not recorded (then don't call ``exit``).
+
+        Runs several times a step: the plain case (no device clock, annotation or NVTX) is kept to
+        a few bytecodes, because each costs a fast loop several times what a microbenchmark says.
+        """
+        stack = self._stack
         if (
-            threading.get_ident() != self.thread_id
+            _get_ident() != self.thread_id
             or self._active[sid]
             or (self._opaque_depth and sid in self._builtin_ids)
-            or len(self._stack) >= MAX_DEPTH
+            or len(stack) >= MAX_DEPTH
         ):
             return False
-        annotate = self.annotate
-        token = self._mark() if self.device_clock is not None else None
-        note = annotate(self._names[sid]) if annotate is not None else None
-        self._stack.append((sid, time.perf_counter(), token, note))
         self._active[sid] += 1
         if sid in self._opaque_ids:
             self._opaque_depth += 1
-        if _NVTX:
-            _nvtx_push(self._names[sid], domain="perfmagic")
+        if self._extras:
+            self._enter_extras(sid)
+        else:
+            stack.append((sid, _perf_counter(), None, None))
         return True
 
-    def exit(self) -> None:
-        end = time.perf_counter()
-        if not self._stack:  # the session was stopped inside this stage: close() has ended it
-            return
+    def _enter_extras(self, sid: int) -> None:
+        annotate = self._annotate
+        token = self._mark() if self._device_clock is not None else None
+        note = annotate(self._names[sid]) if annotate is not None else None
+        self._stack.append((sid, time.perf_counter(), token, note))
         if _NVTX:
-            _nvtx_pop(domain="perfmagic")
-        sid, start, token, note = self._stack.pop()
-        if note is not None:
-            note()
+            _nvtx_push(self._names[sid], domain="perfmagic")
+
+    def exit(self) -> None:
+        end = _perf_counter()
+        stack = self._stack
+        if not stack:  # the session was stopped inside this stage: close() has ended it
+            return
+        sid, start, token, note = stack.pop()
         self._active[sid] -= 1
         if sid in self._opaque_ids:
             self._opaque_depth -= 1
-        if token is not None and self.device_clock is not None:
+        if self._extras:
+            self._exit_extras(token, note)
+        origin = self.origin
+        self.timeline.add_span(sid, start - origin, end - origin, len(stack))
+
+    def _exit_extras(self, token: object, note: Callable[[], object] | None) -> None:
+        if _NVTX:
+            _nvtx_pop(domain="perfmagic")
+        if note is not None:
+            note()
+        if token is not None and self._device_clock is not None:
             end_token = self._mark()
             if end_token is not None:
                 self._device_marks.append((self.timeline.span_count, token, end_token))
-        origin = self.origin
-        self.timeline.add_span(sid, start - origin, end - origin, len(self._stack))
 
     def record_within(
         self, sid: int, start: float, end: float, marks: tuple[object | None, object | None] = (None, None)
@@ -203,13 +243,13 @@ class StageRecorder:
             or (end == start and not timed_on_device)
         ):
             return
-        if timed_on_device and self.device_clock is not None:
+        if timed_on_device and self._device_clock is not None:
             self._device_marks.append((self.timeline.span_count, marks[0], marks[1]))
         self.timeline.add_span(sid, start - self.origin, end - self.origin, len(self._stack))
 
     def device_mark(self) -> object | None:
         """A device mark now, from any thread (None without a device clock), for :meth:`record_within`."""
-        return self._mark() if self.device_clock is not None else None
+        return self._mark() if self._device_clock is not None else None
 
     def boundary(self, kind: str, *, hold: bool = False) -> None:
         """Mark a step boundary (``kind``: optimizer, batch, user; or loader_end, see ``analyze.steps``).
@@ -218,12 +258,13 @@ class StageRecorder:
         :meth:`release_held` writes it, :meth:`drop_held` forgets it (two optimizers stepping in
         one iteration: only the last one's step ends the training step).
         """
-        if threading.get_ident() != self.thread_id:
+        if _get_ident() != self.thread_id:
             return
-        self.release_held()
-        now = time.perf_counter()
+        if self._held is not None:
+            self.release_held()
+        now = _perf_counter()
         t = now - self.origin
-        token = self._mark() if self.device_clock is not None else None
+        token = self._mark() if self._device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
         clock_reading = None
         if self.thread_clock is not None and (kind != "batch" or not self._steps_end_elsewhere):

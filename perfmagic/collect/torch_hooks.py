@@ -6,7 +6,7 @@ What is patched (and always put back by :meth:`TorchStages.uninstall`):
 data       ``DataLoader.__iter__`` (worker start-up) and ``_BaseDataLoaderIter.__next__``
 h2d        ``Tensor.to`` / ``Tensor.cuda`` from a non-CUDA tensor to a CUDA device
 forward    the outermost ``nn.Module.__call__``
-backward   ``Tensor.backward``, ``torch.autograd.backward``
+backward   ``torch.autograd.backward`` (which ``Tensor.backward`` calls)
 optimizer  the global optimizer step hooks, ``Optimizer.zero_grad``, ``Module.zero_grad``,
            ``GradScaler.step`` / ``unscale_`` (a step the scaler skips still ends a step)
 checkpoint ``torch.save``, ``safetensors.torch.save_file`` / ``save_model``
@@ -514,10 +514,15 @@ class TorchStages:
         other_id = rec.stage_id("other")
         enter, exit_ = rec.enter, rec.exit
 
+        seen = self._seen
+        maybe_start_device_clock = self._maybe_start_device_clock if self._cuda_available else None
+
         def pre(optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
-            self._record_once(self._record_optimizer, optimizer)
-            if type(optimizer) not in guarded and "step" in type(optimizer).__dict__:
-                guard(type(optimizer))
+            if id(optimizer) not in seen:
+                self._record_once(self._record_optimizer, optimizer)
+            cls = type(optimizer)
+            if cls not in guarded and "step" in cls.__dict__:
+                guard(cls)
             outermost = not open_steps
             open_steps.append(rec.enter(optimizer_id))
             if not outermost:
@@ -536,6 +541,8 @@ class TorchStages:
             """A closure (Lightning runs ``training_step`` in one, LBFGS re-evaluates the loss) is not the
             optimizer's time: inside it, what is no forward or backward is ``other``."""
             # torch hands the hooks the step's own arguments: (optimizer, closure?, ...)
+            if len(args) < 2 and not kwargs:  # no closure: most loops, every step
+                return None
             closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
             if closure is None or not callable(closure):
                 return None
@@ -561,7 +568,8 @@ class TorchStages:
                 return
             stats["optimizer_steps"] += 1
             rec.boundary("optimizer", hold=True)
-            self._maybe_start_device_clock()
+            if maybe_start_device_clock is not None:
+                maybe_start_device_clock()
 
         # Classes torch already hooked (their instances exist): guard them before their first step.
         for cls in _subclasses(torch.optim.Optimizer):
