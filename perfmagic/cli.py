@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
         const=5,
         type=_positive_int,
         metavar="STEPS",
-        help="also run torch.profiler in each process for STEPS training steps (default 5)",
+        help="also run the framework's profiler (torch.profiler, TensorFlow's or JAX's) in each process for "
+        "STEPS training steps (default 5)",
     )
     run_p.add_argument(
         "--tune",

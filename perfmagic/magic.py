@@ -76,15 +76,16 @@ class PerfMagics(Magics):
     @argument(
         "--trace",
         action="store_true",
-        help="also run torch.profiler for a few optimizer steps (see --steps); its Chrome trace goes to "
-        "the output directory and into report.to_chrome_trace()",
+        help="also run the framework's profiler (torch.profiler, TensorFlow's or JAX's) for a few steps (see "
+        "--steps); its Chrome trace goes to the output directory and into report.to_chrome_trace()",
     )
     @argument(
         "--steps",
         type=int,
         default=None,
         metavar="N",
-        help="with --trace: steps torch.profiler records, after 1 skipped and 1 warm-up step (default 5)",
+        help="with --trace: steps the profiler records, after 1 skipped step (and 1 warm-up step for "
+        "torch.profiler; default 5)",
     )
     @argument(
         "--outdir", metavar="DIR", help="where the spool, report.json and traces go (default: a temp dir)"
@@ -289,8 +290,11 @@ class PerfMagics(Magics):
                 except OSError as e:
                     problems.append(f"could not write {label} to {path}: {e.strerror or e}")
         written.append(("report.json", outdir / "report.json"))
+        profiler = {"tensorflow": "TensorFlow profiler", "jax": "JAX profiler"}
         for trace in report["torch_traces"]:
-            written.append(("torch.profiler trace", Path(trace["path"])))
+            written.append(
+                (f"{profiler.get(trace.get('profiler'), 'torch.profiler')} trace", Path(trace["path"]))
+            )
         for problem in problems:
             print(f"perfmagic: {problem}")
         return [(label, _href(path)) for label, path in written]

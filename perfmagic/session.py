@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from perfmagic.collect.evaluation import EvaluationPasses
     from perfmagic.collect.frameworks import FrameworkHooks
     from perfmagic.collect.tfjax import TfJaxHooks
+    from perfmagic.collect.tfjax_profiler import TfJaxProfiler
     from perfmagic.collect.torch_hooks import TorchStages
     from perfmagic.collect.torch_profiler import TorchProfiler
     from perfmagic.report import Report
@@ -107,6 +108,7 @@ class Session:
         self._evaluation: EvaluationPasses | None = None  # shared by the torch and framework hooks
         self._torch_failed = False
         self._tracer: TorchProfiler | None = None
+        self._tfjax_tracer: TfJaxProfiler | None = None  # --trace where TensorFlow or JAX trains
         self._pending_import: PostImportHook | None = None
         # torch may be imported (and hooked) on another thread while this one stops the session
         self._hooks_lock = threading.Lock()
@@ -242,6 +244,11 @@ class Session:
         if tfjax.available():
             self._tfjax = tfjax.TfJaxHooks(self.recorder, self._set_framework)
             self._tfjax.install()
+            if self.trace_steps:
+                from perfmagic.collect.tfjax_profiler import TfJaxProfiler
+
+                self._tfjax_tracer = TfJaxProfiler(self.recorder, self.outdir, steps=self.trace_steps)
+                self._tfjax_tracer.start()
         if not torch_hooks.torch_available():
             if self._tfjax is None:
                 self.warnings.append("torch is not installed: no training stages were recorded")
@@ -375,6 +382,8 @@ class Session:
                 parts: list[tuple[str, Callable[[], list[str] | None]]] = []
                 if self._tracer is not None:
                     parts.append(("torch.profiler", self._tracer.stop))
+                if self._tfjax_tracer is not None:
+                    parts.append(("the TensorFlow/JAX profiler", self._tfjax_tracer.stop))
                 if self._pending_import is not None:
                     parts.append(("the import hook", self._pending_import.remove))
                 if self._frameworks is not None:

@@ -1,4 +1,4 @@
-"""``perfmagic run -- python keras_train.py``: an unchanged Keras script, on each backend."""
+"""``perfmagic run --trace 3 -- python keras_train.py``: an unchanged Keras script, on each backend."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "keras_train.py"
 def test_run_profiles_a_keras_script(backend: str, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     env = {**os.environ, "KERAS_BACKEND": backend}
-    command = [sys.executable, "-m", "perfmagic.cli", "run", "--json", str(out), "--"]
+    command = [sys.executable, "-m", "perfmagic.cli", "run", "--trace", "3", "--json", str(out), "--"]
     result = subprocess.run(
         [*command, sys.executable, str(SCRIPT)],
         cwd=tmp_path,
@@ -33,6 +33,8 @@ def test_run_profiles_a_keras_script(backend: str, tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["source"] == "run" and report["framework"] == backend
     assert report["trainer"] == "keras.Model.fit" and report["steps"]["count"] == 12
+    (trace,) = report["torch_traces"]  # --trace: the backend's own profiler, for 3 steps
+    assert trace["profiler"] == backend and trace["steps"] == 3 and Path(trace["path"]).is_file()
     if backend == "tensorflow":  # JAX's Keras may read batches on a thread of its own: see the README
         assert report["bottleneck"] == "data"
         card = next(c for c in report["advice"] if c["id"] == "input_bound")

@@ -135,6 +135,9 @@ class StageRecorder:
         self._active: list[int] = [0] * len(self._names)
         # open stages: (id, start, device mark, what ends its trace annotation)
         self._stack: list[tuple[int, float, object, Callable[[], object] | None]] = []
+        # called on the recorded thread after each boundary that ends a training step (``--trace`` for
+        # TensorFlow and JAX starts and stops their profiler there)
+        self.on_step: Callable[[], object] | None = None
         self._opaque_depth = 0
         # (span index, token at start, token at end) for spans with device marks
         self._device_marks: list[tuple[int, object, object]] = []
@@ -315,6 +318,11 @@ class StageRecorder:
             self._drain(clock)
         if self.timeline.fold_pending:  # old steps' spans folded into rows, cut here between two appends
             self.timeline.apply_fold()
+        on_step = self.on_step
+        if on_step is not None and (
+            kind in _STEP_ENDS or (kind == "batch" and not self._steps_end_elsewhere)
+        ):
+            on_step()
 
     def _mark(self) -> object | None:
         """A device mark now; None where the clock gives none (a CUDA graph capturing) or fails.
