@@ -142,8 +142,7 @@ def gpu_summary(
         "event_count": len(ev),
         "kernel_count": int(is_kernel.sum()),
         "streams": np.unique(ev.stream).tolist(),
-        "top_kernels": _top_kernels(ev, start, end, is_kernel, span),
-        "tensor_core_fraction": _tensor_core_fraction(ev, start, end, is_kernel),
+        **_kernels_by_time(ev, start, end, is_kernel, span),
         "comm": _comm(ev, start, end, span),
         **_kernel_table(ev, start, end),
         "memcpy_bytes": _memcpy_bytes(ev),
@@ -231,11 +230,14 @@ def _by_name(
     return total, count, kind, order[count[order] > 0]
 
 
-def _top_kernels(
+def _kernels_by_time(
     ev: GpuEvents, start: np.ndarray, end: np.ndarray, is_kernel: np.ndarray, span: float
-) -> list[dict[str, Any]]:
+) -> dict[str, Any]:
+    """``top_kernels``: the ``TOP_KERNELS`` kernel names with most time; ``tensor_core_fraction``: of the
+    matrix kernels' time (those whose name tells), the share on tensor cores (None without any)."""
     total, count, kind, order = _by_name(ev, start, end, is_kernel)
-    return [
+    on_tensor_cores = [tensor_cores(ev.names[i]) for i in order]
+    top = [
         {
             "name": ev.names[i],
             "kind": KINDS[kind[i]],
@@ -243,20 +245,14 @@ def _top_kernels(
             "total_s": float(total[i]) / 1e6,
             "mean_s": float(total[i]) / count[i] / 1e6,
             "fraction": float(total[i]) / span if span > 0 else None,
-            "tensor_cores": tensor_cores(ev.names[i]),
+            "tensor_cores": tc,
         }
-        for i in order[:TOP_KERNELS]
+        for i, tc in zip(order[:TOP_KERNELS], on_tensor_cores, strict=False)
     ]
-
-
-def _tensor_core_fraction(
-    ev: GpuEvents, start: np.ndarray, end: np.ndarray, is_kernel: np.ndarray
-) -> float | None:
-    """Of the matrix kernels' time (those whose name tells), the share on tensor cores; None without any."""
-    total, _, _, order = _by_name(ev, start, end, is_kernel)
-    says = [(tensor_cores(ev.names[i]), float(total[i])) for i in order]
+    says = [(tc, float(total[i])) for i, tc in zip(order, on_tensor_cores, strict=True)]
     matrix = sum(t for tc, t in says if tc is not None)
-    return sum(t for tc, t in says if tc) / matrix if matrix > 0 else None
+    tensor = sum(t for tc, t in says if tc)
+    return {"top_kernels": top, "tensor_core_fraction": tensor / matrix if matrix > 0 else None}
 
 
 def _comm(ev: GpuEvents, start: np.ndarray, end: np.ndarray, span: float) -> dict[str, Any] | None:
