@@ -43,3 +43,28 @@ def gpu_window(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     steps = ev[ev["name"].str.startswith("ProfilerStep#") & (ev["cat"] != "gpu_user_annotation")]
     steps = steps.sort_values("ts")
     return gpu[gpu["launch"] < steps["ts"].max()], ev, steps
+
+
+def union(intervals: pd.DataFrame) -> list[tuple[float, float]]:
+    """The union of the events' ``[ts, ts + dur]`` intervals, as disjoint sorted intervals."""
+    out: list[list[float]] = []
+    for s, e in sorted(zip(intervals["ts"], intervals["ts"] + intervals["dur"], strict=True)):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def length(intervals: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def top_kernels(path: Path, n: int = 10) -> pd.DataFrame:
+    """The ``n`` kernel names with most GPU time in HTA's window, from the raw JSON: ``share`` of the
+    window's span, ``count`` and ``mean`` (µs), longest first."""
+    window = gpu_window(path)[0]
+    span = (window["ts"] + window["dur"]).max() - window["ts"].min()
+    kernels = window[window["cat"] == "kernel"].groupby("name")["dur"].agg(["sum", "size", "mean"])
+    kernels = kernels.sort_values("sum", ascending=False).head(n)
+    return pd.DataFrame({"share": kernels["sum"] / span, "count": kernels["size"], "mean": kernels["mean"]})

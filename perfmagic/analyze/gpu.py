@@ -142,9 +142,9 @@ def gpu_summary(
         "event_count": len(ev),
         "kernel_count": int(is_kernel.sum()),
         "streams": np.unique(ev.stream).tolist(),
-        **_kernels_by_time(ev, start, end, is_kernel, span),
+        **_kernels_by_time(ev, is_kernel, span),
         "comm": _comm(ev, start, end, span),
-        **_kernel_table(ev, start, end),
+        **_kernel_table(ev),
         "memcpy_bytes": _memcpy_bytes(ev),
     }
 
@@ -216,13 +216,14 @@ def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.nda
     return out
 
 
-def _by_name(
-    ev: GpuEvents, start: np.ndarray, end: np.ndarray, mask: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per name of the events in ``mask``: (total µs, count, kind, name ids by total time, longest first)."""
+def _by_name(ev: GpuEvents, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per name of the events in ``mask``: (total µs, count, kind, name ids by total time, longest first).
+
+    The events' own durations, not HTA's whole microseconds: those would count a kernel shorter than
+    a microsecond (thousands of them in a launch-bound job) as 0 or less."""
     ids = ev.name_id[mask]
     n = len(ev.names)
-    total = np.bincount(ids, weights=(end - start)[mask], minlength=n)
+    total = np.bincount(ids, weights=ev.dur[mask], minlength=n)
     count = np.bincount(ids, minlength=n)
     kind = np.zeros(n, dtype=np.int8)
     kind[ids] = ev.kind[mask]
@@ -230,12 +231,10 @@ def _by_name(
     return total, count, kind, order[count[order] > 0]
 
 
-def _kernels_by_time(
-    ev: GpuEvents, start: np.ndarray, end: np.ndarray, is_kernel: np.ndarray, span: float
-) -> dict[str, Any]:
+def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> dict[str, Any]:
     """``top_kernels``: the ``TOP_KERNELS`` kernel names with most time; ``tensor_core_fraction``: of the
     matrix kernels' time (those whose name tells), the share on tensor cores (None without any)."""
-    total, count, kind, order = _by_name(ev, start, end, is_kernel)
+    total, count, kind, order = _by_name(ev, is_kernel)
     on_tensor_cores = [tensor_cores(ev.names[i]) for i in order]
     top = [
         {
@@ -293,10 +292,10 @@ def _memory_peaks(memory: MemoryEvents) -> list[dict[str, Any]] | None:
     return out
 
 
-def _kernel_table(ev: GpuEvents, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:
+def _kernel_table(ev: GpuEvents) -> dict[str, Any]:
     """``kernels``: every GPU event name (kernels, memcpy, memset) with its count and total time, the
     ``KERNEL_TABLE`` longest; ``kernels_omitted``: the rest summed (None when nothing was left out)."""
-    total, count, kind, order = _by_name(ev, start, end, np.ones(len(ev), dtype=bool))
+    total, count, kind, order = _by_name(ev, np.ones(len(ev), dtype=bool))
     rest = order[KERNEL_TABLE:]
     return {
         "kernels": [
