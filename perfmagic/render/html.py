@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from perfmagic.render.kernels import gpu_html
 from perfmagic.render.text import (
     evaluation_line,
     hotspot_lines,
@@ -160,6 +161,7 @@ def report_fragment(
 
     parts = [f"<style>{CSS}</style>", '<div class="pm-report">', _header(report)]
     parts.append(charts_html(report_layout(report), png, inline_bokehjs=inline_bokehjs))
+    parts.append(gpu_html(report))
     for line in hotspot_lines(report):
         parts.append(f'<p class="pm-hotspot">{html.escape(line[0].upper() + line[1:])}</p>')
     no_steps = "No advice: most rules weigh stages within steps, and no step was seen."
