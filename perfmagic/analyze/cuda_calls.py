@@ -108,9 +108,9 @@ def h2d_copies(trace: KinetoTrace, launched: np.ndarray) -> dict[str, Any] | Non
     without such copies."""
     gpu = trace.gpu
     source = np.full(len(gpu.names), -1)
-    for i, n in enumerate(gpu.names):
+    for i in np.unique(gpu.name_id):  # the GPU's names: the list holds the CPU's too
         for k, host in enumerate(H2D_SOURCES):
-            if n.startswith(f"Memcpy HtoD ({host} -> "):
+            if gpu.names[i].startswith(f"Memcpy HtoD ({host} -> "):
                 source[i] = k
     of = source[gpu.name_id]
     if not (launched & (of >= 0)).any():

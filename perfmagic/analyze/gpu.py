@@ -62,6 +62,9 @@ TENSOR_TYPES = ("bf16", "fp16", "f16f16", "e4m3", "e5m2")
 """Types only tensor cores multiply: in a matrix kernel's name, they say it ran on them."""
 MATRIX_KERNEL = re.compile(r"gemm|conv[0-9_]|convolution|convolve|wgrad|dgrad|fprop")
 """A matrix kernel's name: matrix products and convolutions."""
+# one search each (a trace has hundreds of kernel names)
+_TENSOR_CORE_MARK = re.compile("|".join(TENSOR_CORE_MARKS))
+_TENSOR_TYPE = re.compile("|".join(TENSOR_TYPES))
 
 
 def tensor_cores(name: str) -> bool | None:
@@ -76,7 +79,7 @@ def tensor_cores(name: str) -> bool | None:
     low = name.split("(", 1)[0].lower().replace("fbgemm", "")
     matrix = MATRIX_KERNEL.search(low) is not None
     if "ffma" not in low and (
-        any(m in low for m in TENSOR_CORE_MARKS) or (matrix and any(t in low for t in TENSOR_TYPES))
+        _TENSOR_CORE_MARK.search(low) is not None or (matrix and _TENSOR_TYPE.search(low) is not None)
     ):
         return True
     return False if matrix else None
