@@ -161,14 +161,15 @@ def trace_gpu(trace: KinetoTrace) -> dict[str, Any] | None:
     """
     numbers, starts, ends = profiler_steps(trace)
     before = float(starts.max()) if len(starts) > 1 else None
-    gpu = gpu_summary(trace.gpu, launched_before=before, whole_us=trace.ns_resolution)
+    whole_us = trace.ns_resolution  # a look at every timestamp: once
+    gpu = gpu_summary(trace.gpu, launched_before=before, whole_us=whole_us)
     if gpu is None:
         return None
     steps = starts < before if before is not None else np.ones(len(starts), dtype=bool)
     gpu["profiler_steps"] = numbers[steps].tolist()
     names = {d.get("id"): d.get("name") for d in trace.device_properties}
     gpu["devices"] = [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)]
-    launched = _window(trace.gpu, before, trace.ns_resolution)[0]
+    launched = _window(trace.gpu, before, whole_us)[0]
     gpu["launches"] = launch_stats(trace, launched, gpu["window_s"] * 1e6)
     gpu["syncs"] = sync_stats(trace, (starts[steps], ends[steps]))
     gpu["h2d_copies"] = h2d_copies(trace, launched)
