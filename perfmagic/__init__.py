@@ -6,6 +6,7 @@ stage and the hardware did; ``session.report`` says what held the step back.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from perfmagic.report import Report
@@ -22,12 +23,22 @@ __all__ = [
     "_jupyter_server_extension_points",
     "load",
     "load_ipython_extension",
+    "load_trace",
     "profile",
     "stage",
     "step",
     "tune",
     "unload_ipython_extension",
 ]
+
+
+def load_trace(path_or_dir: str | os.PathLike[str]) -> Report:
+    """The report of a trace that ``torch.profiler`` wrote (``.json`` or ``.json.gz``), or of every
+    rank's trace in a directory: what ``perfmagic report`` prints, shown in a notebook as a live
+    report is. Raises :class:`perfmagic.traces.TraceFormatError` on a file that is not a trace."""
+    from perfmagic.trace_report import report_from_traces
+
+    return report_from_traces([path_or_dir])
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -287,8 +287,15 @@ def traced_gpu(timelines: Sequence[Timeline]) -> dict[str, Any] | None:
     return None
 
 
+_PLAIN = (str, int, bool, type(None))  # JSON-safe as they are
+
+
 def _clean(value: Any) -> Any:
     """JSON-safe: numpy scalars to Python, NaN and infinities to None."""
+    if type(value) in _PLAIN:
+        return value
+    if type(value) is float:
+        return value if math.isfinite(value) else None
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -65,8 +65,8 @@ def outputs_of(cell: Any) -> list[dict[str, Any]]:
 
 def test_example_notebooks_are_committed_without_outputs() -> None:
     names = sorted(p.name for p in EXAMPLES.glob("*.ipynb"))
-    # multi_rank: its own test below (it spawns ranks); keras, jax: tests_tfjax/ runs them in its venv
-    run_apart = {"multi_rank.ipynb", "keras.ipynb", "jax.ipynb"}
+    # multi_rank, gpu_idle_from_trace: their own tests below; keras, jax: tests_tfjax/ runs them in its venv
+    run_apart = {"multi_rank.ipynb", "gpu_idle_from_trace.ipynb", "keras.ipynb", "jax.ipynb"}
     assert names == sorted({*EXPECTED_ADVICE, *run_apart}), "every example notebook is run by a test below"
     for name in names:
         nb = nbformat.read(EXAMPLES / name, as_version=4)
@@ -141,6 +141,30 @@ def test_multi_rank_notebook_reports_each_spawned_rank_and_names_the_straggler(t
     straggler = next(c for c in nb.cells if c.source == 'slow["straggler"]')
     (result,) = [o for o in straggler.outputs if o["output_type"] == "execute_result"]
     assert "'rank': 1" in result["data"]["text/plain"] and "'stage': 'data'" in result["data"]["text/plain"]
+
+
+def test_gpu_idle_notebook_shows_trace_reports_with_their_top_kernels(tmp_path: Path) -> None:
+    """``perfmagic.load_trace`` on two of the repository's real traces (the notebook reads them from
+    ``../tests/data``, so it runs where it is): each report shows as a live one does, and the saved
+    notebook's HTML export has each top-kernels table as the raw events say."""
+    from nbconvert import HTMLExporter
+    from trace_data import assert_top_kernels, real
+
+    nb, _ = executed("gpu_idle_from_trace.ipynb", EXAMPLES)
+    reports = [o for c in nb.cells for o in outputs_of(c) if "pm-report" in o["data"].get("text/html", "")]
+    assert len(reports) == 2
+    for report in reports:
+        assert report["data"]["text/plain"].startswith("perfmagic report (trace, torch)")
+        assert "Stage waterfall" in report["data"]["text/html"] and "image/png" in report["data"]
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "GPU idle 92%" in printed and "host_wait     99.7%" in printed
+    saved = tmp_path / "gpu_idle_from_trace.ipynb"
+    nbformat.write(nb, saved)
+    page, _ = HTMLExporter().from_notebook_node(nbformat.read(saved, as_version=4))
+    _, h200, v100 = page.split('class="pm-kernels"')  # each report's table, in the notebook's order
+    assert_top_kernels(h200, real("h200_train.json.gz"))
+    assert_top_kernels(v100, real("v100_ns_resolution.json.gz"))
+    assert 'data-part="idle: host wait"' in page
 
 
 def test_interrupt_stops_run_all_after_showing_the_report() -> None:

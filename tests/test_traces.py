@@ -81,7 +81,7 @@ def test_ns_resolution_counts_whole_microseconds_like_hta() -> None:
 
 @pytest.mark.parametrize("name", ["a100_rank3_control.json.gz", "v100_ns_resolution.json.gz"])
 def test_the_streamed_read_is_the_whole_documents(name: str) -> None:
-    """A trace is decoded a few MiB at a time (each cut between two events); the events are
+    """A trace is decoded half a MiB at a time (each cut between two events); the events are
     those of the whole document read at once."""
     path = real(name)
     streamed, whole = read_trace(path), _whole(path)

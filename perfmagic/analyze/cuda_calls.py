@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from perfmagic.traces.kineto import MEMORY, KinetoTrace, launch_rows
+from perfmagic.traces.kineto import MEMORY, KinetoTrace
 from perfmagic.traces.stages import SYNC_CALLS
 
 LAUNCH_CALLS = frozenset(
@@ -42,8 +42,8 @@ def launch_stats(trace: KinetoTrace, launched: np.ndarray, span_us: float) -> di
     they run). None without launched kernels.
     """
     cpu, gpu = trace.cpu, trace.gpu
-    assert gpu.correlation is not None  # read from a trace
-    rows = launch_rows(cpu, gpu.correlation)
+    rows = gpu.launch_row
+    assert rows is not None  # read from a trace
     names = np.array([n in LAUNCH_CALLS for n in cpu.names], dtype=bool)
     ok = launched & (gpu.kind != MEMORY) & (rows >= 0)
     ok[ok] = names[cpu.name_id[rows[ok]]]
@@ -80,8 +80,8 @@ def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> dict
     # by name first, then per event: an object array of every event's name would cost more than the rest
     names = np.array(cpu.names, dtype=object)
     sync = np.isin(names, [n for n in SYNC_CALLS if n != BLOCKING_COPY])[cpu.name_id]
-    assert gpu.correlation is not None
-    rows = launch_rows(cpu, gpu.correlation)
+    rows = gpu.launch_row
+    assert rows is not None  # read from a trace
     dtoh = np.array([n.startswith("Memcpy DtoH") for n in gpu.names], dtype=bool)[gpu.name_id]
     copies = rows[dtoh & (rows >= 0)]
     sync[copies[names[cpu.name_id[copies]] == BLOCKING_COPY]] = True
@@ -108,9 +108,9 @@ def h2d_copies(trace: KinetoTrace, launched: np.ndarray) -> dict[str, Any] | Non
     without such copies."""
     gpu = trace.gpu
     source = np.full(len(gpu.names), -1)
-    for i, n in enumerate(gpu.names):
+    for i in np.unique(gpu.name_id):  # the GPU's names: the list holds the CPU's too
         for k, host in enumerate(H2D_SOURCES):
-            if n.startswith(f"Memcpy HtoD ({host} -> "):
+            if gpu.names[i].startswith(f"Memcpy HtoD ({host} -> "):
                 source[i] = k
     of = source[gpu.name_id]
     if not (launched & (of >= 0)).any():

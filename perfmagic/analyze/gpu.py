@@ -62,6 +62,9 @@ TENSOR_TYPES = ("bf16", "fp16", "f16f16", "e4m3", "e5m2")
 """Types only tensor cores multiply: in a matrix kernel's name, they say it ran on them."""
 MATRIX_KERNEL = re.compile(r"gemm|conv[0-9_]|convolution|convolve|wgrad|dgrad|fprop")
 """A matrix kernel's name: matrix products and convolutions."""
+# one search each (a trace has hundreds of kernel names)
+_TENSOR_CORE_MARK = re.compile("|".join(TENSOR_CORE_MARKS))
+_TENSOR_TYPE = re.compile("|".join(TENSOR_TYPES))
 
 
 def tensor_cores(name: str) -> bool | None:
@@ -76,7 +79,7 @@ def tensor_cores(name: str) -> bool | None:
     low = name.split("(", 1)[0].lower().replace("fbgemm", "")
     matrix = MATRIX_KERNEL.search(low) is not None
     if "ffma" not in low and (
-        any(m in low for m in TENSOR_CORE_MARKS) or (matrix and any(t in low for t in TENSOR_TYPES))
+        _TENSOR_CORE_MARK.search(low) is not None or (matrix and _TENSOR_TYPE.search(low) is not None)
     ):
         return True
     return False if matrix else None
@@ -142,10 +145,9 @@ def gpu_summary(
         "event_count": len(ev),
         "kernel_count": int(is_kernel.sum()),
         "streams": np.unique(ev.stream).tolist(),
-        "top_kernels": _top_kernels(ev, start, end, is_kernel, span),
-        "tensor_core_fraction": _tensor_core_fraction(ev, start, end, is_kernel),
+        **_kernels_by_time(ev, is_kernel, span),
         "comm": _comm(ev, start, end, span),
-        **_kernel_table(ev, start, end),
+        **_kernel_table(ev),
         "memcpy_bytes": _memcpy_bytes(ev),
     }
 
@@ -159,14 +161,15 @@ def trace_gpu(trace: KinetoTrace) -> dict[str, Any] | None:
     """
     numbers, starts, ends = profiler_steps(trace)
     before = float(starts.max()) if len(starts) > 1 else None
-    gpu = gpu_summary(trace.gpu, launched_before=before, whole_us=trace.ns_resolution)
+    whole_us = trace.ns_resolution  # a look at every timestamp: once
+    gpu = gpu_summary(trace.gpu, launched_before=before, whole_us=whole_us)
     if gpu is None:
         return None
     steps = starts < before if before is not None else np.ones(len(starts), dtype=bool)
     gpu["profiler_steps"] = numbers[steps].tolist()
     names = {d.get("id"): d.get("name") for d in trace.device_properties}
     gpu["devices"] = [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)]
-    launched = _window(trace.gpu, before, trace.ns_resolution)[0]
+    launched = _window(trace.gpu, before, whole_us)[0]
     gpu["launches"] = launch_stats(trace, launched, gpu["window_s"] * 1e6)
     gpu["syncs"] = sync_stats(trace, (starts[steps], ends[steps]))
     gpu["h2d_copies"] = h2d_copies(trace, launched)
@@ -217,13 +220,14 @@ def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.nda
     return out
 
 
-def _by_name(
-    ev: GpuEvents, start: np.ndarray, end: np.ndarray, mask: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per name of the events in ``mask``: (total µs, count, kind, name ids by total time, longest first)."""
+def _by_name(ev: GpuEvents, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per name of the events in ``mask``: (total µs, count, kind, name ids by total time, longest first).
+
+    The events' own durations, not HTA's whole microseconds: those would count a kernel shorter than
+    a microsecond (thousands of them in a launch-bound job) as 0 or less."""
     ids = ev.name_id[mask]
     n = len(ev.names)
-    total = np.bincount(ids, weights=(end - start)[mask], minlength=n)
+    total = np.bincount(ids, weights=ev.dur[mask], minlength=n)
     count = np.bincount(ids, minlength=n)
     kind = np.zeros(n, dtype=np.int8)
     kind[ids] = ev.kind[mask]
@@ -231,11 +235,12 @@ def _by_name(
     return total, count, kind, order[count[order] > 0]
 
 
-def _top_kernels(
-    ev: GpuEvents, start: np.ndarray, end: np.ndarray, is_kernel: np.ndarray, span: float
-) -> list[dict[str, Any]]:
-    total, count, kind, order = _by_name(ev, start, end, is_kernel)
-    return [
+def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> dict[str, Any]:
+    """``top_kernels``: the ``TOP_KERNELS`` kernel names with most time; ``tensor_core_fraction``: of the
+    matrix kernels' time (those whose name tells), the share on tensor cores (None without any)."""
+    total, count, kind, order = _by_name(ev, is_kernel)
+    on_tensor_cores = [tensor_cores(ev.names[i]) for i in order]
+    top = [
         {
             "name": ev.names[i],
             "kind": KINDS[kind[i]],
@@ -243,20 +248,14 @@ def _top_kernels(
             "total_s": float(total[i]) / 1e6,
             "mean_s": float(total[i]) / count[i] / 1e6,
             "fraction": float(total[i]) / span if span > 0 else None,
-            "tensor_cores": tensor_cores(ev.names[i]),
+            "tensor_cores": tc,
         }
-        for i in order[:TOP_KERNELS]
+        for i, tc in zip(order[:TOP_KERNELS], on_tensor_cores, strict=False)
     ]
-
-
-def _tensor_core_fraction(
-    ev: GpuEvents, start: np.ndarray, end: np.ndarray, is_kernel: np.ndarray
-) -> float | None:
-    """Of the matrix kernels' time (those whose name tells), the share on tensor cores; None without any."""
-    total, _, _, order = _by_name(ev, start, end, is_kernel)
-    says = [(tensor_cores(ev.names[i]), float(total[i])) for i in order]
+    says = [(tc, float(total[i])) for i, tc in zip(order, on_tensor_cores, strict=True)]
     matrix = sum(t for tc, t in says if tc is not None)
-    return sum(t for tc, t in says if tc) / matrix if matrix > 0 else None
+    tensor = sum(t for tc, t in says if tc)
+    return {"top_kernels": top, "tensor_core_fraction": tensor / matrix if matrix > 0 else None}
 
 
 def _comm(ev: GpuEvents, start: np.ndarray, end: np.ndarray, span: float) -> dict[str, Any] | None:
@@ -297,10 +296,10 @@ def _memory_peaks(memory: MemoryEvents) -> list[dict[str, Any]] | None:
     return out
 
 
-def _kernel_table(ev: GpuEvents, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:
+def _kernel_table(ev: GpuEvents) -> dict[str, Any]:
     """``kernels``: every GPU event name (kernels, memcpy, memset) with its count and total time, the
     ``KERNEL_TABLE`` longest; ``kernels_omitted``: the rest summed (None when nothing was left out)."""
-    total, count, kind, order = _by_name(ev, start, end, np.ones(len(ev), dtype=bool))
+    total, count, kind, order = _by_name(ev, np.ones(len(ev), dtype=bool))
     rest = order[KERNEL_TABLE:]
     return {
         "kernels": [

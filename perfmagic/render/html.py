@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from perfmagic.render.kernels import gpu_html
 from perfmagic.render.text import (
     evaluation_line,
     hotspot_lines,
@@ -162,6 +163,7 @@ def report_fragment(
     parts = [f"<style>{CSS}</style>", '<div class="pm-report">', _header(report)]
     charts = charts_html(report_layout(report), png, inline_bokehjs=inline_bokehjs)
     parts.append(charts)
+    parts.append(gpu_html(report))
     # BokehJS once per file: the ranks' charts carry it only where the report's charts did not
     parts.append(ranks_html(report, inline_bokehjs=inline_bokehjs and not charts))
     for line in hotspot_lines(report):
