@@ -223,14 +223,16 @@ MIN_RANK_ROWS = 20
 
 
 def step_table(
-    b: StepBreakdown, max_rows: int = MAX_STEP_ROWS, binned_rows: int = BINNED_ROWS
+    b: StepBreakdown, max_rows: int | None = None, binned_rows: int | None = None
 ) -> dict[str, Any]:
     """Each step's start, end and seconds per stage, to the microsecond; a long run's in equal blocks.
 
-    A run of more than ``max_rows`` steps gets at most ``binned_rows`` rows: a block of
-    ``steps_per_row`` steps runs from its first step's start to its last step's end, and holds the
-    mean seconds per step of each stage.
+    A run of more than ``max_rows`` steps (:data:`MAX_STEP_ROWS`) gets at most ``binned_rows``
+    (:data:`BINNED_ROWS`) rows: a block of ``steps_per_row`` steps runs from its first step's start
+    to its last step's end, and holds the mean seconds per step of each stage.
     """
+    max_rows = MAX_STEP_ROWS if max_rows is None else max_rows
+    binned_rows = BINNED_ROWS if binned_rows is None else binned_rows
     k = 1 if b.count <= max_rows else -(-b.count // binned_rows)
     rows = -(-b.count // k) if b.count else 0
     edges = np.arange(0, b.count, k)

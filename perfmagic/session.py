@@ -200,6 +200,8 @@ class Session:
         else:  # no metrics, but the thread still spools: a killed process keeps its record
             self._sampler = Sampler(self.timeline, [], _SPOOL_EVERY_S, self._clock, self._on_tick)
         self._sampler.start()
+        # perfmagic's own start (hooks, first imports: tens of ms in a fresh process) is no start-up of the user's
+        self.timeline.meta["ready_s"] = self._clock()
 
     def _open_spool(self) -> None:
         """Open the spool in ``outdir``; where that fails, in a temporary directory; else keep it in memory.
@@ -246,8 +248,9 @@ class Session:
             self._tfjax.install()
             if self.trace_steps:
                 from perfmagic.collect.tfjax_profiler import TfJaxProfiler
+                from perfmagic.traces import xplane
 
-                self._tfjax_tracer = TfJaxProfiler(self.recorder, self.outdir, steps=self.trace_steps)
+                self._tfjax_tracer = TfJaxProfiler(self.recorder, self.outdir, xplane, steps=self.trace_steps)
                 self._tfjax_tracer.start()
         if not torch_hooks.torch_available():
             if self._tfjax is None:

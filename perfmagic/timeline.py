@@ -414,8 +414,9 @@ class Timeline:
             folded.until += shift
         self._marks = [Mark(m.t + shift, m.name, m.data) for m in self._marks]
         self.meta["epoch"] = float(epoch)
-        if self.meta.get("wall_s") is not None:
-            self.meta["wall_s"] = float(self.meta["wall_s"]) + shift
+        for key in ("wall_s", "ready_s"):  # times on the timeline's clock kept in its meta
+            if self.meta.get(key) is not None:
+                self.meta[key] = float(self.meta[key]) + shift
 
     # -- persistence -----------------------------------------------------
 

@@ -54,10 +54,10 @@ def slow_startup(a: Analysis) -> Card | None:
     if s is None or b.count < 3 or a.steps.first_s is None or a.wall_s <= 0 or s.step_s <= 0:
         return None  # steps of no length (marks that share a timestamp) have no pace to compare with
     median = s.median_s
-    excess = a.steps.first_s - median
+    excess = a.steps.first_s - a.ready_s - median
     if excess < STARTUP_STEPS * median or (excess < STARTUP_SHARE * a.wall_s and excess < STARTUP_ABSOLUTE_S):
         return None
-    parts = {"before": float(b.start[0])}
+    parts = {"before": float(b.start[0]) - a.ready_s}
     for j, name in enumerate(b.stages):
         parts[name] = float(b.seconds[0, j]) - s.stage_s(name)
     where = max(parts, key=lambda k: parts[k])

@@ -143,6 +143,7 @@ class Analysis:
     evaluation: EvaluationStats = field(default_factory=lambda: EvaluationStats(0.0, 0.0, 0, None))
     loop: LoopFacts = field(default_factory=LoopFacts)
     whole_process: bool = False  # the window starts with the interpreter (perfmagic run)
+    ready_s: float = 0.0  # when perfmagic had started, into the window: its own set-up is not the user's
     argv: list[str] | None = None  # the primary process's command line, where known
     # compact sampled series (see analyze.timeseries)
     timeseries: dict[str, Any] = field(default_factory=dict)
@@ -230,6 +231,7 @@ def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Ana
         evaluation=evaluation_stats(tl, primary.breakdown, wall_s),
         loop=loop_facts(tl, primary.breakdown, steady),
         whole_process=tl.meta.get("source") == "run",
+        ready_s=float(tl.meta.get("ready_s") or 0.0),
         argv=list(argv) if argv else None,
         timeseries=timeseries(sampled),
         hotspots=hotspots(tl),

@@ -6,7 +6,7 @@ Steps are counted where the stage recorder ends them (Keras's train batches, JAX
 (``tf.profiler.experimental`` or ``jax.profiler``, Python tracer off) starts, into
 a temporary directory: the user's TensorBoard logdir is never written. ``steps``
 steps later it stops; at the end of the window (or there, if the block ends or
-raises first) its trace is read (:mod:`perfmagic.traces.xplane`), written to the
+raises first) its trace is read (by the reader handed in), written to the
 output directory as Chrome JSON and the temporary directory removed.
 
 Clocks: right after the start, a profiler annotation ``perfmagic.clock`` is
@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,17 +38,32 @@ TRACE_NAMES = {"tensorflow": "tf_trace.json.gz", "jax": "jax_trace.json.gz"}
 _LABELS = {"tensorflow": "TensorFlow", "jax": "JAX"}
 
 
+class ProfileReader(Protocol):
+    """What reads a profile (:mod:`perfmagic.traces.xplane`, handed in by the session: collectors and
+    trace readers are siblings that import neither)."""
+
+    def read_profile(self, logdir: str | os.PathLike[str]) -> list[dict[str, Any]]: ...
+
+    def input_wait_s(self, events: list[dict[str, Any]], start_us: float, end_us: float) -> float: ...
+
+
 class TfJaxProfiler:
     """Runs the TensorFlow or JAX profiler for ``steps`` steps after ``wait`` steps."""
 
     def __init__(
-        self, recorder: StageRecorder, outdir: str | os.PathLike[str], steps: int = 5, wait: int = 1
+        self,
+        recorder: StageRecorder,
+        outdir: str | os.PathLike[str],
+        reader: ProfileReader,
+        steps: int = 5,
+        wait: int = 1,
     ) -> None:
         if steps < 1:
             raise ValueError(f"--steps must be at least 1, got {steps}")
         self.steps = steps
         self.warnings: list[str] = []
         self._recorder = recorder
+        self._reader = reader
         self._outdir = Path(outdir)
         self._wait = wait
         self._stepped = 0
@@ -138,10 +153,8 @@ class TfJaxProfiler:
             jax.profiler.stop_trace()
 
     def _export(self, framework: str) -> None:
-        from perfmagic.traces.xplane import input_wait_s, read_profile
-
         assert self._tmp is not None
-        events = read_profile(self._tmp)
+        events = self._reader.read_profile(self._tmp)
         for e in events:  # "/host:CPU" beside perfmagic's tracks: say whose
             if e.get("ph") == "M" and e.get("name") == "process_name" and isinstance(e.get("args"), dict):
                 e["args"]["name"] = f"{_LABELS[framework]} profiler: {e['args'].get('name')}"
@@ -158,7 +171,7 @@ class TfJaxProfiler:
         if framework == "tensorflow" and marker is not None and window_s > 0:
             # tf.data's own figure beside perfmagic's over the same steps: a large gap is worth a warning
             start_us = float(marker["ts"])
-            profiler = input_wait_s(events, start_us, start_us + window_s * 1e6) / window_s
+            profiler = self._reader.input_wait_s(events, start_us, start_us + window_s * 1e6) / window_s
             ours = self._data_s() / window_s
             data.update(input_fraction=round(profiler, 4), data_fraction=round(ours, 4))
             if abs(profiler - ours) > 0.15:
