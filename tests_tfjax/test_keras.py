@@ -144,3 +144,17 @@ def test_the_keras_mixed_precision_and_xla_fixes_train() -> None:
         assert np.isfinite(history.history["loss"][0])
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_validation_in_fit_is_an_evaluation_pass_not_part_of_a_step() -> None:
+    """fit's validation at each epoch's end is an evaluation pass: the first epoch's last step ends where
+    it begins and the next epoch's first step starts where it ended, so no step carries it."""
+    validation = tfloops.source().repeat(3).batch(tfloops.BATCH).cache()
+    report = fit(tfloops.fast_pipeline(), validation_data=validation)
+    evaluation = report["evaluation"]
+    assert evaluation["passes"] == 2 and evaluation["every_steps"] == tfloops.BATCHES
+    assert report["steps"]["count"] == 2 * tfloops.BATCHES
+    table = report["step_table"]
+    between = table["start"][tfloops.BATCHES] - table["end"][tfloops.BATCHES - 1]
+    # the first pass (which also compiles Keras's test function) is the longer of the two
+    assert between >= 0.5 * evaluation["total_s"] > 0, (between, evaluation)

@@ -19,6 +19,8 @@ forward    the rest of the train step: forward, backward and optimizer are
            one compiled function, recorded as one ``forward`` stage
 checkpoint ``ModelCheckpoint._save_model``, ``BackupAndRestore._save_model``
 logging    ``TensorBoard``, ``CSVLogger`` and ``ProgbarLogger`` callbacks
+evaluation ``fit``'s validation (``on_test_begin``/``on_test_end`` of the same
+           callback): an evaluation pass, kept out of the training steps
 ========== ==================================================================
 """
 
@@ -31,6 +33,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import TRAINER_MARK
@@ -56,6 +59,7 @@ class KerasHooks:
         self._recorder = recorder
         self._on_backend = on_backend  # told the backend that trains (the report's ``framework``)
         self._patcher = Patcher()
+        self._evaluation = EvaluationPasses(recorder)
         # models whose train function is wrapped: (model, the wrapper, Keras's function)
         self._wrapped: list[tuple[weakref.ref[Any], Callable[..., Any], Callable[..., Any]]] = []
         self._noted: set[int] = set()
@@ -97,7 +101,10 @@ class KerasHooks:
             bound = signature.bind(model, *args, **kwargs)
             callbacks = bound.arguments.get("callbacks")
             if callbacks is None or isinstance(callbacks, (list, tuple)):
-                bound.arguments["callbacks"] = [*(callbacks or []), _step_callback(recorder)]
+                bound.arguments["callbacks"] = [
+                    *(callbacks or []),
+                    _step_callback(recorder, self._evaluation),
+                ]
             else:  # a CallbackList the user built: adding to it would change their object
                 self.warnings.append("Model.fit was given a CallbackList: its steps were not marked")
             return fit(*bound.args, **bound.kwargs)
@@ -175,9 +182,9 @@ class KerasHooks:
         return train_function
 
 
-def _step_callback(recorder: StageRecorder) -> Any:
+def _step_callback(recorder: StageRecorder, evaluation: EvaluationPasses) -> Any:
     """A Keras callback that ends a step at each train batch's end (the train step, where not timed
-    by the data split, as ``forward``)."""
+    by the data split, as ``forward``) and keeps ``fit``'s validation out of the steps."""
     import keras
 
     forward = recorder.stage_id("forward")
@@ -186,6 +193,7 @@ def _step_callback(recorder: StageRecorder) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self._open = False
+            self._validating = False
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             # the TensorFlow backend's split times the step itself: this one would hold the data wait too
@@ -196,6 +204,14 @@ def _step_callback(recorder: StageRecorder) -> Any:
                 self._open = False
                 recorder.exit()
             recorder.boundary("optimizer")
+
+        def on_test_begin(self, logs: Any = None) -> None:
+            self._validating = evaluation.begin("validation")
+
+        def on_test_end(self, logs: Any = None) -> None:
+            if self._validating:
+                self._validating = False
+                evaluation.end()
 
     return PerfmagicSteps()
 
