@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfmagic.render.text import rank_stages
-from perfmagic.render.waterfall import binned_steps, stage_color
+from perfmagic.render.waterfall import binned_steps, finish_stage_bars, stage_color
 from perfmagic.units import fmt_seconds
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def heat_table(ranks: list[dict[str, Any]], straggler: dict[str, Any] | None) ->
 def rank_waterfall_figure(ranks: list[dict[str, Any]], straggler: dict[str, Any] | None) -> Figure | None:
     """One row per rank on one time axis, each step's stages laid out in it (hover: the durations);
     None when no rank has a step table."""
-    from bokeh.models import ColumnDataSource, FactorRange, HoverTool
+    from bokeh.models import ColumnDataSource, FactorRange
     from bokeh.models.renderers import DataRenderer
     from bokeh.plotting import figure
 
@@ -162,25 +162,8 @@ def rank_waterfall_figure(ranks: list[dict[str, Any]], straggler: dict[str, Any]
                 source=ColumnDataSource(source),
             )
         )
-    fig.add_tools(
-        HoverTool(
-            renderers=renderers,
-            tooltips=[
-                ("", "@y"),
-                ("step", "@steps"),
-                ("stage", "$name"),
-                ("time", "@dur (@share)"),
-                ("step time", "@total"),
-            ],
-        )
-    )
-    if renderers:
-        fig.legend.orientation = "horizontal"
-        fig.legend.label_text_font_size = "8pt"
-        fig.legend.click_policy = "hide"
-        fig.add_layout(fig.legend[0], "below")
+    finish_stage_bars(fig, renderers, row_label="@y")
     fig.ygrid.grid_line_color = None
-    fig.toolbar.logo = None
     return fig
 
 

@@ -73,7 +73,7 @@ def report_layout(report: dict[str, Any]) -> LayoutDOM | None:
 
 def waterfall_figure(table: dict[str, Any]) -> Figure:
     """Steps along time, each a stacked bar of its stages (hover: the durations)."""
-    from bokeh.models import ColumnDataSource, DataRange1d, HoverTool
+    from bokeh.models import ColumnDataSource, DataRange1d
     from bokeh.models.renderers import DataRenderer
     from bokeh.plotting import figure
 
@@ -132,16 +132,18 @@ def waterfall_figure(table: dict[str, Any]) -> Figure:
                 source=src,
             )
         )
+    finish_stage_bars(fig, renderers)
+    return fig
+
+
+def finish_stage_bars(fig: Any, renderers: list[Any], row_label: str | None = None) -> None:
+    """A waterfall's hover (step, stage, its time and share, the step's time; ``row_label`` first where
+    rows are named) and its legend below, a click hiding a stage."""
+    from bokeh.models import HoverTool
+
+    tooltips = [("step", "@steps"), ("stage", "$name"), ("time", "@dur (@share)"), ("step time", "@total")]
     fig.add_tools(
-        HoverTool(
-            renderers=renderers,
-            tooltips=[
-                ("step", "@steps"),
-                ("stage", "$name"),
-                ("time", "@dur (@share)"),
-                ("step time", "@total"),
-            ],
-        )
+        HoverTool(renderers=renderers, tooltips=[("", row_label), *tooltips] if row_label else tooltips)
     )
     if renderers:
         fig.legend.orientation = "horizontal"
@@ -149,7 +151,6 @@ def waterfall_figure(table: dict[str, Any]) -> Figure:
         fig.legend.click_policy = "hide"
         fig.add_layout(fig.legend[0], "below")
     fig.toolbar.logo = None
-    return fig
 
 
 def binned_steps(
