@@ -442,11 +442,15 @@ def test_a_collection_in_one_fast_step_is_that_steps_alone() -> None:
     heap = [[i] for i in range(300_000)]  # objects a full collection walks: it takes milliseconds
     tl = Timeline()
     rec = StageRecorder(tl, time.perf_counter())
-    for i in range(40):
-        _busy(0.001)
-        if i == 25:
-            gc.collect()
-        rec.boundary("user")
+    gc.disable()  # no collection of the collector's own choosing in the other steps
+    try:
+        for i in range(40):
+            _busy(0.001)
+            if i == 25:
+                gc.collect()
+            rec.boundary("user")
+    finally:
+        gc.enable()
     rec.close()
     del heap
     b = step_breakdown(tl)
