@@ -246,7 +246,9 @@ def test_a_slow_counter_batch_is_read_once_a_second_and_its_rates_hold(fake_nvml
     fake_nvml(fake)
     timeline, sampler = run_sampler(NvmlSource(), seconds=2.2)
     calls = fake.per_gpu["nvmlDeviceGetFieldValues"]
-    assert calls[1] == sampler.ticks and calls[0] <= 1 + 2.2 / FIELDS_PERIOD_S + 1, (calls, sampler.ticks)
+    # the fast GPU's batch is read on every tick but where a busy machine held up two reads in a row
+    slow_reads = 2 + 2.2 / FIELDS_PERIOD_S + 1  # two to tell it slow, then once a second
+    assert calls[1] >= 0.9 * sampler.ticks and calls[0] <= slow_reads, (calls, sampler.ticks)
     _, rx = timeline.series("gpu0.pcie_rx_bytes_per_s")
     assert len(rx) > sampler.ticks / 2  # samples on most ticks, repeated between reads: not one a second
     assert np.nanmean(rx) == pytest.approx(8.0e9, rel=0.05)

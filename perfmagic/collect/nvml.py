@@ -199,6 +199,7 @@ class Nvml:
         self._fields: dict[int, list[tuple[str, int, int, float]]] = {}
         # GPU -> (when, what its counters gave): kept only for a GPU whose batch is slow
         self._fields_read: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._slow_field_reads: dict[int, int] = {}  # slow batches in a row, by GPU
         self._counters: dict[tuple[int, str], tuple[float, int]] = {}
         self._rates: dict[tuple[int, str], float] = {}
         self._mig: dict[int, list[Any]] = {}
@@ -430,7 +431,8 @@ class Nvml:
 
     def _read_fields(self, index: int, out: dict[str, Any]) -> None:
         """Counters in one batched call; rates from the counters' own timestamps. Where the call is slow
-        (:data:`SLOW_FIELDS_S`), at most every :data:`FIELDS_PERIOD_S`, its figures repeated between."""
+        (:data:`SLOW_FIELDS_S`, twice in a row), at most every :data:`FIELDS_PERIOD_S`, its figures
+        repeated between."""
         begin = time.monotonic()
         last = self._fields_read.get(index)
         if last is not None and begin - last[0] < FIELDS_PERIOD_S:
@@ -438,7 +440,10 @@ class Nvml:
             return
         read: dict[str, Any] = {}
         self._read_fields_now(index, read)
-        if time.monotonic() - begin >= SLOW_FIELDS_S:
+        # slow twice in a row: one read a busy machine held up says nothing of the driver
+        streak = self._slow_field_reads.get(index, 0) + 1 if time.monotonic() - begin >= SLOW_FIELDS_S else 0
+        self._slow_field_reads[index] = streak
+        if streak >= 2:
             self._fields_read[index] = (begin, read)
         else:
             self._fields_read.pop(index, None)
