@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 from analysis_builder import CUDA_TORCH, HEALTHY, HOST, HOST_SAMPLES, LOADER, MODEL, GiB, build, gpu_static
 
@@ -576,3 +577,21 @@ def test_compute_bound() -> None:
     card = check(pace.compute_bound(build()), "compute_bound")
     assert card.severity == "info" and "torch.compile" in card.fix
     assert pace.compute_bound(build(stages=stages(data=0.02))) is None
+
+
+def test_a_few_held_up_steps_on_one_rank_make_no_straggler() -> None:
+    """Three of 30 steps a busy machine held up on rank 1 (the other rank waiting for them in comm) move its
+    mean work past the ratio, not its typical step: no straggler; slow at every step, it is one."""
+    from perfmagic.analyze.ranks import find_straggler
+    from perfmagic.analyze.steady import Steady
+
+    def rank(data: np.ndarray, comm: np.ndarray) -> Steady:
+        seconds = np.column_stack([data, np.full(30, 0.002), comm])
+        return Steady(0, seconds.sum(axis=1), seconds, ["data", "forward", "comm"], 0.0, 1.0)
+
+    held = np.zeros(30)
+    held[[7, 15, 23]] = 0.025
+    assert find_straggler([(0, rank(np.zeros(30), held)), (1, rank(held, np.zeros(30)))]) is None
+    slow = np.full(30, 0.004)
+    found = find_straggler([(0, rank(np.zeros(30), slow)), (1, rank(slow, np.zeros(30)))])
+    assert found is not None and (found.rank, found.stage) == (1, "data")

@@ -99,14 +99,21 @@ class Straggler:
     ranks: int
 
 
+def _typical_work(v: Steady) -> float:
+    """A rank's median steady step less its comm."""
+    comm = v.seconds[:, v.stages.index("comm")] if "comm" in v.stages else 0.0
+    return float(np.median(v.durations - comm))
+
+
 def find_straggler(views: list[tuple[int, Steady]]) -> Straggler | None:
     """The straggler among ranks ``(rank, steady steps)``; None when balanced or fewer than two.
 
     A rank's work is its step less its ``comm``, where fast ranks wait; the slowest rank is a
     straggler when its work exceeds the other ranks' median by :data:`STRAGGLER_RATIO` and by
     :data:`STRAGGLER_SHARE` of the step, and the others were seen waiting for it (their median
-    ``comm`` above its own by :data:`STRAGGLER_WAITED` of the difference). Against the others (not
-    all ranks), so that with two ranks the difference is the whole of it.
+    ``comm`` above its own by :data:`STRAGGLER_WAITED` of the difference), and its median step
+    too exceeds theirs by the ratio. Against the others (not all ranks), so that with two ranks the
+    difference is the whole of it.
     """
     if len(views) < 2:
         return None
@@ -119,10 +126,14 @@ def find_straggler(views: list[tuple[int, Steady]]) -> Straggler | None:
     step = float(np.mean([v.step_s for _, v in views]))
     others_comm = float(np.median([v.stage_s("comm") for v in others]))
     waited = others_comm - slow.stage_s("comm")
+    # the same test on each rank's typical (median) step: a straggler is slow step after step, while a
+    # few steps a busy machine held up on one rank move its mean, not its median
+    typical = [_typical_work(v) for _, v in views]
     if (
         work[k] < STRAGGLER_RATIO * base
         or excess < STRAGGLER_SHARE * step
         or waited < STRAGGLER_WAITED * excess
+        or typical[k] < STRAGGLER_RATIO * float(np.median(typical[:k] + typical[k + 1 :]))
     ):
         return None
     names = dict.fromkeys(n for _, v in views for n in v.stages if n != "comm")
