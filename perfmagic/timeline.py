@@ -175,6 +175,7 @@ class Timeline:
         self._folded: _FoldedColumns | None = None
         self.record: Path | None = None  # a file with every span and sample (the spool), where there is one
         self._pending_fold: Fold | None = None
+        self.fold_pending = False  # a fold is queued for the writer (``request_fold``)
         self._lock = threading.Lock()
         # held by readers of span and sample columns; the writer thread applies a fold only when it can
         # take it at once, so a reader never sees columns cut half-way and the writer never waits
@@ -205,6 +206,16 @@ class Timeline:
         self._span_end.append(end)
         self._span_depth.append(depth)
 
+    def span_appenders(
+        self,
+    ) -> tuple[
+        Callable[[int], None], Callable[[float], None], Callable[[float], None], Callable[[int], None]
+    ]:
+        """The span columns' own appends (name id, start, end, depth), for the stage recorder: a call of
+        :meth:`add_span` per stage costs a fast loop a microsecond or two. Call them in that order, depth last
+        (readers count spans by the depth column); they stay valid, as folds cut the columns in place."""
+        return self._span_name.append, self._span_start.append, self._span_end.append, self._span_depth.append
+
     def set_span_times(self, index: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
         """Move the spans at ``index`` to new times (a recorder that learns its device times later).
 
@@ -223,6 +234,13 @@ class Timeline:
         series.t.append(t)
         series.v.append(value)
 
+    def sample_appenders(self, metric: str) -> tuple[Callable[[float], None], Callable[[float], None]]:
+        """A series' own appends (time, value), for hooks that add a sample every step: call them in that
+        order. They stay valid, as thinning cuts the series in place."""
+        with self._lock:
+            series = self._series.setdefault(metric, _Series())
+        return series.t.append, series.v.append
+
     def add_mark(self, t: float, name: str, **data: Any) -> None:
         self._marks.append(Mark(t, name, data))
 
@@ -231,10 +249,7 @@ class Timeline:
     def request_fold(self, fold: Fold) -> None:
         """Queue a fold for the thread that writes spans to apply (``apply_fold``)."""
         self._pending_fold = fold
-
-    @property
-    def fold_pending(self) -> bool:
-        return self._pending_fold is not None
+        self.fold_pending = True  # an attribute, not a property: the writer reads it at every step
 
     def apply_fold(self) -> bool:
         """Apply the queued fold, unless a reader holds the columns right now (then try again later).
@@ -247,6 +262,7 @@ class Timeline:
             return False
         try:
             self._pending_fold = None
+            self.fold_pending = False
             k = fold.spans
             for column in (self._span_name, self._span_start, self._span_end, self._span_depth):
                 del column[:k]

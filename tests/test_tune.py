@@ -134,7 +134,14 @@ def test_the_measured_worker_count_gives_the_predicted_step(dataset: Dataset[Any
     def timed(workers: int) -> float:
         model, opt = model_and_optimizer()
         loader = DataLoader(dataset, batch_size=16, num_workers=workers, persistent_workers=workers > 0)
-        return train(loader, model, opt, steps=20, timed_s=0.6)
+        try:
+            return train(loader, model, opt, steps=20, timed_s=0.6)
+        finally:
+            # kept workers live as long as their loader: ended now, not by a later test's garbage
+            # collection (which joins each for up to 5 s: 40 s of a later test's tuning budget)
+            ended = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+            if ended is not None:
+                ended()
 
     speedups = [timed(0) / timed(best) for _ in range(4)]
     promised = step["baseline"]["seconds"] / step["best"]["seconds"]

@@ -59,6 +59,9 @@ _get_ident = threading.get_ident
 _perf_counter = time.perf_counter
 
 _CLOSED = -1
+
+_UNREAD: _ClockReading = (None, None, 0.0)
+"""The thread clock at a step end where nothing was due to be read (see ``boundary``)."""
 """The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
 
 
@@ -114,6 +117,8 @@ class StageRecorder:
     def __init__(self, timeline: Timeline, origin: float, thread_id: int | None = None) -> None:
         self.timeline = timeline
         self.origin = origin
+        # a span per stage, several a step: the columns' appends, not a method call (see Timeline.span_appenders)
+        self._add_name, self._add_start, self._add_end, self._add_depth = timeline.span_appenders()
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
         # per-step CPU and run-queue wait of the recorded thread: only readable on that thread
         self.thread_clock = ThreadClock() if thread_id is None else None
@@ -219,7 +224,10 @@ class StageRecorder:
         if self._extras:
             self._exit_extras(token, note)
         origin = self.origin
-        self.timeline.add_span(sid, start - origin, end - origin, len(stack))
+        self._add_name(sid)
+        self._add_start(start - origin)
+        self._add_end(end - origin)
+        self._add_depth(len(stack))
 
     def _exit_extras(self, token: object, note: Callable[[], object] | None) -> None:
         if _NVTX:
@@ -263,15 +271,22 @@ class StageRecorder:
         """
         if _get_ident() != self.thread_id:
             return
-        if self._held is not None:
-            self.release_held()
+        held = self._held
+        if held is not None:  # release_held, without the call: this runs twice a step
+            self._held = None
+            self._write_boundary(*held)
         now = _perf_counter()
         t = now - self.origin
         token = self._mark() if self._device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
         clock_reading = None
-        if self.thread_clock is not None and (kind != "batch" or not self._steps_end_elsewhere):
-            clock_reading = self._read_thread_clock(now)
+        clock = self.thread_clock
+        if clock is not None and (kind != "batch" or not self._steps_end_elsewhere):
+            clock_reading = (
+                self._read_thread_clock(now)
+                if now - self._clock_read_at >= THREAD_CLOCK_EVERY_S or clock.gc_s != self._gc_s_written
+                else _UNREAD
+            )
         if hold:
             self._held = (kind, t, token, clock_reading)
         else:
@@ -307,10 +322,15 @@ class StageRecorder:
             sid = self._boundary_ids[kind] = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
         if token is not None:
             self._device_marks.append((self.timeline.span_count, token, token))
-        self.timeline.add_span(sid, t, t, -1)
-        if clock_reading is not None:
+        self._add_name(sid)
+        self._add_start(t)
+        self._add_end(t)
+        self._add_depth(-1)
+        if clock_reading is _UNREAD:  # a step end all the same: a collection in the next step begins here
+            self._clock_t = t
+        elif clock_reading is not None:
             self._add_thread_clock(t, clock_reading)
-        clock = self.device_clock
+        clock = self._device_clock
         if clock is not None and (
             len(self._device_marks) >= _DRAIN_AT or t - self._drained_at >= _DRAIN_EVERY_S
         ):

@@ -32,14 +32,11 @@ class ThreadClock:
         except OSError:
             self._fd = None
         self._thread = threading.get_ident()
-        self._gc_s = 0.0
+        # seconds Python's garbage collector ran on the thread since the clock was made (an attribute:
+        # the recorder compares it at every step end)
+        self.gc_s = 0.0
         self._gc_began: float | None = None
         gc.callbacks.append(self._on_gc)
-
-    @property
-    def gc_s(self) -> float:
-        """Seconds Python's garbage collector ran on the thread since the clock was made."""
-        return self._gc_s
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if threading.get_ident() != self._thread:
@@ -47,7 +44,7 @@ class ThreadClock:
         if phase == "start":
             self._gc_began = time.perf_counter()
         elif self._gc_began is not None:
-            self._gc_s += time.perf_counter() - self._gc_began
+            self.gc_s += time.perf_counter() - self._gc_began
             self._gc_began = None
 
     @property

@@ -258,12 +258,15 @@ class TorchStages:
         orig_iter = dl.DataLoader.__iter__
         stats = self.stats
         boundary = rec.boundary
-        add_sample, now, thread_time, perf_counter = (
+        add_sample, thread_time, perf_counter, origin = (
             rec.timeline.add_sample,
-            self._now,
             time.thread_time,
             time.perf_counter,
+            rec.origin,
         )
+        # a sample each batch: the series' own appends, not a method call
+        add_sample_t, add_sample_v = rec.timeline.sample_appenders(THREAD_SAMPLES)
+        now = self._now
         # id(iterator) -> when its pass began and what had trained by then (optimizer steps, forwards with grad)
         passes: dict[int, tuple[float, int, int]] = {}
         # CPU and wall seconds of the fetches timed, and when the last one began: against each other they
@@ -308,9 +311,10 @@ class TorchStages:
             stats["batches"] += 1
             size = batch_size(batch, Tensor)
             if size is not None:
-                t = now()
+                t = perf_counter() - origin
                 counted[0] += size[0]
-                add_sample(THREAD_SAMPLES, t, counted[0])
+                add_sample_t(t)
+                add_sample_v(counted[0])
                 if size[1]:
                     counted[1] += size[1]
                     add_sample(THREAD_TOKENS, t, counted[1])
@@ -535,14 +539,14 @@ class TorchStages:
             else:
                 rec.drop_held()
             stepped.add(id(optimizer))
+            # torch hands the hooks the step's own arguments: (optimizer, closure?, ...)
+            if len(args) < 2 and not kwargs:  # no closure: most loops, every step
+                return None
             return _with_timed_closure(args, kwargs)
 
         def _with_timed_closure(args: Any, kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
             """A closure (Lightning runs ``training_step`` in one, LBFGS re-evaluates the loss) is not the
             optimizer's time: inside it, what is no forward or backward is ``other``."""
-            # torch hands the hooks the step's own arguments: (optimizer, closure?, ...)
-            if len(args) < 2 and not kwargs:  # no closure: most loops, every step
-                return None
             closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
             if closure is None or not callable(closure):
                 return None
@@ -895,10 +899,16 @@ def _not_compiled_alone(torch: Any, hooks: list[Any]) -> None:
 
 
 def _is_compiling(torch: Any) -> Callable[[], bool]:
-    """``torch.compiler.is_compiling`` (True while dynamo traces); before torch 2.3, dynamo's own."""
+    """True while dynamo traces: ``torch.compiler.is_dynamo_compiling`` (one call, where ``is_compiling``
+    makes two: the forward hook asks it every step), else ``is_compiling``; before torch 2.3, dynamo's own."""
     compiler = getattr(torch, "compiler", None)
     dynamo = getattr(torch, "_dynamo", None)
-    return getattr(compiler, "is_compiling", None) or getattr(dynamo, "is_compiling", None) or (lambda: False)
+    return (
+        getattr(compiler, "is_dynamo_compiling", None)
+        or getattr(compiler, "is_compiling", None)
+        or getattr(dynamo, "is_compiling", None)
+        or (lambda: False)
+    )
 
 
 def _saved_what(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
