@@ -396,11 +396,11 @@ def test_a_part_that_fails_to_stop_does_not_keep_the_others_installed(
 
 @pytest.fixture
 def full_dir(tmp_path: Path) -> Any:
-    """A directory on a full disk: a 64 KiB tmpfs where mounting works, else files that are /dev/full."""
+    """A directory on a full disk: a 16 KiB tmpfs where mounting works, else files that are /dev/full."""
     path = tmp_path / "full"
     path.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(path)], capture_output=True
     )
     if mounted.returncode != 0:  # ENOSPC on every write, as a full disk answers
         for name in ("timeline.jsonl", "report.json.tmp"):
@@ -415,7 +415,7 @@ def full_dir(tmp_path: Path) -> Any:
 def test_a_full_disk_costs_the_record_not_the_training(full_dir: Path) -> None:
     after_block = []
     with perfmagic.profile(outdir=full_dir, interval=0.02) as session:
-        train(120)  # the spool outgrows 64 KiB within the first seconds
+        train(120)  # the spool outgrows 16 KiB within the first seconds
     after_block.append("ran")
     report = session.report
     assert after_block == ["ran"] and report.steps["count"] == 120

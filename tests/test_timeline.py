@@ -192,10 +192,42 @@ def test_a_garbage_line_in_the_middle_costs_that_line_only(tmp_path: Path) -> No
         '{"type": "spa',
         '["a list"]',
         '{"type": "spans", "names": ["a"], "name": [0]}',
+        # packed columns that are not base64, or not whole values
+        '{"type": "spans", "names": ["a"], "packed": {"name": "!!", "start": "", "end": "", "depth": ""}}',
+        '{"type": "samples", "packed": {"m": ["AAAA", "AAAA"]}}',
         *lines[1:],
     ]
     path.write_text("\n".join(garbage) + "\n")
     back = Timeline.load(path)
     assert len(back.spans) == len(tl.spans) and back.metrics == tl.metrics and back.marks() == tl.marks()
     (warning,) = back.meta["warnings"]
-    assert warning.startswith("t.jsonl: 3 unreadable line(s) skipped (line 2, 3, 4)")
+    assert warning.startswith("t.jsonl: 5 unreadable line(s) skipped (line 2, 3, 4, 5, 6)")
+
+
+def test_a_spool_with_plain_number_lists_still_loads(tmp_path: Path) -> None:
+    """Spools written before columns were packed: numbers in lists, NaN as null."""
+    path = tmp_path / "old.jsonl"
+    path.write_text(
+        '{"type": "spans", "names": ["forward", "data"], "name": [1, 0], "start": [0.0, 0.25], '
+        '"end": [0.25, 1.0], "depth": [0, 0]}\n'
+        '{"type": "samples", "series": {"gpu0.util": [[0.1, 0.2], [null, 50.0]]}}\n'
+    )
+    back = Timeline.load(path)
+    s = back.spans
+    assert [s.name_of(i) for i in range(len(s))] == ["data", "forward"]
+    assert s.start.tolist() == [0.0, 0.25] and s.end.tolist() == [0.25, 1.0]
+    t, v = back.series("gpu0.util")
+    assert t.tolist() == [0.1, 0.2] and math.isnan(v[0]) and v[1] == 50.0
+
+
+def test_spooled_columns_are_packed_and_exact(tmp_path: Path) -> None:
+    tl = Timeline()
+    rng = np.random.default_rng(0)
+    starts = np.cumsum(rng.random(1000))  # times no short decimal writes exactly
+    for a in starts:
+        tl.add_span(tl.name_id("forward"), float(a), float(a) + 1 / 3, 0)
+        tl.add_sample("host.cpu_util", float(a), float("nan") if a < 5 else float(a) / 7)
+    tl.save(tmp_path / "t.jsonl")
+    text = (tmp_path / "t.jsonl").read_text()
+    assert '"packed"' in text and str(float(starts[-1])) not in text
+    assert_same(tl, Timeline.load(tmp_path / "t.jsonl"))
