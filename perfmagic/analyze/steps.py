@@ -317,6 +317,22 @@ def _exclusive_cumulative(spans: Spans, stage_mask: np.ndarray) -> dict[int, tup
     # flat (a, b) pairs in arrays: a long run's hundreds of thousands of segments stay out of the heap
     segments: dict[int, array[float]] = {}
 
+    # A span that overlaps no other is its own exclusive time: most spans, where no stage nests in
+    # another. Taken at once here; the walk below takes the runs of overlapping spans (a run ends
+    # where a span starts at or after every earlier end).
+    first, last = spans.start[order], spans.end[order]
+    begins_run = np.ones(len(order), dtype=bool)
+    begins_run[1:] = first[1:] >= np.maximum.accumulate(last)[:-1]
+    run = np.cumsum(begins_run) - 1
+    alone = np.bincount(run)[run] == 1
+    solo = alone & (last > first)
+    solo_ids = spans.name_id[order][solo]
+    for sid in np.unique(solo_ids):
+        mine = solo_ids == sid
+        ends_of_mine = np.column_stack((first[solo][mine], last[solo][mine]))
+        segments[int(sid)] = array("d", ends_of_mine.astype(np.float64).tobytes())
+    order = order[~alone]
+
     def emit(sid: int, a: float, b: float) -> None:
         if b > a:
             pairs = segments.get(sid)
