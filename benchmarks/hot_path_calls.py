@@ -1,0 +1,126 @@
+"""What perfmagic adds to each training step, counted rather than timed.
+
+Timing a hook's cost on a 2 ms step needs many long interleaved runs and still moves by a
+point or two with the machine (``overhead.py``). Two figures that do not move:
+
+- **Python calls per step**: the function calls (Python frames, not C calls) a step makes
+  unprofiled and under ``perfmagic.profile()``, counted with ``sys.setprofile`` over the same
+  batches, and the functions that make the difference. In place each such call costs a fast loop
+  a microsecond or two (the step's tensors have pushed the interpreter out of the caches), so the
+  count is what the hot path's cost follows.
+- **Background milliseconds per second**: the time the sampler thread spends in its tick (spool,
+  memory bound, exporter status) and in polling its sources, while the loop runs. That thread
+  holds the GIL the training thread needs for its own Python.
+
+    python benchmarks/hot_path_calls.py [--steps 200] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import perfmagic
+from perfmagic.collect.sampler import Sampler
+from perfmagic.session import Session
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import make_loop
+
+
+def python_calls(steps: int) -> collections.Counter[tuple[str, str]]:
+    """Python calls made by ``steps`` steps of the benchmark loop, by (file, function)."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(steps * 64, 256), torch.randint(0, 10, (steps * 64,)))
+    loader = DataLoader(data, batch_size=64)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    calls: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def count(frame: FrameType, event: str, _: Any) -> None:
+        if event == "call":
+            calls[(Path(frame.f_code.co_filename).name, frame.f_code.co_name)] += 1
+
+    sys.setprofile(count)
+    try:
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def timed(owner: type, name: str, spent: list[float]) -> Callable[[], None]:
+    """Add the seconds each call of ``owner.name`` takes to ``spent[0]``; returns what puts it back."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        begin = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - begin
+
+    setattr(owner, name, wrapper)
+    return lambda: setattr(owner, name, original)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=200, help="steps counted in each mode")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of the background run")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    python_calls(8)  # first calls: imports, caches
+    plain = python_calls(args.steps)
+    with perfmagic.profile():
+        profiled = python_calls(args.steps)
+    extra = profiled.copy()
+    extra.subtract(plain)
+    per_step = sum(plain.values()) / args.steps
+    added = (sum(profiled.values()) - sum(plain.values())) / args.steps
+    print(f"Python calls per step: {per_step:.1f} unprofiled, +{added:.1f} under perfmagic.profile()")
+    for (file, function), n in extra.most_common():
+        if n / args.steps >= 0.05:
+            print(f"  {n / args.steps:6.2f}  {file}:{function}")
+
+    tick, poll = [0.0], [0.0]
+    restore = [timed(Session, "_on_tick", tick), timed(Sampler, "poll_once", poll)]
+    loop = make_loop(args.seconds)
+    try:
+        with perfmagic.profile():
+            begin = time.perf_counter()
+            loop()
+            wall = time.perf_counter() - begin
+    finally:
+        for undo in restore:
+            undo()
+    print(
+        f"Background, ms per second of a {wall:.1f} s run (wall time on the sampler thread, GIL waits "
+        f"included): tick {1e3 * tick[0] / wall:.1f}, source polls {1e3 * poll[0] / wall:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
