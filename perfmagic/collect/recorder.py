@@ -59,10 +59,10 @@ _get_ident = threading.get_ident
 _perf_counter = time.perf_counter
 
 _CLOSED = -1
+"""The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
 
 _UNREAD: _ClockReading = (None, None, 0.0)
 """The thread clock at a step end where nothing was due to be read (see ``boundary``)."""
-"""The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
 
 
 def _no_range(*_: Any, **__: Any) -> None:
@@ -386,7 +386,7 @@ class StageRecorder:
         """The recorded thread's cumulative CPU, run-queue wait and GC seconds at ``now`` (``perf_counter``
         seconds). CPU and wait are system calls that cost a fast loop more in place than they seem to
         (cache and TLB refills): read at most every :data:`THREAD_CLOCK_EVERY_S`, else None; the GC
-        seconds are a counter in Python, read at every step."""
+        seconds are a counter in Python (``boundary`` calls this only where one of the two moved)."""
         clock = self.thread_clock
         assert clock is not None
         if now - self._clock_read_at < THREAD_CLOCK_EVERY_S:
