@@ -264,8 +264,9 @@ class TorchStages:
             time.perf_counter,
             rec.origin,
         )
-        # a sample each batch: the series' own appends, not a method call
-        add_sample_t, add_sample_v = rec.timeline.sample_appenders(THREAD_SAMPLES)
+        # a sample each batch: the series' own appends, not a method call (taken at the first batch counted:
+        # a loop whose batches have no size has no series)
+        appends_samples: list[Callable[[float], None]] = []
         now = self._now
         # id(iterator) -> when its pass began and what had trained by then (optimizer steps, forwards with grad)
         passes: dict[int, tuple[float, int, int]] = {}
@@ -313,8 +314,10 @@ class TorchStages:
             if size is not None:
                 t = perf_counter() - origin
                 counted[0] += size[0]
-                add_sample_t(t)
-                add_sample_v(counted[0])
+                if not appends_samples:
+                    appends_samples.extend(rec.timeline.sample_appenders(THREAD_SAMPLES))
+                appends_samples[0](t)
+                appends_samples[1](counted[0])
                 if size[1]:
                     counted[1] += size[1]
                     add_sample(THREAD_TOKENS, t, counted[1])
