@@ -43,6 +43,11 @@ _SPOOL_EVERY_S = 1.0
 SPAN_BUDGET = 1 << 16
 """Spans held before old steps are folded into rows (1.4 MB of spans; a row takes ~30 bytes a step)."""
 
+BACKLOG_SPANS = 4
+"""Times :data:`SPAN_BUDGET` of spans held before the training thread spools and folds them itself: the
+sampler thread that does it has fallen behind. A loop of pure Python holds the GIL that thread needs,
+and each of its reads and numpy calls that lets the GIL go waits a switch interval (5 ms) to get it back."""
+
 SERIES_BUDGET = 1 << 15
 """Samples of one series held before its older half is averaged in pairs (an hour at 10 Hz; 0.5 MB)."""
 
@@ -124,6 +129,8 @@ class Session:
         self._running = False
         self._forked = False  # this is a copy of the session in a forked child: it writes nothing
         self._bounding = True  # folding old steps and thinning old samples (off after a failure)
+        # spooling and folding: on the sampler thread, or on the training thread where that one fell behind
+        self._upkeep_lock = threading.Lock()
         self._restore_env: Callable[[], None] | None = None  # puts back what profile_children set
 
     # -- lifecycle -------------------------------------------------------
@@ -188,6 +195,8 @@ class Session:
             self._restore_env = profile_children(self.outdir / CHILDREN_DIR, self.interval)
         if self.hooks:
             self.recorder = StageRecorder(self.timeline, self._origin)
+            self.recorder.on_backlog = self._catch_up
+            self.recorder.backlog_spans = BACKLOG_SPANS * SPAN_BUDGET
             self._start_framework_hooks()
         if self.sample:
             sources = list(self._sources if self._sources is not None else default_sources())
@@ -509,23 +518,9 @@ class Session:
         self._tick_listeners = [*self._tick_listeners, fn]
 
     def _on_tick(self) -> None:
-        now = time.perf_counter()
-        spooler = self._spooler
         # spans pass the budget: spool them now, so that they can be folded
         backlog = self.timeline.raw_span_count() > SPAN_BUDGET and self._bounding
-        if (backlog or now - self._last_spool >= _SPOOL_EVERY_S) and self._running:
-            self._last_spool = now
-            if spooler is not None:
-                try:
-                    spooler.flush()
-                except OSError as e:  # a full or lost disk: go on in memory
-                    self._spool_failed(e)
-        if self._bounding and self._running:
-            try:
-                self._bound_memory()
-            except Exception as e:  # a bug here costs memory on a long run, not the training
-                self._bounding = False
-                self.warnings.append(f"old steps could not be folded ({e!r}): memory grows with the run")
+        self._upkeep(spool=backlog or time.perf_counter() - self._last_spool >= _SPOOL_EVERY_S)
         if self._running and self._status is not None:  # for perfmagic exporter: this process's progress
             recorder, stages = self.recorder, self._running_stages
 
@@ -536,6 +531,31 @@ class Session:
             steps, stage = (recorder.step_count, recorder.current_stage) if recorder else (0, None)
             self._status.publish(steps, stage, stage_seconds)
         self._notify_listeners()
+
+    def _upkeep(self, spool: bool) -> None:
+        """Spool what is new (where ``spool``), then fold old steps and thin old samples."""
+        with self._upkeep_lock:  # two threads planning folds at once could cut the same spans twice
+            if not self._running:
+                return
+            if spool:
+                self._last_spool = time.perf_counter()
+                if self._spooler is not None:
+                    try:
+                        self._spooler.flush()
+                    except OSError as e:  # a full or lost disk: go on in memory
+                        self._spool_failed(e)
+            if self._bounding:
+                try:
+                    self._bound_memory()
+                except Exception as e:  # a bug here costs memory on a long run, not the training
+                    self._bounding = False
+                    self.warnings.append(f"old steps could not be folded ({e!r}): memory grows with the run")
+
+    def _catch_up(self) -> None:
+        """On the training thread, at a step end: the sampler thread fell :data:`BACKLOG_SPANS` budgets
+        behind, so spool and fold here (the recorder applies the fold right after)."""
+        if self._bounding:
+            self._upkeep(spool=True)
 
     def _notify_listeners(self) -> None:
         for fn in self._tick_listeners:

@@ -209,6 +209,32 @@ def test_a_long_session_folds_its_steps_and_reports_what_its_full_spool_says(
     assert {c["id"] for c in live["advice"]} == {c["id"] for c in rebuilt["advice"]}
 
 
+def test_the_training_thread_folds_what_a_sampler_thread_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop of pure Python can starve the sampler thread of the GIL: here it never ticks at all, and
+    the spans held stay bounded all the same, with every step in the report and the spool."""
+    monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 1_000)
+    cap = perfmagic.session.BACKLOG_SPANS * 1_000
+    held = []
+    with perfmagic.profile(outdir=tmp_path, interval=3600) as session:  # the sampler's first tick: in an hour
+        for i in range(30_000):
+            with perfmagic.stage("work"):
+                pass
+            perfmagic.step()
+            if i % 1000 == 999:
+                held.append(session.timeline.raw_span_count())
+    tl = session.timeline
+    # looked at every 1,024 step ends: two spans a step may pass the cap by 2,048 before a look
+    assert max(held) <= cap + 2 * 1024 and tl.folded is not None and tl.span_base > 40_000, held
+    live = session.report.to_dict()
+    rebuilt = perfmagic.load(tmp_path / SPOOL_NAME).to_dict()
+    assert live["steps"]["count"] == rebuilt["steps"]["count"] == 30_000
+    assert live["stages"]["work"]["fraction"] == pytest.approx(
+        rebuilt["stages"]["work"]["fraction"], abs=1e-6
+    )
+
+
 def test_spans_go_to_the_spool_once_their_device_times_are_known(tmp_path: Path) -> None:
     from tests.test_steps import InOrderDevice
 

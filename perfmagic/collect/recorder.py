@@ -110,6 +110,9 @@ _DRAIN_AT = 2048
 _DRAIN_EVERY_S = 1.0
 """Longest time marks wait to be resolved: spans are spooled once their device times are known."""
 
+_BACKLOG_CHECK_EVERY = 1024
+"""Step boundaries between two looks at the spans held (``on_backlog``)."""
+
 
 class StageRecorder:
     """Records stage spans of one thread into a timeline."""
@@ -143,10 +146,15 @@ class StageRecorder:
         # called on the recorded thread after each boundary that ends a training step (``--trace`` for
         # TensorFlow and JAX starts and stops their profiler there)
         self.on_step: Callable[[], object] | None = None
+        # called on the recorded thread at a boundary where more than ``backlog_spans`` spans are held:
+        # whoever spools and folds them (the session's sampler thread) has fallen behind
+        self.on_backlog: Callable[[], object] | None = None
+        self.backlog_spans = 0
+        self._backlog_countdown = _BACKLOG_CHECK_EVERY
         self._opaque_depth = 0
         # (span index, token at start, token at end) for spans with device marks
         self._device_marks: list[tuple[int, object, object]] = []
-        self._device_warnings: list[str] = []
+        self._warnings: list[str] = []
         self._drained_at = time.perf_counter() - origin
         self._boundaries: dict[str, int] = {}
         self._steps_end_elsewhere = False  # an optimizer or user boundary was written: batches end no step
@@ -336,6 +344,10 @@ class StageRecorder:
         ):
             self._drained_at = t
             self._drain(clock)
+        self._backlog_countdown -= 1
+        if self._backlog_countdown <= 0:
+            self._backlog_countdown = _BACKLOG_CHECK_EVERY
+            self._check_backlog()
         if self.timeline.fold_pending:  # old steps' spans folded into rows, cut here between two appends
             self.timeline.apply_fold()
         on_step = self.on_step
@@ -343,6 +355,16 @@ class StageRecorder:
             kind in _STEP_ENDS or (kind == "batch" and not self._steps_end_elsewhere)
         ):
             on_step()
+
+    def _check_backlog(self) -> None:
+        on_backlog = self.on_backlog
+        if on_backlog is None or self.timeline.raw_span_count() <= self.backlog_spans:
+            return
+        try:
+            on_backlog()
+        except Exception as e:  # memory grows, but the training goes on
+            self.on_backlog = None
+            self._warnings.append(f"held spans could not be spooled and folded ({e!r})")
 
     def _mark(self) -> object | None:
         """A device mark now; None where the clock gives none (a CUDA graph capturing) or fails.
@@ -357,7 +379,7 @@ class StageRecorder:
             return clock.mark()
         except Exception as e:
             self.device_clock = None
-            self._device_warnings.append(
+            self._warnings.append(
                 f"the device clock failed ({e!r}): stages are timed on the host from then on"
             )
             return None
@@ -380,7 +402,7 @@ class StageRecorder:
                 hi = mid
         if lo:
             self._device_marks = marks[lo:]
-            self._device_warnings += self._apply_device_times(clock, marks[:lo])
+            self._warnings += self._apply_device_times(clock, marks[:lo])
 
     def _read_thread_clock(self, now: float) -> _ClockReading:
         """The recorded thread's cumulative CPU, run-queue wait and GC seconds at ``now`` (``perf_counter``
@@ -519,7 +541,7 @@ class StageRecorder:
             self.thread_clock.close()
         clock, marks = self.device_clock, self._device_marks
         self._device_marks = []
-        warnings, self._device_warnings = self._device_warnings, []
+        warnings, self._warnings = self._warnings, []
         if clock is not None and marks:
             warnings += self._apply_device_times(clock, marks)
         return warnings
