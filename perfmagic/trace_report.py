@@ -21,11 +21,13 @@ from perfmagic.analyze.gpu import trace_gpu
 from perfmagic.analyze.ranks import collective_skew, collective_starts
 from perfmagic.report import Report, build_report
 from perfmagic.timeline import Timeline
-from perfmagic.traces.kineto import TraceFormatError, read_trace
+from perfmagic.traces.kineto import TraceFormatError, read_trace, trace_of_document
 from perfmagic.traces.stages import trace_timeline
+from perfmagic.traces.xplane import xplane_document
 
-TRACE_SUFFIXES = (".json", ".json.gz")
-"""What a trace file's name ends with (``*.pt.trace.json.gz`` included)."""
+TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb")
+"""What a trace file's name ends with (``*.pt.trace.json.gz`` included; ``.xplane.pb``: TensorFlow's and
+JAX's profilers, read through TensorFlow's converter)."""
 
 POOL_MIN_JSON_BYTES = 64 << 20
 """Below this much JSON in all, the traces are read in this process: a spawned worker takes ~0.3 s to start."""
@@ -44,8 +46,15 @@ def trace_paths(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
             out.append(path)
             continue
         found = sorted(p for p in path.iterdir() if p.name.endswith(TRACE_SUFFIXES) and p.is_file())
+        # JAX writes <host>.trace.json.gz beside <host>.xplane.pb: the same trace, read once
+        converted = {
+            p.name.removesuffix(".trace.json.gz") for p in found if p.name.endswith(".trace.json.gz")
+        }
+        found = [p for p in found if p.name.removesuffix(".xplane.pb") not in converted]
         if not found:
-            raise TraceFormatError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
+            raise TraceFormatError(
+                f"{path}: no trace files (*.json, *.json.gz, *.xplane.pb) in this directory"
+            )
         out += found
     return out
 
@@ -125,7 +134,11 @@ class _RankTrace:
 
 
 def _read_rank(path: Path, index: int) -> _RankTrace:
-    trace = read_trace(path)
+    trace = (
+        trace_of_document(xplane_document([path]), path)
+        if path.name.endswith(".xplane.pb")
+        else read_trace(path)
+    )
     rank = trace.rank if trace.rank is not None else index
     timeline = trace_timeline(trace, rank)
     warnings: list[Any] = timeline.meta["warnings"]
@@ -138,7 +151,11 @@ def _read_rank(path: Path, index: int) -> _RankTrace:
     if gpu is None:
         warnings.append(
             f"{path.name}: no GPU events (kernels, memcpy, memset) in the trace, so no GPU "
-            "figures: it was recorded on the CPU only or without ProfilerActivity.CUDA"
+            + (
+                "figures: it was recorded on the CPU only or without ProfilerActivity.CUDA"
+                if timeline.meta["framework"] == "torch"
+                else "figures (perfmagic reads GPU activity from torch.profiler's traces)"
+            )
         )
     else:
         timeline.meta["gpu"] = gpu

@@ -135,6 +135,22 @@ def test_a_directory_without_traces_is_a_clear_error(tmp_path: Path) -> None:
         report_from_traces([tmp_path])
 
 
+def test_an_xplane_without_tensorflow_says_what_reads_it(tmp_path: Path) -> None:
+    """The main venv has no TensorFlow: an XSpace file is a clear error that names the JSON beside it."""
+    xplane = tmp_path / "host.xplane.pb"
+    xplane.write_bytes(b"\x0a\x00")
+    with pytest.raises(TraceFormatError, match="needs TensorFlow's converter") as info:
+        report_from_traces([xplane])
+    assert "trace.json.gz" in str(info.value)
+
+
+def test_a_jax_run_directory_is_read_once_though_it_holds_two_files_of_one_trace(tmp_path: Path) -> None:
+    (tmp_path / "host.trace.json.gz").write_bytes(b"")
+    (tmp_path / "host.xplane.pb").write_bytes(b"\x0a\x00")
+    (tmp_path / "other.xplane.pb").write_bytes(b"\x0a\x00")
+    assert trace_paths([tmp_path]) == [tmp_path / "host.trace.json.gz", tmp_path / "other.xplane.pb"]
+
+
 def test_one_rank_has_no_collective_skew() -> None:
     assert report_from_traces([real("a100_rank3_control.json.gz")]).to_dict()["collective_skew"] is None
 

@@ -170,6 +170,9 @@ class KinetoTrace:
     base_time_ns: int = 0  # baseTimeNanoseconds: add to ts for wall-clock time, when the trace has it
     dropped: dict[str, int] = field(default_factory=dict)  # events left out, by reason
     memory: MemoryEvents = field(default_factory=_no_memory)
+    # names of CPU events that carry a ``step_num`` argument: the steps a JAX ``StepTraceAnnotation`` or a
+    # TensorFlow ``tf.profiler.experimental.Trace(..., step_num=...)`` marks (``ProfilerStep#N`` for torch)
+    step_names: frozenset[str] = frozenset()
 
     @property
     def ns_resolution(self) -> bool:
@@ -212,6 +215,7 @@ class _Args(msgspec.Struct, gc=False):
     reserved: float = msgspec.field(default=float("nan"), name="Total Reserved")
     device_type: _Int64 = msgspec.field(default=-1, name="Device Type")
     device_id: _Int64 = msgspec.field(default=-1, name="Device Id")
+    step_num: Any = None  # JAX's and TensorFlow's step annotations (a string in their traces)
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -355,6 +359,7 @@ class _Columns:
         self.cpu: list[tuple[np.ndarray, ...]] = []
         self.gpu: list[tuple[np.ndarray, ...]] = []
         self.memory: list[tuple[np.ndarray, ...]] = []
+        self.step_names: set[str] = set()
 
     def add(self, events: list[_Event]) -> None:
         names, threads = self.names, self.threads
@@ -397,6 +402,8 @@ class _Columns:
                 c_dur.append(e.dur)
                 c_thread.append(threads.setdefault((e.pid, e.tid), len(threads)))
                 c_corr.append(args.correlation)
+                if args.step_num is not None:
+                    self.step_names.add(e.name)
         f64, i64, i32 = np.float64, np.int64, np.int32
         self.cpu.append(
             (
@@ -484,6 +491,7 @@ def _trace(
         else 0,
         dropped=dropped,
         memory=memory if sound.all() else MemoryEvents(*(c[sound] for c in dataclasses.astuple(memory))),
+        step_names=frozenset(columns.step_names),
     )
 
 
@@ -491,7 +499,12 @@ def _trace(
 
 
 def _whole(p: Path) -> KinetoTrace:
-    root = _load_json(p)
+    return trace_of_document(_load_json(p), p)
+
+
+def trace_of_document(root: Any, p: Path) -> KinetoTrace:
+    """The trace a parsed Trace Event Format document holds (``p``: where it came from, for messages);
+    every event is checked, as in a trace read whole."""
     if not isinstance(root, dict):
         raise TraceFormatError(
             f"{p}: not a torch.profiler trace: the JSON is a {type(root).__name__}, "
@@ -557,7 +570,7 @@ def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, 
                     "tid": e.get("tid"),
                     "ts": e["ts"],
                     "dur": e["dur"],
-                    "args": {k: args[k] for k in (*_ARG_INTS, "bytes") if k in args},
+                    "args": {k: args[k] for k in (*_ARG_INTS, "bytes", "step_num") if k in args},
                 }
             )
     return out

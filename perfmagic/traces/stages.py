@@ -2,10 +2,13 @@
 
 Steps are the ``ProfilerStep#N`` ranges (``prof.step()`` delimits them): each one is
 an ``other`` span on the main thread (the thread that records them), ended by a
-``step:profiler_step`` boundary; stages nest inside it. Stages come from what
-PyTorch records:
+``step:profiler_step`` boundary; stages nest inside it. In a JAX or TensorFlow trace
+(no ``ProfilerStep#``), the steps are the ranges that carry a ``step_num`` argument
+(``jax.profiler.StepTraceAnnotation``, ``tf.profiler.experimental.Trace(..., step_num=...)``).
+Stages come from what PyTorch records:
 
-- ``data``: ``enumerate(DataLoader)#...__next__``;
+- ``data``: ``enumerate(DataLoader)#...__next__``; tf.data's ``Iterator::Root`` (the
+  consumer waiting for its next element);
 - ``h2d``: host-to-device copies: the outermost copy op (``aten::to``, ``aten::_to_copy``,
   ``aten::copy_``) around a CUDA runtime call whose ``correlation`` id is a ``Memcpy HtoD``
   GPU event's (a runtime call outside any copy op is the copy itself);
@@ -39,6 +42,7 @@ from perfmagic.intervals import merge_intervals
 from perfmagic.schema import STAGES, STEP_BOUNDARY_PREFIX, nests_inside
 from perfmagic.timeline import Timeline
 from perfmagic.traces.kineto import CpuEvents, KinetoTrace
+from perfmagic.traces.xplane import INPUT_WAIT_EVENT
 
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
 BOUNDARY = STEP_BOUNDARY_PREFIX + "profiler_step"
@@ -53,6 +57,7 @@ _EXACT = {
     **{f"## {stage} ##": stage for stage in STAGES if stage != "other"},  # perfmagic --trace writes these
     "## zero_grad ##": "optimizer",
     **dict.fromkeys(SYNC_CALLS, "logging"),
+    INPUT_WAIT_EVENT: "data",
 }
 _PREFIXES = (
     ("enumerate(DataLoader)#", "data"),
@@ -77,19 +82,26 @@ def stage_of(name: str) -> str | None:
 
 
 def profiler_steps(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(numbers, starts, ends) of the ``ProfilerStep#N`` events, in time order (µs)."""
-    numbers, rows = _step_rows(trace.cpu)
+    """(numbers, starts, ends) of the steps, in time order (µs)."""
+    numbers, rows = _step_rows(trace)
     return numbers, trace.cpu.start[rows], trace.cpu.end[rows]
 
 
-def _step_rows(cpu: CpuEvents) -> tuple[np.ndarray, np.ndarray]:
-    """(numbers, CPU event rows) of the ``ProfilerStep#N`` events, in time order."""
+def _step_rows(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray]:
+    """(numbers, CPU event rows) of the ``ProfilerStep#N`` events, in time order; without any, of the
+    events that carry a ``step_num`` (numbered in time order: the reader keeps no argument's value)."""
+    cpu = trace.cpu
     number = np.full(len(cpu.names), -1, dtype=np.int64)
     for i, name in enumerate(cpu.names):
         m = PROFILER_STEP.match(name)
         if m:
             number[i] = int(m.group(1))
     rows = np.flatnonzero(number[cpu.name_id] >= 0)
+    if not len(rows) and trace.step_names:
+        annotated = np.array([name in trace.step_names for name in cpu.names], dtype=bool)
+        rows = np.flatnonzero(annotated[cpu.name_id])
+        rows = rows[np.argsort(cpu.start[rows], kind="stable")]
+        return np.arange(len(rows), dtype=np.int64), rows
     rows = rows[np.argsort(cpu.start[rows], kind="stable")]
     return number[cpu.name_id[rows]], rows
 
@@ -101,7 +113,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     starts = np.concatenate((cpu.start, gpu.start))
     ends = np.concatenate((cpu_end, gpu.start + gpu.dur))
     origin = float(starts.min()) if len(starts) else 0.0
-    step_no, step_rows = _step_rows(cpu)
+    step_no, step_rows = _step_rows(trace)
     step_start, step_end = cpu.start[step_rows], cpu_end[step_rows]
     main = _main_thread(cpu, step_rows)
     stage = np.array([stage_of(n) or "" for n in cpu.names], dtype=object)
@@ -122,7 +134,14 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     pid = cpu.threads[main][0] if len(cpu.threads) else None
     warnings = []
     seen = {s for _, _, s in spans}
-    if len(step_no) and "forward" not in seen:
+    framework = trace_framework(trace)
+    if framework != "torch":
+        warnings.append(
+            f"{trace.path.name}: a {framework} trace: its steps are the ranges its step annotations mark, and "
+            "a compiled step runs as one program, so its time counts as 'other' (tf.data's waits for input "
+            "are 'data'); perfmagic.profile() around the loop records the stages"
+        )
+    elif len(step_no) and "forward" not in seen:
         warnings.append(
             f"{trace.path.name}: the trace does not show the forward pass (no '## forward ##' or '*.forward' "
             "record_function, no nn.Module events), so forward time counts as 'other'; wrap the forward "
@@ -131,7 +150,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     timeline = Timeline(
         {
             "source": "trace",
-            "framework": "torch",
+            "framework": framework,
             "rank": rank,
             "world_size": trace.distributed.get("world_size"),
             "backend": trace.distributed.get("backend"),
@@ -150,6 +169,14 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
         t = (float(e) - origin) / 1e6
         timeline.add_span(boundary, t, t, -1)
     return timeline
+
+
+def trace_framework(trace: KinetoTrace) -> str:
+    """Who wrote the trace: ``torch``; ``jax`` or ``tensorflow`` where only step annotations mark steps
+    (JAX's jitted calls are ``PjitFunction(...)`` events)."""
+    if not trace.step_names or any(PROFILER_STEP.match(n) for n in trace.cpu.names):
+        return "torch"
+    return "jax" if any(n.startswith("PjitFunction(") for n in trace.cpu.names) else "tensorflow"
 
 
 def _main_thread(cpu: CpuEvents, step_rows: np.ndarray) -> int:

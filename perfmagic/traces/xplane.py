@@ -43,12 +43,22 @@ def read_profile(logdir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def xplane_events(paths: list[Path]) -> list[dict[str, Any]]:
     """The trace events of XSpace files, by TensorFlow's converter (the one ``xprof`` wraps)."""
-    from tensorflow.python.profiler.internal import _pywrap_profiler_plugin as plugin
+    return _events(xplane_document(paths), paths[0])
 
+
+def xplane_document(paths: list[Path]) -> Any:
+    """XSpace files as one Trace Event Format document (TensorFlow's converter: TensorFlow must be installed)."""
+    try:
+        from tensorflow.python.profiler.internal import _pywrap_profiler_plugin as plugin
+    except ImportError as e:
+        raise TraceFormatError(
+            f"{paths[0]}: an XSpace (TensorFlow or JAX profiler) file; reading it needs TensorFlow's "
+            f"converter ({e}). JAX also writes its trace as *.trace.json.gz beside it: give that one"
+        ) from e
     data, ok = plugin.xspace_to_tools_data([str(p) for p in paths], "trace_viewer@", {})
     if not ok:
         raise TraceFormatError(f"{paths[0]}: the converter failed ({bytes(data)[:200]!r})")
-    return _events(json.loads(data), paths[0])
+    return json.loads(data)
 
 
 def input_wait_s(events: list[dict[str, Any]], start_us: float, end_us: float) -> float:
