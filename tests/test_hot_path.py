@@ -1,0 +1,41 @@
+"""The hot path's budget: the Python calls perfmagic adds to each step of a plain training loop.
+
+A fast step's cost follows them, about 1–2 µs each in place (``benchmarks/hot_path_calls.py``,
+README *Measured*). They are counted, not timed, so the test holds on a busy machine.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+import perfmagic
+from perfmagic.collect import recorder, torch_hooks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from hot_path_calls import python_calls
+
+ADDED_CALLS_BUDGET = 34
+"""Python calls perfmagic may add to a step of DataLoader, forward, loss, backward and SGD, the thread clock's
+periodic reads left out (2026-12-01: 33 a step, 33.7 with the first step's one-time records spread over 200;
+about 53 the day before)."""
+
+
+def test_a_plain_step_gets_no_more_python_calls_than_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the thread's clocks are read every 10 ms, as many calls a step as the steps are short: left out here
+    monkeypatch.setattr(recorder, "THREAD_CLOCK_EVERY_S", math.inf)
+    monkeypatch.setattr(torch_hooks, "DATA_CPU_EVERY_S", math.inf)
+    steps = 200
+    python_calls(8)  # first calls: imports and caches, in neither count
+    plain = python_calls(steps)
+    with perfmagic.profile(sample=False):
+        profiled = python_calls(steps)
+    added = profiled.copy()
+    added.subtract(plain)
+    per_step = (sum(profiled.values()) - sum(plain.values())) / steps
+    assert per_step <= ADDED_CALLS_BUDGET, [(f, round(n / steps, 2)) for f, n in added.most_common(12)]
+    # and the hooks are there: a step is recorded (the count is not low for want of them)
+    assert sum(n for (file, _), n in added.items() if file == "recorder.py") >= 10 * steps
