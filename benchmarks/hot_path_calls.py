@@ -27,30 +27,18 @@ from types import FrameType
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 import perfmagic
 from perfmagic.collect.sampler import Sampler
 from perfmagic.session import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import make_loop
+from overhead import make_loop, training_parts
 
 
 def python_calls(steps: int) -> collections.Counter[tuple[str, str]]:
     """Python calls made by ``steps`` steps of the benchmark loop, by (file, function)."""
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(steps * 64, 256), torch.randint(0, 10, (steps * 64,)))
-    loader = DataLoader(data, batch_size=64)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(256, 512),
-        torch.nn.ReLU(),
-        torch.nn.Linear(512, 512),
-        torch.nn.ReLU(),
-        torch.nn.Linear(512, 10),
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    loader, model, optimizer, loss_fn = training_parts(steps)
     calls: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def count(frame: FrameType, event: str, _: Any) -> None:

@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.sim_cuda import SimCuda, installed
 
 
-def make_loop(seconds: float) -> Callable[[], float]:
-    """A training loop that runs whole passes over its data for at least ``seconds``; returns its
-    seconds per step, everything included."""
+def training_parts(
+    batches: int,
+) -> tuple[DataLoader[Any], torch.nn.Module, torch.optim.Optimizer, torch.nn.Module]:
+    """The loop's loader (``batches`` batches of 64), MLP, SGD optimizer and loss, seeded the same each time."""
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(300 * 64, 256), torch.randint(0, 10, (300 * 64,)))
-    loader = DataLoader(data, batch_size=64)
+    data = TensorDataset(torch.randn(batches * 64, 256), torch.randint(0, 10, (batches * 64,)))
     model = torch.nn.Sequential(
         torch.nn.Linear(256, 512),
         torch.nn.ReLU(),
@@ -47,7 +47,13 @@ def make_loop(seconds: float) -> Callable[[], float]:
         torch.nn.Linear(512, 10),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    return DataLoader(data, batch_size=64), model, optimizer, torch.nn.CrossEntropyLoss()
+
+
+def make_loop(seconds: float) -> Callable[[], float]:
+    """A training loop that runs whole passes over its data for at least ``seconds``; returns its
+    seconds per step, everything included."""
+    loader, model, optimizer, loss_fn = training_parts(300)
 
     def loop() -> float:
         steps, begin = 0, time.perf_counter()
