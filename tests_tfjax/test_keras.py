@@ -36,7 +36,12 @@ def test_slow_map_is_input_bound_with_the_tf_data_fix() -> None:
     stages = report["stages"]
     # a batch is ready every MAP_WAIT_S at best: the step waits for it what its own work does not cover
     assert stages["data"]["median_s"] + stages["forward"]["median_s"] >= 0.9 * tfloops.MAP_WAIT_S
-    assert report["bottleneck"] == "data"
+    # once in a fresh-clone CI the bottleneck came out `other`, with the machine busy beside it: the
+    # shares and the steps say why, next time
+    assert report["bottleneck"] == "data", (
+        {s: (round(v["fraction"], 3), round(v["median_s"], 4)) for s, v in stages.items()},
+        report["steps"],
+    )
     card = next(c for c in report["advice"] if c["id"] == "input_bound")
     assert card["severity"] == "high" and card["metrics"]["data_share"] >= 0.2
     assert "serial map" in card["evidence"] and "no prefetch of its own" in card["evidence"]
