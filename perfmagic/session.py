@@ -485,7 +485,7 @@ class Session:
         """
         tl, spooler = self.timeline, self._spooler
         settled_samples = spooler.samples_sent if spooler is not None else tl.sample_count
-        if tl.raw_span_count() > SPAN_BUDGET and not tl.fold_pending:
+        if tl.raw_span_count() > SPAN_BUDGET and tl.pending_fold is None:
             settled = spooler.spans_sent if spooler is not None else self._settled_spans()
             fold = plan_fold(tl, SPAN_BUDGET // 4, settled, settled_samples)
             if fold is not None:

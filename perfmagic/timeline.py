@@ -180,8 +180,8 @@ class Timeline:
         self._marks: list[Mark] = []
         self._folded: _FoldedColumns | None = None
         self.record: Path | None = None  # a file with every span and sample (the spool), where there is one
-        self._pending_fold: Fold | None = None
-        self.fold_pending = False  # a fold is queued for the writer (``request_fold``)
+        # queued for the writer to apply (``request_fold``); an attribute the writer reads at every step
+        self.pending_fold: Fold | None = None
         self._lock = threading.Lock()
         # held by readers of span and sample columns; the writer thread applies a fold only when it can
         # take it at once, so a reader never sees columns cut half-way and the writer never waits
@@ -254,8 +254,7 @@ class Timeline:
 
     def request_fold(self, fold: Fold) -> None:
         """Queue a fold for the thread that writes spans to apply (``apply_fold``)."""
-        self._pending_fold = fold
-        self.fold_pending = True  # an attribute, not a property: the writer reads it at every step
+        self.pending_fold = fold
 
     def apply_fold(self) -> bool:
         """Apply the queued fold, unless a reader holds the columns right now (then try again later).
@@ -263,12 +262,11 @@ class Timeline:
         Only the thread that writes spans and ``thread.*`` samples calls this (or anyone once
         recording has ended): it cuts the heads of columns that thread appends to.
         """
-        fold = self._pending_fold
+        fold = self.pending_fold
         if fold is None or not self._cut_lock.acquire(blocking=False):
             return False
         try:
-            self._pending_fold = None
-            self.fold_pending = False
+            self.pending_fold = None
             k = fold.spans
             for column in (self._span_name, self._span_start, self._span_end, self._span_depth):
                 del column[:k]

@@ -348,7 +348,9 @@ class StageRecorder:
         if self._backlog_countdown <= 0:
             self._backlog_countdown = _BACKLOG_CHECK_EVERY
             self._check_backlog()
-        if self.timeline.fold_pending:  # old steps' spans folded into rows, cut here between two appends
+        if (
+            self.timeline.pending_fold is not None
+        ):  # old steps' spans folded into rows, cut here between two appends
             self.timeline.apply_fold()
         on_step = self.on_step
         if on_step is not None and (

@@ -83,13 +83,14 @@ def stage_of(name: str) -> str | None:
 
 def profiler_steps(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(numbers, starts, ends) of the steps, in time order (µs)."""
-    numbers, rows = _step_rows(trace)
+    numbers, rows, _ = _step_rows(trace)
     return numbers, trace.cpu.start[rows], trace.cpu.end[rows]
 
 
-def _step_rows(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray]:
-    """(numbers, CPU event rows) of the ``ProfilerStep#N`` events, in time order; without any, of the
-    events that carry a ``step_num`` (numbered in time order: the reader keeps no argument's value)."""
+def _step_rows(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(numbers, CPU event rows, annotated) of the ``ProfilerStep#N`` events, in time order; without any,
+    of the events that carry a ``step_num`` (numbered in time order: the reader keeps no argument's
+    value), ``annotated`` then True."""
     cpu = trace.cpu
     number = np.full(len(cpu.names), -1, dtype=np.int64)
     for i, name in enumerate(cpu.names):
@@ -101,9 +102,9 @@ def _step_rows(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray]:
         annotated = np.array([name in trace.step_names for name in cpu.names], dtype=bool)
         rows = np.flatnonzero(annotated[cpu.name_id])
         rows = rows[np.argsort(cpu.start[rows], kind="stable")]
-        return np.arange(len(rows), dtype=np.int64), rows
+        return np.arange(len(rows), dtype=np.int64), rows, True
     rows = rows[np.argsort(cpu.start[rows], kind="stable")]
-    return number[cpu.name_id[rows]], rows
+    return number[cpu.name_id[rows]], rows, False
 
 
 def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
@@ -113,7 +114,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     starts = np.concatenate((cpu.start, gpu.start))
     ends = np.concatenate((cpu_end, gpu.start + gpu.dur))
     origin = float(starts.min()) if len(starts) else 0.0
-    step_no, step_rows = _step_rows(trace)
+    step_no, step_rows, annotated = _step_rows(trace)
     step_start, step_end = cpu.start[step_rows], cpu_end[step_rows]
     main = _main_thread(cpu, step_rows)
     stage = np.array([stage_of(n) or "" for n in cpu.names], dtype=object)
@@ -134,7 +135,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     pid = cpu.threads[main][0] if len(cpu.threads) else None
     warnings = []
     seen = {s for _, _, s in spans}
-    framework = trace_framework(trace)
+    framework = _framework(trace.cpu, annotated)
     if framework != "torch":
         warnings.append(
             f"{trace.path.name}: a {framework} trace: its steps are the ranges its step annotations mark, and "
@@ -171,12 +172,12 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     return timeline
 
 
-def trace_framework(trace: KinetoTrace) -> str:
-    """Who wrote the trace: ``torch``; ``jax`` or ``tensorflow`` where only step annotations mark steps
-    (JAX's jitted calls are ``PjitFunction(...)`` events)."""
-    if not trace.step_names or any(PROFILER_STEP.match(n) for n in trace.cpu.names):
+def _framework(cpu: CpuEvents, annotated: bool) -> str:
+    """Who wrote the trace: ``torch``; ``jax`` or ``tensorflow`` where step annotations, not
+    ``ProfilerStep#``, mark its steps (JAX's jitted calls are ``PjitFunction(...)`` events)."""
+    if not annotated:
         return "torch"
-    return "jax" if any(n.startswith("PjitFunction(") for n in trace.cpu.names) else "tensorflow"
+    return "jax" if any(n.startswith("PjitFunction(") for n in cpu.names) else "tensorflow"
 
 
 def _main_thread(cpu: CpuEvents, step_rows: np.ndarray) -> int:
