@@ -98,10 +98,8 @@ def tune(
                     done = tune_threads(step, share, say)
                     if done is not None:
                         results.append({**done, "budget_s": share})
-            if step is not None:
-                share = budget_s - (time.perf_counter() - begin)
-                if share > 0:
-                    results += tune_compute(step, share, autocast_in_use, say)
+            if step is not None:  # a knob the budget leaves no time for is listed, and says so
+                results += tune_compute(step, budget_s - (time.perf_counter() - begin), autocast_in_use, say)
         except KeyboardInterrupt:
             results.append(
                 {

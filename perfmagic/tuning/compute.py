@@ -12,7 +12,7 @@ from typing import Any
 from perfmagic.tuning.result import knob_result
 
 MIN_STEPS = 3
-"""Steps timed per setting, after one to warm up."""
+"""Steps in each turn of :func:`timed_in_turns`, however short the turn."""
 
 
 def scalar_of(output: Any) -> Any:
@@ -78,10 +78,11 @@ class TrainingStep:
         return other
 
     def seconds(self, deadline: float) -> float:
-        """Steady seconds per step by ``deadline`` (at least :data:`MIN_STEPS` timed)."""
+        """Steady seconds per step by ``deadline``: one step to warm up, then steps until the deadline
+        (at least one: a step slower than its share is still measured, once)."""
         self()
         start, steps = time.perf_counter(), 0
-        while steps < MIN_STEPS or time.perf_counter() < deadline:
+        while steps < 1 or time.perf_counter() < deadline:
             self()
             steps += 1
         return (time.perf_counter() - start) / steps
@@ -213,9 +214,12 @@ def tune_compute(
     results: list[dict[str, Any]] = []
     end = time.perf_counter() + budget_s
     for k, (knob, settings) in enumerate(knobs.items()):
+        unit = "seconds per sample" if knob == "batch_size" else "seconds per step"
         share = (end - time.perf_counter()) / (len(knobs) - k)
         if share <= 0:
-            break
+            spent = "not tried: tuning's budget was spent before it"
+            results.append({**knob_result(knob, unit, [], None, None, [spent]), "budget_s": 0.0})
+            continue
         notes = [_NOTES[knob]]
         say(f"{knob}: {', '.join(str(value) for value, _ in settings)}")
         seconds = timed_in_turns([variant for _, variant in settings], time.perf_counter() + share, notes)
@@ -226,17 +230,21 @@ def tune_compute(
         ]
         baseline = tried[0] if seconds[0] is not None else None
         best = min(tried, key=lambda t: t["seconds"]) if baseline is not None and len(tried) > 1 else None
-        unit = "seconds per sample" if knob == "batch_size" else "seconds per step"
         results.append({**knob_result(knob, unit, tried, baseline, best, notes), "budget_s": share})
     return results
 
 
 TURNS = 3
-"""Turns each setting gets at least: one slow moment of the machine spoils one turn, not a setting."""
+"""Turns each setting should get: one slow moment of the machine spoils one turn, not a setting."""
+
+TURN_S = 0.025
+"""The shortest turn: on a busy machine the scheduler's slices (a few ms) then fall on every turn
+alike, where a turn of three short steps is either preempted or not, and medians flip."""
 
 
 def timed_in_turns(steps: list[TrainingStep], deadline: float, notes: list[str]) -> list[float | None]:
-    """Median seconds per step of each step, timed in turns (A, B, A, B, ...) until ``deadline``.
+    """Median seconds per step of each step, timed in turns (A, B, A, B, ...) until ``deadline``
+    (one turn at least; fewer than :data:`TURNS` is noted).
 
     Timed one after the other, a setting would carry whatever else the machine did meanwhile; in
     turns, drift falls on all alike. A step that raises is noted and gets ``None``.
@@ -249,14 +257,16 @@ def timed_in_turns(steps: list[TrainingStep], deadline: float, notes: list[str])
             notes.append(f"setting {i + 1}: the step raised {e!r}")
             per_turn[i] = None
     turns = 0
-    while turns < TURNS or time.perf_counter() < deadline:
+    while turns < 1 or time.perf_counter() < deadline:
         for s, times in zip(steps, per_turn, strict=True):
             if times is None:
                 continue
             begin, n = time.perf_counter(), 0
-            while n < MIN_STEPS:
+            while n < MIN_STEPS or time.perf_counter() - begin < TURN_S:
                 s()
                 n += 1
             times.append((time.perf_counter() - begin) / n)
         turns += 1
+    if turns < TURNS:
+        notes.append(f"only {turns} turn{'s' if turns > 1 else ''} in the budget: one slow moment would show")
     return [None if t is None else sorted(t)[len(t) // 2] for t in per_turn]
