@@ -286,6 +286,36 @@ def test_a_loop_already_in_autocast_gets_no_autocast_tried() -> None:
     assert "autocast" not in {r["knob"] for r in results}
 
 
+def test_garbage_is_collected_before_the_first_try() -> None:
+    """A collection inside a timed try is charged to one setting (one that finds a dropped loader's
+    iterator joins its workers, seconds each): tune collects first, with the collector off too."""
+    import gc
+
+    collected: list[float] = []
+
+    class Dropped:
+        def __del__(self) -> None:
+            collected.append(time.perf_counter())
+
+    heard: list[float] = []
+    model, opt = model_and_optimizer()
+    gc.disable()
+    try:
+        cycle = Dropped()
+        cycle.me = cycle  # type: ignore[attr-defined]
+        del cycle
+        perfmagic.tune(
+            model=model,
+            optimizer=opt,
+            batch=torch.randn(4, 256),
+            budget_s=0.5,
+            progress=lambda *_: heard.append(time.perf_counter()),
+        )
+    finally:
+        gc.enable()
+    assert collected and heard and collected[0] < heard[0], (collected, heard)
+
+
 def test_tune_options_are_checked() -> None:
     with pytest.raises(ValueError, match="tune_budget"):
         perfmagic.profile(tune=True, tune_budget=0)
