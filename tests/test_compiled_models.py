@@ -41,6 +41,7 @@ def test_a_model_compiled_before_profiling_is_not_recompiled_by_it(how: str) -> 
         with perfmagic.profile(sample=False) as session:
             for _ in range(3):
                 step()
-        assert session.report.to_dict()["steps"]["count"] == 3
+        report = session.report.to_dict()
+        assert report["steps"]["count"] == 3, (report["steps"], report["stages"], report["warnings"])
     assert dict(counters["stats"]) == graphs  # no graph the user did not have
     assert not counters["recompiles"] and not counters["graph_break"]

@@ -5,7 +5,9 @@ date when read). The wait is the second field of Linux's ``/proc/thread-self/sch
 nanoseconds the thread was runnable but waiting for a CPU (the scheduler's run delay),
 added each time the thread gets a CPU back. That wait is what other processes, or more
 threads than CPUs, cost the training directly; sleeping, I/O and locks are not in it.
-Where the file does not exist the wait is NaN. (The file's first field, time on a CPU,
+Where the file does not exist the wait is NaN. On some VMs the wait outgrows the wall
+clock (timed on two CPUs' unsynchronised scheduler clocks): the analysis holds a step's
+wait to its wall time less its CPU time. (The file's first field, time on a CPU,
 only moves at scheduler ticks: too coarse for a step of a few milliseconds.)
 
 It also adds up the time Python's garbage collector runs on the thread (``gc.callbacks``,
