@@ -112,6 +112,10 @@ def _assert_leads(report: Report, expected: str, related: tuple[str, ...] = ()) 
         if c["id"] == "cpu_contention" != expected and c["metrics"]["other_cores"] >= 0.5
     }
     ranked = [c for c in cards if c["id"] not in shared]
+    if shared:
+        # other processes slowed the loop's own work too: a data wait of a few percent, say, rightly
+        # a low card, may then save more per step than the card the test is about
+        ranked = [c for c in ranked if c["severity"] != "low" or c["id"] == expected]
     if expected == "compute_bound" and shared and "compute_bound" not in ids:
         # a crowded machine is a real problem: the healthy verdict rightly stays away
         assert not [c["id"] for c in ranked if c["severity"] in ("high", "medium")], str(report)
