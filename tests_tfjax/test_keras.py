@@ -31,8 +31,8 @@ def fit(dataset: Any, epochs: int = 2, **options: Any) -> dict[str, Any]:
 
 def test_slow_map_is_input_bound_with_the_tf_data_fix() -> None:
     # one epoch: the step that begins a second one sometimes stalls for a moment outside any stage (0.4 s
-    # once in a fresh-clone CI, beside a busy core), and in a dozen 80 ms steps that moment outweighs
-    # the data stage: the loop is input-bound, but the window would say `other`
+    # once in a fresh-clone CI, 10-600 ms here), and in a dozen 80 ms steps that moment outweighs the
+    # data stage: the loop is input-bound, but the window would say `other`
     report = fit(tfloops.slow_pipeline().repeat(3), epochs=1)
     assert report["framework"] == "tensorflow" and report["trainer"] == "keras.Model.fit"
     assert report["steps"]["count"] == 3 * tfloops.BATCHES
@@ -120,25 +120,6 @@ def test_a_custom_loop_over_tf_data_gets_data_and_steps() -> None:
     assert report["steps"]["count"] >= tfloops.BATCHES - 1
     assert report["stages"]["data"]["median_s"] >= 0.3 * tfloops.MAP_WAIT_S
     assert "input_bound" in {c["id"] for c in report["advice"]}
-
-
-def test_starting_an_epochs_iterator_is_data() -> None:
-    """``iter(dataset)`` starts the pipeline (its threads, a reader's files): data, as a DataLoader's
-    worker start-up is, not time between stages. One data span per iterator started and per batch
-    asked for (the last ask of each epoch finds it over)."""
-    dataset, started, asked = tfloops.fast_pipeline(), 0, 0
-    with perfmagic.profile(sample=False) as session:
-        for _ in range(2):
-            batches, started = iter(dataset), started + 1
-            while True:
-                asked += 1
-                try:
-                    next(batches)
-                except StopIteration:
-                    break
-    spans = session.timeline.spans
-    data = [i for i in range(len(spans)) if spans.name_of(i) == "data"]
-    assert asked == 2 * (tfloops.BATCHES + 1) and len(data) == started + asked, (started, asked, len(data))
 
 
 def test_the_tf_data_fix_builds_a_parallel_cached_prefetched_pipeline() -> None:

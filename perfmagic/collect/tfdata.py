@@ -5,8 +5,7 @@ A ``tf.data.Dataset`` is a chain of datasets, each made from the one before
 whether each ``map`` runs in parallel, whether the pipeline caches and
 prefetches. A custom training loop (``for x, y in dataset: train_step(x, y)``)
 takes each batch through ``OwnedIterator.__next__``: timed as ``data``, a step
-boundary of kind ``batch`` after it, as a torch DataLoader's batches are. Starting
-an iterator (``OwnedIterator.__init__``, each epoch) is ``data`` too.
+boundary of kind ``batch`` after it, as a torch DataLoader's batches are.
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ def record_pipeline(recorder: StageRecorder, dataset: Any, seen: set[int]) -> No
 
 
 class TfDataLoop:
-    """Times ``next()`` and the start of tf.data iterators as ``data``; a ``batch`` boundary follows
-    each batch."""
+    """Times ``next()`` on tf.data iterators as ``data``; a ``batch`` boundary follows each batch."""
 
     def __init__(self, recorder: StageRecorder, on_framework: Callable[[str], None]) -> None:
         self._recorder = recorder
@@ -83,15 +81,7 @@ class TfDataLoop:
         seen, on_framework = self._seen, self._on_framework
 
         def __init__(it: Any, dataset: Any = None, *args: Any, **kwargs: Any) -> None:
-            # an epoch's iterator starts the pipeline (its threads, a reader's files): data, as a
-            # DataLoader's worker start-up is
-            if not recorder.enter(data):
-                init(it, dataset, *args, **kwargs)
-            else:
-                try:
-                    init(it, dataset, *args, **kwargs)
-                finally:
-                    recorder.exit()
+            init(it, dataset, *args, **kwargs)
             if dataset is not None and recorder.on_recorded_thread():
                 on_framework("tensorflow")
                 record_pipeline(recorder, dataset, seen)
