@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-tfjax test-fast lint typecheck cuda-coverage test-torch-min lab browser prometheus gpu-check clean
+.PHONY: install demo test test-unit test-e2e test-tfjax test-fast lint typecheck cuda-coverage test-torch-min lab browser prometheus gpu-check clean
 
 install: $(STAMP)
 
@@ -40,12 +40,26 @@ browser:
 prometheus:
 	command -v prometheus >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus)
 
-test: install browser prometheus lint typecheck cuda-coverage test-tfjax
-	$(VENV)/bin/pytest
+# Every part runs whatever an earlier one returned (a failing TF/JAX test must not hide the main
+# suite's results); the last line names the parts that failed, and the exit status is theirs.
+TEST_PARTS := lint typecheck cuda-coverage test-unit test-e2e test-tfjax
+test: install browser prometheus
+	@failed=""; for part in $(TEST_PARTS); do \
+	  $(MAKE) --no-print-directory $$part || failed="$$failed $$part"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
+	echo "make test: every part passed ($(TEST_PARTS))"
+
+# tests/unit: on a fake clock, no real time (seconds); tests/e2e: real loops, kernels, browsers.
+test-unit: install
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
+
+test-e2e: install
+	$(VENV)/bin/pytest -p no:cacheprovider tests/e2e
 
 # The CUDA code runs on a simulated device here (tests/sim_cuda.py): every line of it must be run.
 cuda-coverage: install
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_cuda_sim.py \
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/test_cuda_sim.py \
 	  --cov=perfmagic/collect --cov-report=term-missing --cov-fail-under=90
 
 # TensorFlow/Keras and JAX (tests_tfjax/, the Keras and JAX notebooks) in a venv of their own: ~2 GB of
@@ -75,8 +89,8 @@ TORCH_MIN := 2.1.2
 test-torch-min:
 	test -x .venv-torch-min/bin/python || python3 -m venv .venv-torch-min
 	.venv-torch-min/bin/python -m pip install -q 'torch==$(TORCH_MIN)' 'numpy<2' -e '.[dev]'
-	.venv-torch-min/bin/pytest -q -m "not browser" tests/test_stages_torch.py tests/test_torch_versions.py \
-	  tests/test_compiled_models.py tests/test_cuda_sim.py tests/test_advice_e2e.py
+	.venv-torch-min/bin/pytest -q -m "not browser" tests/e2e/test_stages_torch.py tests/e2e/test_torch_versions.py \
+	  tests/e2e/test_compiled_models.py tests/e2e/test_cuda_sim.py tests/e2e/test_advice_e2e.py
 
 lab: install
 	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm run build

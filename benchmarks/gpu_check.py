@@ -43,7 +43,7 @@ from typing import Any, TextIO
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-GPU_TEST_FILES = ("tests/test_gpu.py", "tests/test_stages_torch.py")
+GPU_TEST_FILES = ("tests/e2e/test_gpu.py", "tests/e2e/test_stages_torch.py")
 TRAIN_S = 15.0
 COST_S = 5.0
 PYTEST_TIMEOUT_S = 150

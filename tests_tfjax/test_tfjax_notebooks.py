@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_notebooks import executed, outputs_of  # tests/test_notebooks.py: the same run and checks
+from test_notebooks import executed, outputs_of  # tests/e2e/test_notebooks.py: the same run and checks
 
 pytestmark = pytest.mark.tfjax
 

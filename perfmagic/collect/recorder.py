@@ -10,7 +10,7 @@ Rules that keep the picture right without the user's help:
   it: not inside itself, and nothing built in inside ``data``, ``checkpoint`` or
   ``comm``. ``enter`` runs for every stage of every step, so it applies that
   rule with stage ids and an open-opaque-stage counter instead of names
-  (``tests/test_nesting.py`` checks that the two agree);
+  (``tests/unit/test_nesting.py`` checks that the two agree);
 - only the thread that started profiling is recorded (DataLoader's pin-memory
   thread and a live panel's thread are not training stages);
 - once closed, a recorder records nothing: a wrapper that outlives the session

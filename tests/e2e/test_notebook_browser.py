@@ -11,6 +11,7 @@ from typing import Any
 import nbformat
 import pytest
 from browser import assert_ranks_shown, lab_page, screenshot
+from paths import EXAMPLES
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -42,7 +43,7 @@ step
 """
 # Two DDP ranks started from the notebook (the example notebook's workers), rank 1 slow to load data:
 # its report has a ranks section; the next cell hands that report to the test.
-EXAMPLES = Path(__file__).resolve().parent.parent / "example_notebooks"
+
 RANKS = f"""\
 %%gpuprofile -v job
 import os, socket, sys

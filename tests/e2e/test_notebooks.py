@@ -11,10 +11,11 @@ from typing import Any
 
 import nbformat
 import pytest
+from paths import EXAMPLES
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "example_notebooks"
+
 # Per notebook: the advice each "before" report must show (any one of them).
 EXPECTED_ADVICE = {
     "quickstart.ipynb": {"input_bound", "dataloader_workers"},

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 import torch
 from browser import assert_ranks_shown, chromium, screenshot
+from paths import SCRIPTS
 
 import perfmagic
 from perfmagic.timeline import SPOOL_NAME, Timeline
 
-SCRIPT = Path(__file__).parent / "scripts" / "train_ddp_loader.py"
+SCRIPT = SCRIPTS / "train_ddp_loader.py"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 PERFMAGIC = [sys.executable, "-m", "perfmagic.cli"]
 STEPS = 30

@@ -236,7 +236,7 @@ def test_the_training_thread_folds_what_a_sampler_thread_left_behind(
 
 
 def test_spans_go_to_the_spool_once_their_device_times_are_known(tmp_path: Path) -> None:
-    from tests.test_steps import InOrderDevice
+    from test_steps import InOrderDevice
 
     tl, out = Timeline(), open(tmp_path / SPOOL_NAME, "w", encoding="utf-8")  # noqa: SIM115
     recorder = StageRecorder(tl, origin=0.0)

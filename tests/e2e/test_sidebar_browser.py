@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 from browser import chromium, lab_page, lab_server, open_lab, screenshot
+from paths import REPO, TESTS
 
-LABEXTENSION = Path(__file__).resolve().parent.parent / "labextension"
+LABEXTENSION = REPO / "labextension"
 PANEL = "#perfmagic-gpu-monitor"
 TAB = 'li[data-id="perfmagic-gpu-monitor"]'
-TESTS = Path(__file__).resolve().parent
 
 # Runs inside the lab server (its jupyter_server_config.py): two fake GPUs whose load moves
 # over time, and GPU 0 used by every kernel of this server, so the sidebar can name the notebook.

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from paths import REPO
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+
 CELL = """\
 %%gpuprofile -v report   # a trailing comment, as users write them
 import time

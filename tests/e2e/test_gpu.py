@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import BENCHMARKS
 
 from perfmagic.analyze.devices import devices_summary
 from perfmagic.collect.nvml import Nvml, NvmlSource
@@ -21,7 +22,7 @@ from perfmagic.timeline import Timeline
 
 torch = pytest.importorskip("torch")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-GPU_CHECK = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+GPU_CHECK = BENCHMARKS / "gpu_check.py"
 
 
 def _gpu_check(out: Path, *args: str) -> subprocess.CompletedProcess[str]:

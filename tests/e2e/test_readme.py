@@ -16,10 +16,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from paths import REPO
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 

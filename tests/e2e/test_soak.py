@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import BENCHMARKS
 
 import perfmagic
 import perfmagic.report
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(BENCHMARKS))
 from soak import soak
 
 

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import SCRIPTS
 
 import perfmagic
 
-SCRIPTS = Path(__file__).parent / "scripts"
 PERFMAGIC = [sys.executable, "-m", "perfmagic.cli"]
 
 

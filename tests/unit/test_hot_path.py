@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import pytest
+from paths import BENCHMARKS
 
 import perfmagic
 from perfmagic.collect import recorder, torch_hooks
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(BENCHMARKS))
 from hot_path_calls import python_calls
 
 ADDED_CALLS_BUDGET = 34

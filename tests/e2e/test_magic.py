@@ -20,6 +20,7 @@ import torch
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import CapturedIO, capture_output
+from paths import SCRIPTS
 from torch.optim import optimizer as optim_mod
 from torch.utils.data import dataloader as dl
 
@@ -343,7 +344,7 @@ def test_a_cell_that_spawns_ranks_reports_each_worker_and_puts_the_environment_b
     pythonpath = os.environ.get("PYTHONPATH") or str(tmp_path / "users-own")
     monkeypatch.setenv("PYTHONPATH", pythonpath)
     before = snapshot()
-    scripts = str(Path(__file__).resolve().parent / "scripts")
+    scripts = str(SCRIPTS)
     result, _ = run(
         ip, f"%%gpuprofile --no-live -v spawned --outdir {tmp_path}\n" + SPAWN.format(scripts=scripts)
     )
