@@ -1,4 +1,4 @@
-"""Report: the result of a profiled window, as the JSON contract of DESIGN.md.
+"""Report: the result of a profiled window, as the JSON contract of docs/schema.md.
 
 A report is its dictionary (``to_dict``) plus, when it was built in this
 process, the analysis and the timelines behind it (the Chrome trace export shows
@@ -192,7 +192,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         ],
         "advice": [card.to_dict() for card in advice.cards],
         "warnings": [*analysis.warnings, *advice.warnings],
-        # additions to the contract (DESIGN.md, issues 7-17)
+        # keys beyond the first contract (docs/schema.md lists every key)
         "trainer": analysis.trainer,
         "evaluation": vars(analysis.evaluation),
         "advice_minor": [
