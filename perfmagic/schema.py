@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
+from typing import Final
 
 # -- stages ------------------------------------------------------------------
 
@@ -42,14 +43,8 @@ def nests_inside(stage: str, open_stages: Collection[str]) -> bool:
 # -- steps -------------------------------------------------------------------
 
 STEP_BOUNDARY_PREFIX = "step:"
-"""Zero-length spans named ``step:<kind>`` mark step ends (see ``analyze.steps``)."""
+"""Zero-length spans named ``step:<kind>`` mark step boundaries (their kinds: ``perfmagic.step_policy``)."""
 
-BOUNDARY_KINDS = ("profiler_step", "optimizer", "batch", "user")
-"""Where step ends come from, in order of preference (``profiler_step``: a trace's ``ProfilerStep#`` ends).
-
-More boundary names are no step ends: ``loader_end`` (a DataLoader pass ran out), ``eval_start`` and
-``eval_end`` (an evaluation pass began and ended).
-"""
 
 # -- metrics -----------------------------------------------------------------
 
@@ -98,13 +93,13 @@ apart: a CPU clock read costs a fast loop), sampled after each…"""
 THREAD_DATA_TIMED = "thread.data_timed_s"
 """…and the cumulative wall seconds of those fetches."""
 
-STACK_SAMPLES = "stack_samples"
+STACK_SAMPLES: Final = "stack_samples"
 """``timeline.meta`` key: where the training thread was at each sampler tick, ``[{"stage", "where",
 "count"}, ...]`` (``where``: the innermost frame of the user's code, ``function (file:line)``)."""
 
 # -- marks -------------------------------------------------------------------
 
-ALLOCATOR = "cuda_allocator"
+ALLOCATOR: Final = "cuda_allocator"
 """``timeline.meta`` key: PyTorch's caching allocator per GPU over the window, ``[{"index",
 "allocated_peak_bytes", "reserved_peak_bytes", "alloc_retries", "ooms"}, ...]`` (``collect.cuda``)."""
 

@@ -1,15 +1,9 @@
 """Steps and the per-step stage breakdown, from a timeline's stage spans.
 
-Every instant of a step belongs to exactly one stage: the innermost stage
-open at that instant, or ``other`` when none is. So per-step stage times
-always add up to the step time, and fractions to 1.
-
-An evaluation pass inside the window (a framework's evaluation loop, or a
-DataLoader pass that trained nothing: ``step:eval_start`` and ``step:eval_end``
-mark it) is no training step: the step before it ends where it began and the
-step after it starts where it ended, so validation neither inflates one step
-nor the forward share. With batch boundaries (no optimizer: inference) every pass
-is made of steps and nothing is cut.
+Where steps begin and end is :mod:`perfmagic.step_policy`'s to say. Every instant
+of a step belongs to exactly one stage: the innermost stage open at that instant,
+or ``other`` when none is. So per-step stage times always add up to the step
+time, and fractions to 1.
 
 On long runs the session folds old steps into rows (:func:`plan_fold`): the
 breakdown is then those rows followed by the steps of the spans still held,
@@ -25,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmagic.schema import (
-    BOUNDARY_KINDS,
     STAGES,
     STEP_BOUNDARY_PREFIX,
     THREAD_CPU,
@@ -33,6 +26,7 @@ from perfmagic.schema import (
     THREAD_PREFIX,
     THREAD_WAIT,
 )
+from perfmagic.step_policy import boundary_times, step_bounds
 from perfmagic.timeline import Fold, FoldedSteps, Spans, Timeline
 
 
@@ -152,7 +146,7 @@ def _breakdown(
     span_is_boundary = is_boundary[spans.name_id] if len(spans) else np.zeros(0, dtype=bool)
     stage_mask = ~span_is_boundary
 
-    kind, starts, ends = _steps(spans, span_is_boundary, stage_mask, kind, since)
+    kind, starts, ends = step_bounds(spans, span_is_boundary, stage_mask, kind, since)
     columns, seconds = _stage_seconds(spans, is_boundary, stage_mask, starts, ends)
     cpu_s = _per_step(timeline, THREAD_CPU, starts, ends)
     wait_s = _per_step(timeline, THREAD_WAIT, starts, ends)
@@ -175,9 +169,9 @@ def ended_steps(spans: Spans, kind: str | None = None, since: float | None = Non
     is_boundary = np.array([n.startswith(STEP_BOUNDARY_PREFIX) for n in names], dtype=bool)
     span_is_boundary = is_boundary[spans.name_id] if len(spans) else np.zeros(0, dtype=bool)
     stage_mask = ~span_is_boundary
-    kind, starts, ends = _steps(spans, span_is_boundary, stage_mask, kind, since)
+    kind, starts, ends = step_bounds(spans, span_is_boundary, stage_mask, kind, since)
     if kind is not None:
-        last = _boundary_times(spans, span_is_boundary, STEP_BOUNDARY_PREFIX + kind)
+        last = boundary_times(spans, span_is_boundary, kind)
         ended = ends <= last[-1]
         starts, ends = starts[ended], ends[ended]
     columns, seconds = _stage_seconds(spans, is_boundary, stage_mask, starts, ends)
@@ -243,66 +237,6 @@ def _per_step(timeline: Timeline, metric: str, starts: np.ndarray, ends: np.ndar
     t, v = t[ok], v[ok]
     per: np.ndarray = np.maximum(np.interp(ends, t, v) - np.interp(starts, t, v), 0.0)
     return per
-
-
-def _steps(
-    spans: Spans,
-    span_is_boundary: np.ndarray,
-    stage_mask: np.ndarray,
-    only: str | None = None,
-    since: float | None = None,
-) -> tuple[str | None, np.ndarray, np.ndarray]:
-    stage_start = spans.start[stage_mask & (spans.depth == 0)] if len(spans) else np.zeros(0)
-    stage_end = spans.end[stage_mask] if len(spans) else np.zeros(0)
-    for kind in BOUNDARY_KINDS if only is None else (only,):
-        key = STEP_BOUNDARY_PREFIX + kind
-        if key not in spans.names:
-            continue
-        t = _boundary_times(spans, span_is_boundary, key)
-        if since is not None:  # steps before it were folded: a batch boundary at it starts the next one
-            t = t[t >= since] if kind == "batch" else t[t > since]
-        if not len(t):  # a name interned without a boundary span (a timeline built by hand)
-            continue
-        if kind == "batch":
-            # A boundary is the start of a fetch: step i runs from fetch i to fetch i+1, unless
-            # fetch i found its loader exhausted (a loader_end follows it): then it ends an epoch.
-            over = np.append(
-                _boundary_times(spans, span_is_boundary, STEP_BOUNDARY_PREFIX + "loader_end"), np.inf
-            )
-            following = np.append(t[1:], np.inf)
-            keep = over[np.searchsorted(over, t)] >= following  # no loader_end before the next fetch
-            starts, ends = t[:-1][keep[:-1]], t[1:][keep[:-1]]
-            if keep[-1] and len(stage_end):
-                data_id = spans.names.index("data") if "data" in spans.names else -1
-                tail = stage_mask & (spans.start > t[-1]) & (spans.name_id != data_id)
-                if tail.any():  # the loop left without exhausting the loader (break, max_steps)
-                    starts, ends = np.append(starts, t[-1]), np.append(ends, stage_end.max())
-        else:
-            # A boundary is the end of a step; the first one starts with the first stage (or the fold).
-            before = stage_start[stage_start < t[0]]
-            first = since if since is not None else float(before.min()) if len(before) else 0.0
-            starts, ends = np.concatenate(([first], t[:-1])), t
-            evals = _boundary_times(spans, span_is_boundary, STEP_BOUNDARY_PREFIX + "eval_end")
-            if len(evals):  # a step that holds an evaluation pass starts where the last one ended
-                last = np.searchsorted(evals, ends, side="right") - 1
-                starts = np.where(last >= 0, np.maximum(starts, evals[np.maximum(last, 0)]), starts)
-                # ...and the step before it ends where the pass began: what ran after its optimizer step
-                # and before the pass (a checkpoint, logging) is that step's, not dropped with the pass
-                began = _boundary_times(spans, span_is_boundary, STEP_BOUNDARY_PREFIX + "eval_start")
-                if len(began):
-                    following = np.append(ends[1:], np.inf)
-                    j = np.searchsorted(began, ends, side="right")
-                    nxt = began[np.minimum(j, len(began) - 1)]
-                    ends = np.where((j < len(began)) & (nxt < following), np.maximum(ends, nxt), ends)
-        if len(starts):
-            return kind, starts.astype(float), ends.astype(float)
-    return None, np.zeros(0), np.zeros(0)
-
-
-def _boundary_times(spans: Spans, span_is_boundary: np.ndarray, key: str) -> np.ndarray:
-    if key not in spans.names:
-        return np.zeros(0)
-    return np.sort(spans.start[span_is_boundary & (spans.name_id == spans.names.index(key))])
 
 
 def _stage_columns(names: list[str], is_boundary: np.ndarray, used_ids: np.ndarray) -> list[str]:

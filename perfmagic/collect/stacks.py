@@ -22,10 +22,14 @@ from perfmagic.schema import STACK_SAMPLES
 from perfmagic.timeline import Timeline
 
 _LIBRARY_DIRS = tuple(
-    os.path.normcase(os.path.realpath(p)) + os.sep
-    for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # perfmagic itself
+    {
+        os.path.normcase(resolve(p)) + os.sep
+        for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # perfmagic itself
+        for resolve in (os.path.abspath, os.path.realpath)
+    }
 )
+"""Where library code lives, as code objects name it and with links resolved (a venv's links)."""
 
 
 class StackSource:
@@ -38,7 +42,6 @@ class StackSource:
         self._thread_id = thread_id
         self._current_stage = current_stage
         self._counts: Counter[tuple[str, str]] = Counter()
-        self._user_file: dict[str, bool] = {}
 
     def open(self, timeline: Timeline) -> None:
         pass
@@ -58,22 +61,36 @@ class StackSource:
 
     def _where(self, frame: FrameType) -> str:
         """The innermost frame of user code (else the innermost frame), as ``function (file:line)``."""
-        innermost = frame
-        f: FrameType | None = frame
-        while f is not None:
-            if self._is_user(f.f_code.co_filename):
-                return _describe(f)
-            f = f.f_back
-        return _describe(innermost)
+        return _describe(user_frame(frame) or frame)
 
-    def _is_user(self, filename: str) -> bool:
-        known = self._user_file.get(filename)
-        if known is None:
-            path = os.path.normcase(os.path.realpath(filename)) if not filename.startswith("<") else filename
-            known = self._user_file[filename] = not (
-                path.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen")
-            )
-        return known
+
+_USER_FILE: dict[str, bool] = {}
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether code in ``filename`` is the user's: not the standard library's, a package's or perfmagic's."""
+    known = _USER_FILE.get(filename)
+    if known is None:
+        path = os.path.normcase(filename)
+        known = _USER_FILE[filename] = not (path.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen"))
+    return known
+
+
+def user_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame of the user's code at or above ``frame`` (None: there is none)."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        known = _USER_FILE.get(filename)  # inline: the torch hooks call this once per model
+        if known if known is not None else is_user_file(filename):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def call_site(frame: FrameType | None) -> dict[str, str | int] | None:
+    """The user's line at or above ``frame``: ``{"file", "line", "function"}`` (None: only library code)."""
+    f = user_frame(frame)
+    return {"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name} if f else None
 
 
 def _describe(frame: FrameType) -> str:

@@ -160,14 +160,6 @@ def test_a_step_that_holds_an_evaluation_pass_starts_where_it_ended() -> None:
     assert step_breakdown(tl).start.tolist() == [0.0, 1.0]
 
 
-def test_optimizer_boundaries_win_over_batch_and_user_ones() -> None:
-    spans = [("forward", 0.0, 1.0, 0)]
-    tl = make_timeline(spans, {"user": [0.5, 1.5], "batch": [0.0, 1.0, 2.0], "optimizer": [1.0, 2.0]})
-    assert step_breakdown(tl).boundary == "optimizer"
-    tl = make_timeline(spans, {"user": [0.5, 1.5], "batch": [0.0, 1.0, 2.0]})
-    assert step_breakdown(tl).boundary == "batch"
-
-
 # -- the recorder's rules ----------------------------------------------------
 
 
