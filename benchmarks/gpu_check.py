@@ -646,7 +646,7 @@ def cuda_paths(check: Check, torch: Any) -> None:
 def sampler_cost(check: Check, session: Any) -> None:
     from sampler_cost import measure
 
-    from perfmagic.session import default_sources
+    from perfmagic.collect.sources import default_sources
 
     if session is not None:
         sampler = session.timeline.meta.get("sampler") or {}

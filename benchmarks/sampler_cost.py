@@ -22,7 +22,7 @@ from typing import Any
 from perfmagic.collect import nvml
 from perfmagic.collect.host import HostSource
 from perfmagic.collect.sampler import Sampler, Source
-from perfmagic.session import default_sources
+from perfmagic.collect.sources import default_sources
 from perfmagic.timeline import Timeline
 
 

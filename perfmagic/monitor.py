@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from perfmagic.collect.sampler import Sampler
+from perfmagic.collect.sources import default_sources
 from perfmagic.render.live import LivePanel
-from perfmagic.session import default_sources
 from perfmagic.timeline import Timeline
 
 

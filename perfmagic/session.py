@@ -8,7 +8,6 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,9 +17,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 from perfmagic.analyze.running import RunningStages
 from perfmagic.analyze.steps import plan_fold
+from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.recorder import NO_RECORDER, StageRecorder, keep_until_exit
 from perfmagic.collect.sampler import Sampler, Source
+from perfmagic.collect.sources import default_sources
 from perfmagic.collect.stacks import StackSource
 from perfmagic.registry import StatusFile
 from perfmagic.schema import STEP_BOUNDARY_PREFIX, THREAD_PREFIX
@@ -68,6 +69,7 @@ class Session:
     Without it, a temporary directory is used. With ``children`` (the default), the
     Python interpreters the block starts (``torch.multiprocessing.spawn`` workers,
     subprocesses) are profiled into ``outdir/children`` and are the report's ranks.
+    ``clock`` is what every collector times on (a test's fake one drives the whole window).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Session:
         tune: bool = False,
         tune_budget: float | None = None,
         children: bool = True,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
@@ -92,7 +95,7 @@ class Session:
             raise ValueError(f"tune must be True or False, got {tune!r}")
         self.tune = tune
         self.tune_budget = tune_budget
-        self.children = children
+        self.children, self.clock = children, clock
         self.interval = float(interval)
         # torch.profiler over this many training steps (True: 5); the heavy mode is opt-in and bounded
         self.trace_steps = 5 if trace is True else int(trace)
@@ -158,10 +161,10 @@ class Session:
         return self
 
     def _start(self) -> None:
-        self._origin = time.perf_counter()
+        self._origin = self.clock.now()
         self.timeline.meta.update(
             {
-                "epoch": time.time(),
+                "epoch": self.clock.wall(),
                 "pid": os.getpid(),
                 "hostname": socket.gethostname(),
                 "rank": _env_int("RANK"),
@@ -194,20 +197,23 @@ class Session:
 
             self._restore_env = profile_children(self.outdir / CHILDREN_DIR, self.interval)
         if self.hooks:
-            self.recorder = StageRecorder(self.timeline, self._origin)
+            self.recorder = StageRecorder(self.timeline, self._origin, clock=self.clock)
             self.recorder.on_backlog = self._catch_up
             self.recorder.backlog_spans = BACKLOG_SPANS * SPAN_BUDGET
             self._start_framework_hooks()
         if self.sample:
-            sources = list(self._sources if self._sources is not None else default_sources())
+            sources = list(self._sources if self._sources is not None else default_sources(self.clock))
             recorder = self.recorder
             if recorder is not None:  # where the training thread is, by stage: what fills "other"
                 # first in each tick: the sampler has just won the GIL from the training thread, before
                 # other sources' I/O hands it back and forth (which would favour moments in torch calls)
                 sources.insert(0, StackSource(recorder.thread_id, lambda: recorder.current_stage))
-            self._sampler = Sampler(self.timeline, sources, self.interval, self._clock, self._on_tick)
         else:  # no metrics, but the thread still spools: a killed process keeps its record
-            self._sampler = Sampler(self.timeline, [], _SPOOL_EVERY_S, self._clock, self._on_tick)
+            sources = []
+        interval = self.interval if self.sample else _SPOOL_EVERY_S
+        self._sampler = Sampler(
+            self.timeline, sources, interval, self._clock, self._on_tick, timer=self.clock
+        )
         self._sampler.start()
         # perfmagic's own start (hooks, first imports: tens of ms in a fresh process) is no start-up of the user's
         self.timeline.meta["ready_s"] = self._clock()
@@ -508,7 +514,7 @@ class Session:
         self._sampler = None
 
     def _clock(self) -> float:
-        return time.perf_counter() - self._origin
+        return self.clock.now() - self._origin
 
     def add_tick_listener(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` on the sampler thread after every tick until ``stop`` (live views hang here).
@@ -520,7 +526,7 @@ class Session:
     def _on_tick(self) -> None:
         # spans pass the budget: spool them now, so that they can be folded
         backlog = self.timeline.raw_span_count() > SPAN_BUDGET and self._bounding
-        self._upkeep(spool=backlog or time.perf_counter() - self._last_spool >= _SPOOL_EVERY_S)
+        self._upkeep(spool=backlog or self.clock.now() - self._last_spool >= _SPOOL_EVERY_S)
         if self._running and self._status is not None:  # for perfmagic exporter: this process's progress
             recorder, stages = self.recorder, self._running_stages
 
@@ -538,7 +544,7 @@ class Session:
             if not self._running:
                 return
             if spool:
-                self._last_spool = time.perf_counter()
+                self._last_spool = self.clock.now()
                 if self._spooler is not None:
                     try:
                         self._spooler.flush()
@@ -670,15 +676,6 @@ def with_children(timeline: Timeline, outdir: Path) -> list[Timeline]:
     timelines = [timeline, *node.processes]
     on_one_clock(timelines, timeline.meta.get("epoch"))
     return timelines
-
-
-def default_sources() -> list[Source]:
-    """The metric sources a session samples by default: NVML, the host and PyTorch's CUDA allocator."""
-    from perfmagic.collect.cuda import AllocatorSource
-    from perfmagic.collect.host import HostSource
-    from perfmagic.collect.nvml import NvmlSource
-
-    return [NvmlSource(), HostSource(root_pid=os.getpid()), AllocatorSource()]
 
 
 def _env_int(name: str) -> int | None:

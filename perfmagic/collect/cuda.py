@@ -8,9 +8,9 @@ covered (a model split over ``cuda:0`` and ``cuda:1``), not only the current one
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
+from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.schema import ALLOCATOR
 from perfmagic.timeline import Timeline
 
@@ -29,9 +29,9 @@ class CudaEventClock:
     be a bogus logging span too).
     """
 
-    def __init__(self, torch_mod: Any, origin: float) -> None:
+    def __init__(self, torch_mod: Any, origin: float, clock: Clock = REAL_CLOCK) -> None:
         self._cuda = torch_mod.cuda
-        self._origin = origin
+        self._origin, self._now = origin, clock.now
         self._refs: dict[int, tuple[Any, float]] = {}  # device: (reference event, its time on the timeline)
         self._devices: tuple[int, ...] = ()
         self._looked_at = 0.0
@@ -50,9 +50,9 @@ class CudaEventClock:
                 ref = cuda.Event(enable_timing=True)
                 ref.record(cuda.current_stream(d))
                 ref.synchronize()
-                self._refs[d] = (ref, time.perf_counter() - self._origin)
+                self._refs[d] = (ref, self._now() - self._origin)
         self._devices = tuple(used or [cuda.current_device()])
-        self._looked_at = time.perf_counter()
+        self._looked_at = self._now()
 
     def mark(self) -> object | None:
         cuda = self._cuda
@@ -69,7 +69,7 @@ class CudaEventClock:
         cuda = self._cuda
         if cuda.is_current_stream_capturing():  # querying an event is illegal while a graph is captured
             return False
-        if time.perf_counter() - self._looked_at >= DEVICES_EVERY_S:  # drains call this about once a second
+        if self._now() - self._looked_at >= DEVICES_EVERY_S:  # drains call this about once a second
             self._look_for_devices()
         return all(event.query() for _, event in token)  # type: ignore[attr-defined]
 

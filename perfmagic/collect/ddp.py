@@ -25,7 +25,6 @@ lasts from the device finishing backward's compute to it getting past the wait.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -97,13 +96,13 @@ class ReducerWait:
             return None
         queue = self._engine.queue_callback
         waits = self._waits
-        mark = self._recorder.device_mark
+        mark, now = self._recorder.device_mark, self._recorder.clock.now
 
         def compute_done() -> None:
-            start, start_mark = time.perf_counter(), mark()
+            start, start_mark = now(), mark()
 
             def reduced() -> None:
-                end = time.perf_counter()
+                end = now()
                 waits.append((start, end, start_mark, mark()))
 
             queue(reduced)

@@ -15,8 +15,6 @@ save begins, and the save falls in the next step.
 
 from __future__ import annotations
 
-import time
-
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import EVALUATION_MARK
 
@@ -70,4 +68,4 @@ class EvaluationPasses:
         )
 
     def _now(self) -> float:
-        return time.perf_counter() - self._recorder.origin
+        return self._recorder.clock.now() - self._recorder.origin

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -206,7 +205,7 @@ class FrameworkHooks:
             settings = {}
         recorder = self._recorder
         recorder.timeline.add_mark(
-            time.perf_counter() - recorder.origin,
+            recorder.clock.now() - recorder.origin,
             TRAINER_MARK,
             trainer=name,
             version=_version(name),

@@ -39,7 +39,6 @@ is the sum of each live member's own plus reaped-children times.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -186,15 +185,14 @@ class HostSource:
                 add("host.children_wait_cores", now, self._children_wait() / dt)
         self._tree_cpu, self._children_cpu, self._tree_t = cpu, children, now
         add("host.rss_bytes", now, float(rss))
-        mono = time.monotonic()
-        if mono >= self._next_slow:
-            self._next_slow = mono + self._slow_interval
+        if now >= self._next_slow:  # the tick's time: on the session's clock, fake in tests
+            self._next_slow = now + self._slow_interval
             self._poll_cores(now, timeline)
             add("host.mem_available_bytes", now, float(psutil.virtual_memory().available))
             for metric, value in self._counters().items():
                 add(metric, now, value - self._base.get(metric, 0.0))
-        if mono >= self._next_uss:
-            self._next_uss = mono + self._uss_interval
+        if now >= self._next_uss:
+            self._next_uss = now + self._uss_interval
             shares = self._tree_uss_pss()
             if shares is not None:
                 add("host.uss_bytes", now, float(shares[0]))

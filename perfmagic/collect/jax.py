@@ -20,10 +20,10 @@ so annotations imported before profiling are covered; all is put back by
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
+from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import STEP_BOUNDARY_PREFIX
@@ -36,15 +36,15 @@ class BlockingClock:
     device work ends inside it (a few µs per hundred live arrays).
     """
 
-    def __init__(self, origin: float) -> None:
+    def __init__(self, origin: float, clock: Clock = REAL_CLOCK) -> None:
         import jax
 
         self._jax = jax
-        self._origin = origin
+        self._origin, self._now = origin, clock.now
 
     def mark(self) -> object | None:
         self._jax.block_until_ready(self._jax.live_arrays())
-        return time.perf_counter() - self._origin
+        return self._now() - self._origin
 
     def done(self, token: object) -> bool:
         return True  # a mark returns once the device is there
@@ -67,7 +67,7 @@ class JaxHooks:
         recorder = self._recorder
         # torch's CUDA event clock times a torch loop better; a process that has torch trains with it
         if recorder.device_clock is None and "torch" not in sys.modules:
-            recorder.device_clock = BlockingClock(recorder.origin)
+            recorder.device_clock = BlockingClock(recorder.origin, recorder.clock)
         on_framework = self._on_framework  # at an annotation: Keras imports JAX whatever its backend
         annotation, step = profiler.TraceAnnotation, profiler.StepTraceAnnotation
         init, enter, exit_ = annotation.__init__, annotation.__enter__, annotation.__exit__

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -130,7 +129,7 @@ class KerasHooks:
         }
         recorder = self._recorder
         recorder.timeline.add_mark(
-            time.perf_counter() - recorder.origin,
+            recorder.clock.now() - recorder.origin,
             TRAINER_MARK,
             trainer=KERAS_TRAINER,
             version=keras.__version__,

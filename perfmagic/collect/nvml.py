@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
+from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.collect.sampler import SourceUnavailable
 from perfmagic.schema import THROTTLE_REASONS
 from perfmagic.timeline import Timeline
@@ -186,10 +186,9 @@ class Nvml:
     and records why in :attr:`warnings`, each reason once.
     """
 
-    def __init__(self, nv: Any, handles: list[Any]) -> None:
+    def __init__(self, nv: Any, handles: list[Any], clock: Clock = REAL_CLOCK) -> None:
         """Use :meth:`open`."""
-        self._nv = nv
-        self._handles = handles
+        self._nv, self._handles, self._now, self._wall = nv, handles, clock.now, clock.wall
         self.warnings: list[str] = []
         self._names: dict[int, str] = {}
         self._off: set[tuple[int | None, str]] = set()  # (index, key) not available, said once
@@ -212,8 +211,8 @@ class Nvml:
         self.cuda_driver_version: str | None = None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}"
 
     @classmethod
-    def open(cls) -> Nvml:
-        """Initialize NVML; raises :class:`NvmlUnavailable` with the reason."""
+    def open(cls, clock: Clock = REAL_CLOCK) -> Nvml:
+        """Initialize NVML (slow reads timed on ``clock``); raises :class:`NvmlUnavailable` with the reason."""
         try:
             nv = _load_pynvml()
         except ImportError as e:
@@ -236,7 +235,7 @@ class Nvml:
             except nv.NVMLError as e:  # one bad GPU must not hide the others
                 handles.append(None)
                 failures.append((i, e))
-        self = cls(nv, handles)
+        self = cls(nv, handles, clock)
         for i, error in failures:
             self._mark_lost(i, f"cannot be opened ({_describe(error)})")
         return self
@@ -433,7 +432,7 @@ class Nvml:
         """Counters in one batched call; rates from the counters' own timestamps. Where the call is slow
         (:data:`SLOW_FIELDS_S`, twice in a row), at most every :data:`FIELDS_PERIOD_S`, its figures
         repeated between."""
-        begin = time.monotonic()
+        begin = self._now()
         last = self._fields_read.get(index)
         if last is not None and begin - last[0] < FIELDS_PERIOD_S:
             out.update(last[1])
@@ -441,7 +440,7 @@ class Nvml:
         read: dict[str, Any] = {}
         self._read_fields_now(index, read)
         # slow twice in a row: one read a busy machine held up says nothing of the driver
-        streak = self._slow_field_reads.get(index, 0) + 1 if time.monotonic() - begin >= SLOW_FIELDS_S else 0
+        streak = self._slow_field_reads.get(index, 0) + 1 if self._now() - begin >= SLOW_FIELDS_S else 0
         self._slow_field_reads[index] = streak
         if streak >= 2:
             self._fields_read[index] = (begin, read)
@@ -516,11 +515,11 @@ class Nvml:
         if None in samples or self._opt(index, "gpm", lambda n: n.nvmlGpmSampleGet(h, samples[0])) is None:
             return False
         self._gpm[index] = samples
-        self._gpm_t[index] = time.monotonic()
+        self._gpm_t[index] = self._now()
         return True
 
     def _read_gpm(self, index: int, out: dict[str, Any]) -> None:
-        now = time.monotonic()
+        now = self._now()
         if now - self._gpm_t[index] < _GPM_MIN_INTERVAL_S:
             return
         prev, cur = self._gpm[index]
@@ -583,7 +582,7 @@ class Nvml:
                     int(p.pid),
                     {"pid": int(p.pid), "used_memory_bytes": None if mem is None else int(mem), "type": kind},
                 )
-        start = time.time() - 2.0 if since is None else since
+        start = self._wall() - 2.0 if since is None else since
         util = self._opt(
             index, "process_util", lambda n: n.nvmlDeviceGetProcessUtilization(h, int(start * 1e6))
         )
@@ -639,9 +638,9 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, gpm: bool = False, root_pid: int | None = None) -> None:
+    def __init__(self, gpm: bool = False, root_pid: int | None = None, clock: Clock = REAL_CLOCK) -> None:
         self.warnings: list[str] = []
-        self._want_gpm = gpm
+        self._want_gpm, self._clock = gpm, clock
         self._root_pid = os.getpid() if root_pid is None else root_pid
         self._nvml: Nvml | None = None
         self._metrics: list[list[tuple[str, str]]] = []
@@ -660,7 +659,7 @@ class NvmlSource:
         }
         timeline.meta["nvml"] = meta
         try:
-            nvml = Nvml.open()
+            nvml = Nvml.open(self._clock)
         except NvmlUnavailable as e:
             meta["reason"] = str(e)
             raise SourceUnavailable(f"no GPU metrics: {e}") from e
@@ -686,7 +685,7 @@ class NvmlSource:
         if nvml is None:
             return
         if self._wall_offset is None:
-            self._wall_offset = time.time() - now
+            self._wall_offset = self._clock.wall() - now
             self._first = now
         self._last = now
         add = timeline.add_sample

@@ -23,13 +23,13 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
 import numpy as np
 
+from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.collect.threadclock import ThreadClock
 from perfmagic.schema import (
     BOUNDARY_KINDS,
@@ -56,7 +56,6 @@ THREAD_CLOCK_EVERY_S = 0.01
 steps at least this long get them at both ends, shorter ones share them by time between readings."""
 
 _get_ident = threading.get_ident
-_perf_counter = time.perf_counter
 
 _CLOSED = -1
 """The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
@@ -117,20 +116,21 @@ _BACKLOG_CHECK_EVERY = 1024
 class StageRecorder:
     """Records stage spans of one thread into a timeline."""
 
-    def __init__(self, timeline: Timeline, origin: float, thread_id: int | None = None) -> None:
-        self.timeline = timeline
+    def __init__(
+        self, timeline: Timeline, origin: float, thread_id: int | None = None, *, clock: Clock = REAL_CLOCK
+    ) -> None:
+        # ``clock.now`` read once: the real one is time.perf_counter itself, no Python call per read
+        self.timeline, self.clock, self._now = timeline, clock, clock.now
         self.origin = origin
         # a span per stage, several a step: the columns' appends, not a method call (see Timeline.span_appenders)
         self._add_name, self._add_start, self._add_end, self._add_depth = timeline.span_appenders()
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
         # per-step CPU and run-queue wait of the recorded thread: only readable on that thread
-        self.thread_clock = ThreadClock() if thread_id is None else None
-        self._clock_read_at = -math.inf  # perf_counter time of the last full thread clock reading
+        self.thread_clock = ThreadClock(clock) if thread_id is None else None
+        self._clock_read_at = -math.inf  # clock time of the last full thread clock reading
         self._clock_t = 0.0  # timeline time of the last step boundary that carried the thread clock
         self._gc_s_written = 0.0
-        if self.thread_clock is not None:
-            now = time.perf_counter()
-            self._add_thread_clock(now - origin, self._read_thread_clock(now))
+        self.read_thread_clock_now()  # the first reading, which the first step's CPU is counted from
         self._device_clock: DeviceClock | None = None
         self._annotate: Callable[[str], Callable[[], object]] | None = None
         # a device clock, trace annotations or NVTX ranges: enter and exit do more than time the stage
@@ -155,7 +155,7 @@ class StageRecorder:
         # (span index, token at start, token at end) for spans with device marks
         self._device_marks: list[tuple[int, object, object]] = []
         self._warnings: list[str] = []
-        self._drained_at = time.perf_counter() - origin
+        self._drained_at = self._now() - origin
         self._boundaries: dict[str, int] = {}
         self._steps_end_elsewhere = False  # an optimizer or user boundary was written: batches end no step
         self._boundary_ids: dict[str, int] = {}
@@ -209,19 +209,19 @@ class StageRecorder:
         if self._extras:
             self._enter_extras(sid)
         else:
-            stack.append((sid, _perf_counter(), None, None))
+            stack.append((sid, self._now(), None, None))
         return True
 
     def _enter_extras(self, sid: int) -> None:
         annotate = self._annotate
         token = self._mark() if self._device_clock is not None else None
         note = annotate(self._names[sid]) if annotate is not None else None
-        self._stack.append((sid, time.perf_counter(), token, note))
+        self._stack.append((sid, self._now(), token, note))
         if _NVTX:
             _nvtx_push(self._names[sid], domain="perfmagic")
 
     def exit(self) -> None:
-        end = _perf_counter()
+        end = self._now()
         stack = self._stack
         if not stack:  # the session was stopped inside this stage: close() has ended it
             return
@@ -250,7 +250,7 @@ class StageRecorder:
     def record_within(
         self, sid: int, start: float, end: float, marks: tuple[object | None, object | None] = (None, None)
     ) -> None:
-        """A stage measured elsewhere (``perf_counter`` times, e.g. by a thread that finished autograd's
+        """A stage measured elsewhere (``clock.now`` times, e.g. by a thread that finished autograd's
         graph) recorded inside the innermost open stage, under the same nesting rules as ``enter``;
         ``marks``: :meth:`device_mark` tokens taken at its start and end, which give it device time."""
         timed_on_device = marks[0] is not None and marks[1] is not None
@@ -283,7 +283,7 @@ class StageRecorder:
         if held is not None:  # release_held, without the call: this runs twice a step
             self._held = None
             self._write_boundary(*held)
-        now = _perf_counter()
+        now = self._now()
         t = now - self.origin
         token = self._mark() if self._device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
@@ -407,7 +407,7 @@ class StageRecorder:
             self._warnings += self._apply_device_times(clock, marks[:lo])
 
     def _read_thread_clock(self, now: float) -> _ClockReading:
-        """The recorded thread's cumulative CPU, run-queue wait and GC seconds at ``now`` (``perf_counter``
+        """The recorded thread's cumulative CPU, run-queue wait and GC seconds at ``now`` (``clock.now``
         seconds). CPU and wait are system calls that cost a fast loop more in place than they seem to
         (cache and TLB refills): read at most every :data:`THREAD_CLOCK_EVERY_S`, else None; the GC
         seconds are a counter in Python (``boundary`` calls this only where one of the two moved)."""
@@ -440,7 +440,7 @@ class StageRecorder:
         their CPU and wait from it. Called where recording ends."""
         if self.thread_clock is None or threading.get_ident() != self.thread_id:
             return
-        now = time.perf_counter()
+        now = self._now()
         self._clock_read_at = -math.inf
         self._add_thread_clock(now - self.origin, self._read_thread_clock(now))
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.timeline import Timeline
 
 START_TIMEOUT_S = 2.0
@@ -45,6 +45,8 @@ class Sampler:
 
     ``clock`` returns seconds on the timeline's clock. ``on_tick`` runs after
     each tick on the sampler thread (the spooler and live panels hang there).
+    ``timer`` schedules the ticks and times the polls (``busy_s``): a fake one
+    drives the cadence without real time. The start and stop timeouts are real.
     """
 
     def __init__(
@@ -54,6 +56,8 @@ class Sampler:
         interval: float,
         clock: Callable[[], float],
         on_tick: Callable[[], None] | None = None,
+        *,
+        timer: Clock = REAL_CLOCK,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"sampling interval must be positive, got {interval!r}")
@@ -63,10 +67,11 @@ class Sampler:
         self.ticks = 0
         self.busy_s = 0.0  # time spent in polls: the sampler's own cost
         self._clock = clock
+        self._timer = timer
         self._on_tick = on_tick
         self._sources: list[Source] = []
         self._candidates = list(sources)
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the timer's own is made in start (a thread waits on that one)
         self._opened = threading.Event()
         self._thread: threading.Thread | None = None
         self._busy_with: str | None = None  # the source being opened, polled or closed (names a hang)
@@ -80,6 +85,7 @@ class Sampler:
     def start(self) -> None:
         """Open the sources and take the first tick on the sampler thread, waiting for that at most
         ``START_TIMEOUT_S``: a source that hangs (a stuck GPU driver) must not hold up the training."""
+        self._stop = self._timer.event()
         self._thread = threading.Thread(target=self._run, name="perfmagic-sampler", daemon=True)
         self._thread.start()
         if not self._opened.wait(START_TIMEOUT_S):
@@ -107,7 +113,7 @@ class Sampler:
         self._sources = []
 
     def poll_once(self) -> None:
-        begin = time.perf_counter()
+        begin = self._timer.now()
         now = self._clock()
         for source in list(self._sources):
             self._busy_with = source.name
@@ -124,7 +130,7 @@ class Sampler:
                 self._failures[source.name] = 0
         self._busy_with = None
         self.ticks += 1
-        self.busy_s += time.perf_counter() - begin
+        self.busy_s += self._timer.now() - begin
 
     def _open(self) -> None:
         for source in self._candidates:
@@ -155,8 +161,9 @@ class Sampler:
             self._open()
         finally:
             self._opened.set()
-        next_tick = time.perf_counter() + self.interval
-        while not self._stop.wait(max(0.0, next_tick - time.perf_counter())):
+        now = self._timer.now
+        next_tick = now() + self.interval
+        while not self._stop.wait(max(0.0, next_tick - now())):
             self.poll_once()
             if self._on_tick is not None:
                 try:
@@ -165,7 +172,7 @@ class Sampler:
                     self.warnings.append(f"sampler tick callback failed ({e!r}); callback removed")
                     self._on_tick = None
             next_tick += self.interval
-            late = time.perf_counter() - next_tick
+            late = now() - next_tick
             if late > self.interval:  # skip missed ticks instead of bursting
                 next_tick += self.interval * (late // self.interval + 1)
         if not self._abandoned:

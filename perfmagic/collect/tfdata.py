@@ -10,7 +10,6 @@ boundary of kind ``batch`` after it, as a torch DataLoader's batches are.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -58,7 +57,7 @@ def record_pipeline(recorder: StageRecorder, dataset: Any, seen: set[int]) -> No
         return
     seen.add(id(dataset))
     recorder.timeline.add_mark(
-        time.perf_counter() - recorder.origin, TF_DATA_MARK, **describe_pipeline(dataset)
+        recorder.clock.now() - recorder.origin, TF_DATA_MARK, **describe_pipeline(dataset)
     )
 
 

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -98,7 +97,7 @@ class TfJaxProfiler:
         return self.warnings
 
     def _clock(self) -> float:
-        return time.perf_counter() - self._recorder.origin
+        return self._recorder.clock.now() - self._recorder.origin
 
     def _on_step(self) -> None:
         if self._done:

@@ -24,11 +24,15 @@ import threading
 import time
 from typing import Any
 
+from perfmagic.clock import REAL_CLOCK, Clock
+
 
 class ThreadClock:
-    """Cumulative CPU and run-queue seconds of the thread that creates it."""
+    """Cumulative CPU and run-queue seconds of the thread that creates it; GC seconds on ``clock``
+    (whose ``thread_readings``, where set, stand in for the OS's CPU and wait)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = REAL_CLOCK) -> None:
+        self._now, self._replay = clock.now, clock.thread_readings
         try:
             self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
@@ -44,17 +48,19 @@ class ThreadClock:
         if threading.get_ident() != self._thread:
             return
         if phase == "start":
-            self._gc_began = time.perf_counter()
+            self._gc_began = self._now()
         elif self._gc_began is not None:
-            self.gc_s += time.perf_counter() - self._gc_began
+            self.gc_s += self._now() - self._gc_began
             self._gc_began = None
 
     @property
     def measures_wait(self) -> bool:
-        return self._fd is not None
+        return self._fd is not None or self._replay is not None
 
     def read(self) -> tuple[float, float]:
         """(CPU seconds, run-queue seconds) since the thread started; call it on that thread."""
+        if self._replay is not None:
+            return self._replay()
         fd = self._fd
         if fd is not None:
             try:

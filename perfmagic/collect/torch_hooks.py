@@ -240,13 +240,13 @@ class TorchStages:
             and torch.cuda.is_initialized()
         ):
             try:
-                self.recorder.device_clock = CudaEventClock(torch, self.recorder.origin)
+                self.recorder.device_clock = CudaEventClock(torch, self.recorder.origin, self.recorder.clock)
             except Exception as e:
                 self._device_clock_failed = True
                 self.warnings.append(f"no CUDA event clock ({e!r}): stages are timed on the host only")
 
     def _now(self) -> float:
-        return time.perf_counter() - self.recorder.origin
+        return self.recorder.clock.now() - self.recorder.origin
 
     # -- data ------------------------------------------------------------
 
@@ -261,7 +261,7 @@ class TorchStages:
         add_sample, thread_time, perf_counter, origin = (
             rec.timeline.add_sample,
             time.thread_time,
-            time.perf_counter,
+            rec.clock.now,
             rec.origin,
         )
         # a sample each batch: the series' own appends, not a method call (taken at the first batch counted:

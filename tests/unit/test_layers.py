@@ -25,6 +25,7 @@ LAYERS = {
     "perfmagic.schema": 0,
     "perfmagic.units": 0,
     "perfmagic.intervals": 0,
+    "perfmagic.clock": 0,
     "perfmagic.timeline": 1,
     "perfmagic.collect": 2,
     "perfmagic.traces": 2,
