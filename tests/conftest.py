@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from fake_nvml import fake_nvml  # noqa: F401  (fixture: a fake NVML at perfmagic's pynvml seam)
+from fakeclock import FakeClock
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -25,6 +26,12 @@ def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
             assert_consistent(data)
 
     monkeypatch.setattr(perfmagic.report.Report, "__init__", checked)
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    """A clock only the test moves (``tests/fakeclock.py``): pass it as ``clock=`` and ``advance`` it."""
+    return FakeClock()
 
 
 @pytest.fixture

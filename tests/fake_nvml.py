@@ -74,12 +74,13 @@ class FakeNvml:
         driver_lacks: set[str] | None = None,
         module_lacks: set[str] | None = None,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.driver_lacks = driver_lacks or set()
         self.module_lacks = module_lacks or set()
-        self.clock = clock
+        self.clock, self.sleep = clock, sleep
         self.calls: dict[str, int] = {}
         self.per_gpu: dict[str, list[int]] = {}  # calls per symbol, by GPU index
         self.initialized = False
@@ -245,7 +246,7 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, h: FakeGpu, ids: list[Any]) -> Any:
         self._enter("nvmlDeviceGetFieldValues", h)
-        time.sleep(h.field_values_s)
+        self.sleep(h.field_values_s)
         values = (_real.c_nvmlFieldValue_t * len(ids))()
         now = self.clock()
         elapsed = now - self._t0
@@ -456,11 +457,14 @@ def mig() -> FakeNvml:
 
 
 @pytest.fixture
-def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[FakeNvml], FakeNvml]]:
-    """``fake_nvml(scenario())`` installs a fake NVML at perfmagic's pynvml seam."""
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., FakeNvml]]:
+    """``fake_nvml(scenario())`` installs a fake NVML at perfmagic's pynvml seam; ``fake_nvml(scenario(),
+    clock)`` runs its driver on a test's fake clock (``wall`` stamps, ``advance`` for slow calls)."""
     from perfmagic.collect import nvml
 
-    def install(fake: FakeNvml) -> FakeNvml:
+    def install(fake: FakeNvml, clock: Any = None) -> FakeNvml:
+        if clock is not None:
+            fake.clock, fake.sleep, fake._t0 = clock.wall, clock.advance, clock.wall()
         monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
         return fake
 

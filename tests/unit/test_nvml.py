@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import fake_nvml as scenarios
 import numpy as np
 import pynvml
 import pytest
+from fakeclock import FakeClock
 
 from perfmagic.analyze.devices import devices_summary
 from perfmagic.collect.nvml import FIELDS_PERIOD_S, Nvml, NvmlSource, NvmlUnavailable
@@ -23,21 +23,29 @@ class ManualClock:
     """Wall clock for the fake driver, moved by hand so rates are exact."""
 
     def __init__(self) -> None:
-        self.t = time.time()
+        self.t = 1_750_000_000.0
 
     def __call__(self) -> float:
         return self.t
 
 
-def run_sampler(source: NvmlSource, seconds: float = 0.15, during: Any = None) -> tuple[Timeline, Sampler]:
+INTERVAL = 0.01
+
+
+def run_sampler(
+    clock: FakeClock, source: NvmlSource | None = None, seconds: float = 0.15, during: Any = None
+) -> tuple[Timeline, Sampler]:
+    """``seconds`` of sampling on the fake clock, ``during`` called half-way: a tick at the start, one
+    every :data:`INTERVAL` and one at the stop, ``seconds / INTERVAL + 2`` in all."""
     timeline = Timeline()
-    origin = time.perf_counter()
-    sampler = Sampler(timeline, [source], interval=0.01, clock=lambda: time.perf_counter() - origin)
+    origin = clock.now()
+    source = source or NvmlSource(clock=clock)
+    sampler = Sampler(timeline, [source], interval=INTERVAL, clock=lambda: clock.now() - origin, timer=clock)
     sampler.start()
-    time.sleep(seconds / 2)
+    clock.advance(seconds / 2)
     if during is not None:
         during()
-    time.sleep(seconds / 2)
+    clock.advance(seconds / 2)
     sampler.stop()
     return timeline, sampler
 
@@ -46,9 +54,9 @@ def count(warnings: list[str], *words: str) -> int:
     return sum(all(w in message for w in words) for message in warnings)
 
 
-def test_two_gpus_fill_the_report_with_real_units(fake_nvml: Any) -> None:
-    fake = fake_nvml(scenarios.two_gpus())
-    timeline, sampler = run_sampler(NvmlSource(), seconds=0.3)
+def test_two_gpus_fill_the_report_with_real_units(fake_nvml: Any, fake_clock: FakeClock) -> None:
+    fake = fake_nvml(scenarios.two_gpus(), fake_clock)
+    timeline, sampler = run_sampler(fake_clock, seconds=0.3)
 
     h100, a100 = devices_summary(timeline)
     assert timeline.meta["nvml"]["available"] is True
@@ -61,14 +69,14 @@ def test_two_gpus_fill_the_report_with_real_units(fake_nvml: Any) -> None:
     assert h100["power_mean_w"] == pytest.approx(250.12) and h100["power_limit_w"] == 700.0
     assert h100["sm_clock_mean_mhz"] == 1980 and h100["temperature_max_c"] == 61
     assert h100["throttle_reasons"] == ["sw_power_cap"]
-    # energy from the counter: watts x seconds between the first and last tick
+    # energy from the counter: watts x seconds between the first and last tick, exact on the fake clock
     t = timeline.series("gpu0.energy_j")[0]
     assert h100["energy_source"] == "counter"
-    assert h100["energy_j"] == pytest.approx(250.12 * (t[-1] - t[0]), rel=0.2)
-    assert h100["pcie_tx_mean_bytes_per_s"] == pytest.approx(2e9, rel=0.05)
-    assert h100["pcie_rx_mean_bytes_per_s"] == pytest.approx(8e9, rel=0.05)
+    assert h100["energy_j"] == pytest.approx(250.12 * (t[-1] - t[0]), abs=2e-3)  # a counter of mJ
+    assert h100["pcie_tx_mean_bytes_per_s"] == pytest.approx(2e9, rel=1e-5)
+    assert h100["pcie_rx_mean_bytes_per_s"] == pytest.approx(8e9, rel=1e-5)
     # all four NVLink links, not link 0 alone
-    assert h100["nvlink_tx_mean_bytes_per_s"] == pytest.approx(4e9, rel=0.05)
+    assert h100["nvlink_tx_mean_bytes_per_s"] == pytest.approx(4e9, rel=1e-5)
     # the driver's own samples and this process's GPU memory, read after the window
     assert h100["driver_samples"]["count"] >= 1 and h100["driver_samples"]["util_mean"] == pytest.approx(0.87)
     assert h100["tree_mem_used_bytes"] == 18 * GiB
@@ -116,9 +124,9 @@ def test_a_32_bit_pcie_counter_that_wraps_still_gives_the_rate(fake_nvml: Any) -
     nvml.close()
 
 
-def test_unsupported_fields_are_not_available_and_said_once(fake_nvml: Any) -> None:
-    fake_nvml(scenarios.fields_not_supported())
-    timeline, sampler = run_sampler(NvmlSource())
+def test_unsupported_fields_are_not_available_and_said_once(fake_nvml: Any, fake_clock: FakeClock) -> None:
+    fake_nvml(scenarios.fields_not_supported(), fake_clock)
+    timeline, sampler = run_sampler(fake_clock)
 
     [gpu] = devices_summary(timeline)
     assert gpu["util_mean"] == pytest.approx(0.87)  # what works still works
@@ -130,9 +138,9 @@ def test_unsupported_fields_are_not_available_and_said_once(fake_nvml: Any) -> N
     assert "gpu0.power_w" not in timeline.metrics
 
 
-def test_older_driver_and_nvidia_ml_py_fall_back(fake_nvml: Any) -> None:
-    fake = fake_nvml(scenarios.older_driver())
-    timeline, sampler = run_sampler(NvmlSource(gpm=True))
+def test_older_driver_and_nvidia_ml_py_fall_back(fake_nvml: Any, fake_clock: FakeClock) -> None:
+    fake = fake_nvml(scenarios.older_driver(), fake_clock)
+    timeline, sampler = run_sampler(fake_clock, NvmlSource(gpm=True, clock=fake_clock))
 
     [gpu] = devices_summary(timeline)
     # throttle reasons through the pre-R535 symbol, memory through v1, processes through _v2
@@ -149,13 +157,13 @@ def test_older_driver_and_nvidia_ml_py_fall_back(fake_nvml: Any) -> None:
 
 
 @pytest.mark.parametrize("code", [pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN])
-def test_gpu_lost_mid_run_leaves_the_others_running(fake_nvml: Any, code: int) -> None:
-    fake = fake_nvml(scenarios.gpu_lost(code))
+def test_gpu_lost_mid_run_leaves_the_others_running(fake_nvml: Any, code: int, fake_clock: FakeClock) -> None:
+    fake = fake_nvml(scenarios.gpu_lost(code), fake_clock)
 
     def lose() -> None:
         fake.gpus[1].lost = True
 
-    timeline, sampler = run_sampler(NvmlSource(), seconds=0.2, during=lose)
+    timeline, sampler = run_sampler(fake_clock, seconds=0.2, during=lose)
 
     gpu0, gpu1 = devices_summary(timeline)
     assert gpu1["lost"] and not gpu0["lost"]
@@ -175,11 +183,13 @@ def test_gpu_lost_mid_run_leaves_the_others_running(fake_nvml: Any, code: int) -
         (scenarios.driver_not_loaded, "not loaded"),
     ],
 )
-def test_no_nvml_means_no_gpu_mode_with_the_reason(fake_nvml: Any, scenario: Any, reason: str) -> None:
-    fake_nvml(scenario())
+def test_no_nvml_means_no_gpu_mode_with_the_reason(
+    fake_nvml: Any, scenario: Any, reason: str, fake_clock: FakeClock
+) -> None:
+    fake_nvml(scenario(), fake_clock)
     with pytest.raises(NvmlUnavailable, match=re.escape(reason)):
         Nvml.open()
-    timeline, sampler = run_sampler(NvmlSource(), seconds=0.05)
+    timeline, sampler = run_sampler(fake_clock, seconds=0.05)
     assert count(sampler.warnings, "nvml: no GPU metrics", reason) == 1
     assert timeline.meta["nvml"] == {
         "available": False,
@@ -202,9 +212,11 @@ def test_this_machine_without_a_gpu_says_why() -> None:
         NvmlSource().open(Timeline())
 
 
-def test_foreign_pids_fall_back_to_every_process_with_a_warning(fake_nvml: Any) -> None:
-    fake_nvml(scenarios.foreign_pids())
-    timeline, sampler = run_sampler(NvmlSource(), seconds=0.1)
+def test_foreign_pids_fall_back_to_every_process_with_a_warning(
+    fake_nvml: Any, fake_clock: FakeClock
+) -> None:
+    fake_nvml(scenarios.foreign_pids(), fake_clock)
+    timeline, sampler = run_sampler(fake_clock, seconds=0.1)
 
     [gpu] = devices_summary(timeline)
     assert timeline.meta["gpu_processes_scope"] == "all"
@@ -213,9 +225,9 @@ def test_foreign_pids_fall_back_to_every_process_with_a_warning(fake_nvml: Any) 
     assert count(sampler.warnings, "PID namespace") == 1
 
 
-def test_gpm_opt_in_reads_sm_activity_where_supported(fake_nvml: Any) -> None:
-    fake_nvml(scenarios.two_gpus())
-    timeline, sampler = run_sampler(NvmlSource(gpm=True), seconds=0.3)
+def test_gpm_opt_in_reads_sm_activity_where_supported(fake_nvml: Any, fake_clock: FakeClock) -> None:
+    fake_nvml(scenarios.two_gpus(), fake_clock)
+    timeline, sampler = run_sampler(fake_clock, NvmlSource(gpm=True, clock=fake_clock), seconds=0.3)
 
     h100, a100 = devices_summary(timeline)
     assert timeline.meta["nvml"]["gpm"] == [0]
@@ -227,36 +239,44 @@ def test_gpm_opt_in_reads_sm_activity_where_supported(fake_nvml: Any) -> None:
     assert count(sampler.warnings, "GPU 1", "gpm", "Hopper") == 1
 
 
-def test_slow_queries_stay_off_the_tick(fake_nvml: Any) -> None:
-    fake = fake_nvml(scenarios.two_gpus())
-    _, sampler = run_sampler(NvmlSource())
+def test_slow_queries_stay_off_the_tick(fake_nvml: Any, fake_clock: FakeClock) -> None:
+    fake = fake_nvml(scenarios.two_gpus(), fake_clock)
+    _, sampler = run_sampler(fake_clock)
 
     ticks = sampler.ticks
-    assert ticks > 5
+    assert ticks == 0.15 / INTERVAL + 2
     assert fake.calls["nvmlDeviceGetFieldValues"] == 2 * ticks  # one batched call per GPU per tick
     assert fake.calls["nvmlDeviceGetSamples"] == 2 * 2  # gpu and memory utilization, once per GPU
     assert fake.calls["nvmlDeviceGetProcessUtilization"] == 2
     assert fake.calls["nvmlShutdown"] == 1
 
 
-def test_a_slow_counter_batch_is_read_once_a_second_and_its_rates_hold(fake_nvml: Any) -> None:
-    """An H200 took 4.3 ms per field-values batch: at 10 Hz that alone was 4% of a core."""
+def test_a_slow_counter_batch_is_read_once_a_second_and_its_rates_hold(
+    fake_nvml: Any, fake_clock: FakeClock
+) -> None:
+    """An H200 took 4.3 ms per field-values batch: at 10 Hz that alone was 4% of a core. On the fake clock
+    each of GPU 0's batches takes 4 ms: the counts are exact however busy the machine (a CI run on real
+    time once saw 107 fast reads for 225 ticks)."""
     fake = scenarios.two_gpus()
     fake.gpus[0].field_values_s = 0.004
-    fake_nvml(fake)
-    timeline, sampler = run_sampler(NvmlSource(), seconds=2.2)
+    fake_nvml(fake, fake_clock)
+    timeline, sampler = run_sampler(fake_clock, seconds=2.2)
+    # the opening tick's slow batch puts the schedule 4 ms late: ticks at 0.014 s + 10 ms steps to 2.204 s,
+    # with the opening and the closing tick
+    assert sampler.ticks == 220 + 2
     calls = fake.per_gpu["nvmlDeviceGetFieldValues"]
-    # the fast GPU's batch is read on every tick but where a busy machine held up two reads in a row
-    slow_reads = 2 + 2.2 / FIELDS_PERIOD_S + 1  # two to tell it slow, then once a second
-    assert calls[1] >= 0.9 * sampler.ticks and calls[0] <= slow_reads, (calls, sampler.ticks)
-    _, rx = timeline.series("gpu0.pcie_rx_bytes_per_s")
-    assert len(rx) > sampler.ticks / 2  # samples on most ticks, repeated between reads: not one a second
-    assert np.nanmean(rx) == pytest.approx(8.0e9, rel=0.05)
+    # two slow batches in a row (0 and 14 ms) tell it slow; then once a second: at 1.024 s and 2.034 s
+    assert calls == [2 + int(2.2 / FIELDS_PERIOD_S), sampler.ticks], calls
+    assert sampler.busy_s == pytest.approx(4 * 0.004)  # the fake driver's time, all of it GPU 0's batches
+    t, rx = timeline.series("gpu0.pcie_rx_bytes_per_s")
+    assert len(rx) == sampler.ticks - 1  # every tick's but the first (a rate needs two readings)
+    assert t[0] == pytest.approx(0.014) and not np.isnan(rx).any()  # repeated between reads
+    assert np.mean(rx) == pytest.approx(8.0e9, rel=1e-5)  # microsecond stamps: 2e-6
 
 
-def test_mig_instances_are_listed_and_sampled(fake_nvml: Any) -> None:
-    fake_nvml(scenarios.mig())
-    timeline, sampler = run_sampler(NvmlSource(), seconds=0.1)
+def test_mig_instances_are_listed_and_sampled(fake_nvml: Any, fake_clock: FakeClock) -> None:
+    fake_nvml(scenarios.mig(), fake_clock)
+    timeline, sampler = run_sampler(fake_clock, seconds=0.1)
 
     [gpu] = devices_summary(timeline)
     assert gpu["mig_enabled"] is True
