@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fakeclock import FakeClock
 
 import perfmagic
 import perfmagic.session
@@ -162,9 +163,11 @@ def test_readers_never_see_columns_cut_half_way() -> None:
             fold = plan_fold(tl, 300, tl.span_count, tl.sample_count)
             if fold is not None:
                 tl.request_fold(fold)
-                deadline = time.monotonic() + 5
+                tries = 0
                 while not tl.apply_fold():  # the reader holds the columns: the writer tries again later
-                    assert time.monotonic() < deadline
+                    tries += 1
+                    assert tries < 1_000_000, "the fold never found the columns free"
+                    os.sched_yield()  # lets the GIL go: the reader runs and lets go of the columns
     finally:
         stop.set()
         reader.join()
@@ -172,35 +175,43 @@ def test_readers_never_see_columns_cut_half_way() -> None:
     assert tl.folded is not None and step_breakdown(tl).count == 20 * 200
 
 
+STEP_S = 1 / 1024
+"""A step's length on the fake clock (a power of two: step ends fall on exact times)."""
+
+
 def folded_session(
-    outdir: Path, steps: int, folded_spans: int, nested: bool = False
+    outdir: Path, clock: FakeClock, steps: int, folded_spans: int, nested: bool = False
 ) -> tuple[perfmagic.Session, int]:
     """A session of at least ``steps`` steps of a ``work`` stage (with an ``inner`` one where ``nested``),
-    run on until the sampler thread has folded ``folded_spans`` spans away, however fast the loop
-    (a minute at most); returns it, stopped, with the steps it ran."""
-    session = perfmagic.profile(outdir=outdir, interval=0.02)
-    done, deadline = 0, time.monotonic() + 60
+    :data:`STEP_S` each on the fake clock, run on until the sampler thread (ticking every 20 ms of it)
+    has folded ``folded_spans`` spans away; returns it, stopped, with the steps it ran."""
+    session = perfmagic.profile(outdir=outdir, interval=0.02, clock=clock)
+    done = 0
     with session:
-        while done < steps or (session.timeline.span_base < folded_spans and time.monotonic() < deadline):
+        while done < steps or session.timeline.span_base < folded_spans:
+            assert done < 10 * steps, "the sampler thread never folded the old steps"
             with perfmagic.stage("work"), perfmagic.stage("inner") if nested else contextlib.nullcontext():
-                pass
+                clock.advance(STEP_S / 2)
+            clock.advance(STEP_S / 2)
             perfmagic.step()
             done += 1
     return session, done
 
 
 def test_a_long_session_folds_its_steps_and_reports_what_its_full_spool_says(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock
 ) -> None:
     """The report of the folded session equals the report rebuilt from its spool, which has every span."""
     monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 2_000)
-    session, steps = folded_session(tmp_path, steps=20_000, folded_spans=6_000, nested=True)
+    session, steps = folded_session(tmp_path, fake_clock, steps=20_000, folded_spans=6_000, nested=True)
+    assert steps == 20_000  # the sampler folded on time: every tick ran where the clock said
     tl = session.timeline
     assert tl.folded is not None and tl.span_base >= 6_000, "the session never folded its old steps"
     assert tl.raw_span_count() == tl.span_count - tl.span_base and len(tl.folded) >= 1_000
     live = session.report.to_dict()
     rebuilt = perfmagic.load(tmp_path / SPOOL_NAME).to_dict()
     assert live["steps"]["count"] == rebuilt["steps"]["count"] == steps
+    assert live["steps"]["median_s"] == pytest.approx(STEP_S)
     for stage, figures in rebuilt["stages"].items():
         assert live["stages"][stage]["fraction"] == pytest.approx(figures["fraction"], abs=1e-6), stage
         assert live["stages"][stage]["median_s"] == pytest.approx(figures["median_s"], abs=1e-6), stage
@@ -210,17 +221,19 @@ def test_a_long_session_folds_its_steps_and_reports_what_its_full_spool_says(
 
 
 def test_the_training_thread_folds_what_a_sampler_thread_left_behind(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock
 ) -> None:
     """A loop of pure Python can starve the sampler thread of the GIL: here it never ticks at all, and
     the spans held stay bounded all the same, with every step in the report and the spool."""
     monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 1_000)
     cap = perfmagic.session.BACKLOG_SPANS * 1_000
     held = []
-    with perfmagic.profile(outdir=tmp_path, interval=3600) as session:  # the sampler's first tick: in an hour
+    # the sampler's first tick: in an hour of the fake clock, which the loop's 30,000 steps never reach
+    with perfmagic.profile(outdir=tmp_path, interval=3600, clock=fake_clock) as session:
         for i in range(30_000):
             with perfmagic.stage("work"):
-                pass
+                fake_clock.advance(STEP_S / 2)
+            fake_clock.advance(STEP_S / 2)
             perfmagic.step()
             if i % 1000 == 999:
                 held.append(session.timeline.raw_span_count())
@@ -230,17 +243,20 @@ def test_the_training_thread_folds_what_a_sampler_thread_left_behind(
     live = session.report.to_dict()
     rebuilt = perfmagic.load(tmp_path / SPOOL_NAME).to_dict()
     assert live["steps"]["count"] == rebuilt["steps"]["count"] == 30_000
+    assert session.timeline.meta["sampler"]["ticks"] == 2  # the opening and the closing one only
     assert live["stages"]["work"]["fraction"] == pytest.approx(
         rebuilt["stages"]["work"]["fraction"], abs=1e-6
     )
 
 
-def test_spans_go_to_the_spool_once_their_device_times_are_known(tmp_path: Path) -> None:
+def test_spans_go_to_the_spool_once_their_device_times_are_known(
+    tmp_path: Path, fake_clock: FakeClock
+) -> None:
     from test_steps import InOrderDevice
 
     tl, out = Timeline(), open(tmp_path / SPOOL_NAME, "w", encoding="utf-8")  # noqa: SIM115
-    recorder = StageRecorder(tl, origin=0.0)
-    recorder.device_clock = InOrderDevice(lag=0.05)
+    recorder = StageRecorder(tl, origin=0.0, clock=fake_clock)
+    recorder.device_clock = InOrderDevice(lag=0.05, clock=fake_clock)
     spooler = Spooler(tl, out, settled=lambda: recorder.settled_spans)
     with recorder.stage("forward"):
         pass
@@ -256,10 +272,10 @@ def test_spans_go_to_the_spool_once_their_device_times_are_known(tmp_path: Path)
 
 
 def test_the_chrome_trace_of_a_folded_session_has_every_stage_span(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock
 ) -> None:
     monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 500)
-    session, steps = folded_session(tmp_path, steps=3_000, folded_spans=1)
+    session, steps = folded_session(tmp_path, fake_clock, steps=3_000, folded_spans=1)
     assert session.timeline.folded is not None
     path = session.report.to_chrome_trace(tmp_path / "trace.json")
     events = json.loads(path.read_text())["traceEvents"]

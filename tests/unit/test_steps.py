@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import math
 import threading
-import time
+from typing import Any
 
 import numpy as np
 import pytest
+from fakeclock import FakeClock
 
 from perfmagic.analyze import analyze
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
@@ -230,16 +233,16 @@ def test_a_closed_recorder_records_nothing_and_stages_open_at_close_end_quietly(
 
 
 class FakeDeviceClock:
-    """The device reaches each point of its queue ``lag`` seconds after the host put it there."""
+    """The device reaches each point of its queue ``lag`` seconds after the host (on ``clock``) put it there."""
 
-    def __init__(self, lag: float) -> None:
-        self.lag = lag
+    def __init__(self, lag: float, clock: FakeClock) -> None:
+        self.lag, self.clock = lag, clock
         self.host_times: list[float] = []
         self.reached = float("inf")  # tokens below this one have run on the device
         self.resolved = 0
 
     def mark(self) -> object:
-        self.host_times.append(time.perf_counter())
+        self.host_times.append(self.clock.now())
         return len(self.host_times) - 1
 
     def done(self, token: object) -> bool:
@@ -251,30 +254,32 @@ class FakeDeviceClock:
 
 
 def test_device_clock_extends_stages_until_the_device_is_done() -> None:
+    fake_clock = FakeClock(start=0.0)  # the fake device's times are the host's, on the timeline's clock
     tl = Timeline()
-    rec = StageRecorder(tl, origin=0.0)
-    rec.device_clock = FakeDeviceClock(lag=5.0)
+    rec = StageRecorder(tl, origin=0.0, clock=fake_clock)
+    rec.device_clock = FakeDeviceClock(lag=5.0, clock=fake_clock)
     with rec.stage("forward"):
-        pass
+        fake_clock.advance(0.25)
+    fake_clock.advance(0.125)
     rec.boundary("optimizer")
     host = tl.spans
+    assert (host.start.tolist(), host.end.tolist()) == ([0.0, 0.375], [0.25, 0.375])
     rec.close()
     s = tl.spans
-    assert s.start[0] == pytest.approx(host.start[0] + 5.0, abs=1e-3)
-    assert s.end[0] == pytest.approx(host.end[0] + 5.0, abs=1e-3)
-    assert (
-        s.start[1] == s.end[1] == pytest.approx(host.end[0] + 5.0, abs=1e-3)
+    assert (s.start.tolist(), s.end.tolist()) == (
+        [5.0, 5.375],
+        [5.25, 5.375],
     )  # the step ends on the device too
 
 
-def test_device_times_that_cannot_be_read_leave_host_times() -> None:
+def test_device_times_that_cannot_be_read_leave_host_times(fake_clock: FakeClock) -> None:
     class BrokenClock(FakeDeviceClock):
         def resolve(self, tokens: list[object]) -> list[float | None]:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     tl = Timeline()
-    rec = StageRecorder(tl, origin=0.0)
-    rec.device_clock = BrokenClock(lag=5.0)
+    rec = StageRecorder(tl, origin=0.0, clock=fake_clock)
+    rec.device_clock = BrokenClock(lag=5.0, clock=fake_clock)
     with rec.stage("forward"):
         pass
     host = tl.spans
@@ -283,21 +288,21 @@ def test_device_times_that_cannot_be_read_leave_host_times() -> None:
     assert len(warnings) == 1 and "illegal memory access" in warnings[0]
 
 
-def test_device_marks_of_a_long_run_are_resolved_as_the_device_passes_them() -> None:
+def test_device_marks_of_a_long_run_are_resolved_as_the_device_passes_them(fake_clock: FakeClock) -> None:
     """Hours of training must not keep every CUDA event alive until the end."""
     tl = Timeline()
-    rec = StageRecorder(tl, origin=0.0)
-    clock = rec.device_clock = FakeDeviceClock(lag=0.5)
+    rec = StageRecorder(tl, origin=0.0, clock=fake_clock)
+    clock = rec.device_clock = FakeDeviceClock(lag=0.5, clock=fake_clock)
     clock.reached = 0  # the device is behind: nothing can be resolved without waiting
     for _ in range(1500):
         with rec.stage("forward"):
-            pass
+            fake_clock.advance(1 / 1024)
         rec.boundary("optimizer")
     assert clock.resolved == 0  # never waited for the device on the hot path
     clock.reached = float("inf")  # the device caught up
     for _ in range(10):
         with rec.stage("forward"):
-            pass
+            fake_clock.advance(1 / 1024)
         rec.boundary("optimizer")
     assert clock.resolved > 0 and len(rec._device_marks) < 2 * 10  # only the marks since the drain
     early = tl.spans
@@ -307,53 +312,55 @@ def test_device_marks_of_a_long_run_are_resolved_as_the_device_passes_them() -> 
 
 
 class InOrderDevice:
-    """A device as unkind as a GPU: each mark is reached ``lag`` seconds after the host put it in the
-    queue, in order, and a query says so only then (a fake that catches up all at once hides pile-ups)."""
+    """A device as unkind as a GPU: each mark is reached ``lag`` seconds (of ``clock``) after the host put
+    it in the queue, in order, and a query says so only then (a fake that catches up all at once hides
+    pile-ups). Resolving waits for the device: the clock moves on to the last mark."""
 
-    def __init__(self, lag: float) -> None:
-        self.lag = lag
+    def __init__(self, lag: float, clock: FakeClock) -> None:
+        self.lag, self.clock = lag, clock
         self.queries = 0
 
     def mark(self) -> object:
-        return time.perf_counter() + self.lag
+        return self.clock.now() + self.lag
 
     def done(self, token: object) -> bool:
         self.queries += 1
-        return time.perf_counter() >= float(token)  # type: ignore[arg-type]
+        return self.clock.now() >= float(token)  # type: ignore[arg-type]
 
     def resolve(self, tokens: list[object]) -> list[float | None]:
         last = max((float(t) for t in tokens), default=0.0)  # type: ignore[arg-type]
-        time.sleep(max(0.0, last - time.perf_counter()))
+        self.clock.advance(max(0.0, last - self.clock.now()))
         return [float(t) for t in tokens]  # type: ignore[arg-type]
 
 
-def test_pending_device_marks_stay_bounded_in_a_gpu_bound_loop() -> None:
-    """The newest event of a GPU-bound loop is never done: waiting for it let ~20 marks a step pile up."""
+def test_pending_device_marks_stay_bounded_in_a_gpu_bound_loop(fake_clock: FakeClock) -> None:
+    """The newest event of a GPU-bound loop is never done: waiting for it let ~20 marks a step pile up.
+    Here the device is 2 ms (eight 1/4096 s stages) behind the host, and a drain is due every 2048 marks."""
     from perfmagic.collect.recorder import _DRAIN_AT
 
     tl = Timeline()
-    rec = StageRecorder(tl, origin=0.0)
-    device = rec.device_clock = InOrderDevice(lag=0.002)
+    rec = StageRecorder(tl, origin=0.0, clock=fake_clock)
+    device = rec.device_clock = InOrderDevice(lag=8 / 4096, clock=fake_clock)
     most = 0
-    for _ in range(100_000):
+    for _ in range(30_000):
         for stage in ("forward", "backward", "optimizer"):
             with rec.stage(stage):
-                pass
+                fake_clock.advance(1 / 4096)
         rec.boundary("optimizer")
         most = max(most, len(rec._device_marks))
     assert most <= 2 * _DRAIN_AT, most
-    assert device.queries < 100_000  # a few queries per drain, not one per mark
+    assert device.queries < 30_000  # a few queries per drain, not one per mark
     assert rec.close() == []
 
 
-def test_a_span_whose_end_mark_is_lost_keeps_its_host_times() -> None:
+def test_a_span_whose_end_mark_is_lost_keeps_its_host_times(fake_clock: FakeClock) -> None:
     class StartsOnly(InOrderDevice):
         def resolve(self, tokens: list[object]) -> list[float | None]:
             return [float(t) + 10.0 if i % 2 == 0 else None for i, t in enumerate(tokens)]  # type: ignore[arg-type]
 
     tl = Timeline()
-    rec = StageRecorder(tl, origin=0.0)
-    rec.device_clock = StartsOnly(lag=0.0)
+    rec = StageRecorder(tl, origin=0.0, clock=fake_clock)
+    rec.device_clock = StartsOnly(lag=0.0, clock=fake_clock)
     with rec.stage("forward"):
         pass
     host = tl.spans
@@ -361,7 +368,7 @@ def test_a_span_whose_end_mark_is_lost_keeps_its_host_times() -> None:
     assert tl.spans.start.tolist() == host.start.tolist() and (tl.spans.end >= tl.spans.start).all()
 
 
-def test_a_failing_device_mark_never_masks_the_users_error() -> None:
+def test_a_failing_device_mark_never_masks_the_users_error(fake_clock: FakeClock) -> None:
     class FailingDevice(InOrderDevice):
         calls = 0
 
@@ -372,8 +379,8 @@ def test_a_failing_device_mark_never_masks_the_users_error() -> None:
             return super().mark()
 
     tl = Timeline()
-    rec = StageRecorder(tl, origin=0.0)
-    rec.device_clock = FailingDevice(lag=0.0)
+    rec = StageRecorder(tl, origin=0.0, clock=fake_clock)
+    rec.device_clock = FailingDevice(lag=0.0, clock=fake_clock)
     with pytest.raises(ValueError, match="the user's own"), rec.stage("forward"):
         raise ValueError("the user's own error")
     rec.boundary("optimizer")
@@ -397,57 +404,60 @@ def test_nvtx_ranges_only_when_a_tool_collects_them(listened: bool) -> None:
     assert out.stdout.strip() == str(listened)
 
 
-def _busy(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
+STEP_S = 1 / 1024
+"""A fast step on the fake clock (a power of two: sums of steps are exact)."""
 
 
-def test_fast_steps_read_the_thread_clock_sparingly_and_still_get_their_cpu() -> None:
-    """A CPU clock read costs a fast loop more than it seems: 1 ms steps read it about every 10 ms, and the
-    steps' CPU seconds still add up to what the thread spent (shared by time between readings)."""
+def test_fast_steps_read_the_thread_clock_sparingly_and_still_get_their_cpu(fake_clock: FakeClock) -> None:
+    """A CPU clock read costs a fast loop more than it seems: ~1 ms steps read it once per 10 ms (every 11th
+    step end here), and the steps' CPU seconds still add up to what the thread spent (shared by time
+    between readings). The fake clock's thread spends 3/4 of its time on a CPU."""
     from perfmagic.collect.recorder import THREAD_CLOCK_EVERY_S
     from perfmagic.schema import THREAD_CPU
 
     tl = Timeline()
-    origin = time.perf_counter()
-    rec = StageRecorder(tl, origin)
-    began, cpu_began = time.perf_counter() - origin, time.thread_time()
+    rec = StageRecorder(tl, fake_clock.now(), clock=fake_clock)
     for _ in range(200):
-        _busy(0.001)
+        fake_clock.advance(STEP_S)
         rec.boundary("user")
-    cpu = time.thread_time() - cpu_began
     rec.close()
-    wall = time.perf_counter() - origin - began
-    readings = tl.sample_count(THREAD_CPU)
-    assert 3 <= readings <= wall / THREAD_CLOCK_EVERY_S + 3, (readings, wall)
+    every = math.ceil(THREAD_CLOCK_EVERY_S / STEP_S)
+    assert every == 11
+    # at the start, at every 11th step end, at the close
+    assert tl.sample_count(THREAD_CPU) == 1 + 200 // every + 1
     b = step_breakdown(tl)
-    assert b.count == 200 and b.cpu_s is not None
-    assert float(b.cpu_s.sum()) == pytest.approx(cpu, rel=0.1)
+    assert b.count == 200 and b.cpu_s is not None and b.wait_s is not None
+    assert float(b.cpu_s.sum()) == pytest.approx(0.75 * 200 * STEP_S, rel=1e-12)
+    np.testing.assert_allclose(b.cpu_s, 0.75 * STEP_S, rtol=1e-9)  # shared by time: every step alike
+    assert float(b.wait_s.sum()) == 0.0
 
 
-def test_a_collection_in_one_fast_step_is_that_steps_alone() -> None:
-    """GC seconds are read at every step (a counter in Python): a collection inside one 1 ms step between
-    two clock readings is that step's, not spread over its neighbours."""
-    import gc
+def test_a_collection_in_one_fast_step_is_that_steps_alone(fake_clock: FakeClock) -> None:
+    """GC seconds are read at every step (a counter in Python): a collection inside one ~1 ms step between
+    two clock readings is that step's, not spread over its neighbours. The collection takes 2 ms of the
+    fake clock (a callback after the thread clock's own moves it)."""
 
-    heap = [[i] for i in range(300_000)]  # objects a full collection walks: it takes milliseconds
+    def slow_collection(phase: str, _: dict[str, Any]) -> None:
+        if phase == "start":
+            fake_clock.advance(0.002)
+
     tl = Timeline()
-    rec = StageRecorder(tl, time.perf_counter())
+    rec = StageRecorder(tl, fake_clock.now(), clock=fake_clock)
     gc.disable()  # no collection of the collector's own choosing in the other steps
+    gc.callbacks.append(slow_collection)
     try:
         for i in range(40):
-            _busy(0.001)
+            fake_clock.advance(STEP_S)
             if i == 25:
                 gc.collect()
             rec.boundary("user")
     finally:
+        gc.callbacks.remove(slow_collection)
         gc.enable()
     rec.close()
-    del heap
     b = step_breakdown(tl)
     assert b.gc_s is not None
-    assert int(np.argmax(b.gc_s)) == 25 and b.gc_s[25] > 0.0005
+    assert int(np.argmax(b.gc_s)) == 25 and b.gc_s[25] == pytest.approx(0.002)
     assert float(np.delete(b.gc_s, 25).sum()) == 0.0
 
 
