@@ -26,6 +26,8 @@ LAYERS = {
     "perfmagic.units": 0,
     "perfmagic.intervals": 0,
     "perfmagic.clock": 0,
+    "perfmagic.contract": 0,
+    "perfmagic.step_policy": 1,
     "perfmagic.timeline": 1,
     "perfmagic.collect": 2,
     "perfmagic.traces": 2,

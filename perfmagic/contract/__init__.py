@@ -1,0 +1,81 @@
+"""The typed contract: the report, the timeline's meta and the tuning results as plain typed data.
+
+Everything here is a ``TypedDict`` over JSON-safe values: the report a renderer reads
+(:class:`ReportData`), the facts the collectors write into ``Timeline.meta``
+(:class:`TimelineMeta`), and what tuning measured (:class:`KnobResult`). Key names are exactly
+those the code writes. Layer 0: it imports nothing else of perfmagic.
+"""
+
+from __future__ import annotations
+
+from perfmagic.contract.gpu import GpuSection
+from perfmagic.contract.machine import Device, Host
+from perfmagic.contract.meta import (
+    AllocatorMeta,
+    DeviceInfo,
+    GpuProcess,
+    HostMeta,
+    NvmlMeta,
+    NvmlProcess,
+    SamplerMeta,
+    Source,
+    StackSample,
+    TimelineMeta,
+    TorchMeta,
+)
+from perfmagic.contract.report import (
+    Card,
+    CollectiveSkew,
+    Evaluation,
+    Hotspot,
+    MinorCard,
+    NodeClock,
+    Rank,
+    ReportBody,
+    ReportData,
+    Series,
+    Severity,
+    Stage,
+    Steps,
+    StepTable,
+    Straggler,
+    Timeseries,
+    TorchTrace,
+)
+from perfmagic.contract.tuning import KnobResult, Trial
+
+__all__ = [
+    "AllocatorMeta",
+    "Card",
+    "CollectiveSkew",
+    "Device",
+    "DeviceInfo",
+    "Evaluation",
+    "GpuProcess",
+    "GpuSection",
+    "Host",
+    "HostMeta",
+    "Hotspot",
+    "KnobResult",
+    "MinorCard",
+    "NodeClock",
+    "NvmlMeta",
+    "NvmlProcess",
+    "Rank",
+    "ReportBody",
+    "ReportData",
+    "SamplerMeta",
+    "Series",
+    "Severity",
+    "Source",
+    "StackSample",
+    "Stage",
+    "StepTable",
+    "Steps",
+    "Straggler",
+    "TimelineMeta",
+    "Timeseries",
+    "TorchMeta",
+    "TorchTrace",
+    "Trial",
+]

@@ -1,0 +1,214 @@
+"""The report: ``Report.to_dict()``, the JSON a report file holds, section by section.
+
+Times are in seconds; per-step figures are over the steady steps (the warm-up left out);
+fractions are in [0, 1]. Numbers that were not finite (NaN, infinity) are written as ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from perfmagic.contract.gpu import GpuSection
+from perfmagic.contract.machine import Device, Host
+from perfmagic.contract.meta import Source
+from perfmagic.contract.tuning import KnobResult
+
+Severity = Literal["high", "medium", "low", "info"]
+"""An advice card's severity, from its saving's share of the step (``advise.card.severity_for``)."""
+
+
+class Steps(TypedDict):
+    """``steps``: ``count`` is every step; the other figures are over the steady steps."""
+
+    count: int
+    median_s: float | None
+    p90_s: float | None
+    first_s: float | None  # from the window's start to the end of the first step
+    per_s: float | None  # steps per second
+    warmup: int  # steps left out as warm-up
+    samples_per_s: float | None  # DataLoader samples per second (None: no batches seen)
+    tokens_per_s: float | None  # token ids per second, for sequence batches
+    boundary: str | None  # the evidence that delimited the steps (a kind of step_policy.EVIDENCE)
+    hint: str | None  # no steps: where to call perfmagic.step()
+
+
+class Stage(TypedDict):
+    """``stages[name]``: one stage over the steady steps."""
+
+    total_s: float
+    fraction: float  # of step time: the stages' fractions add up to 1
+    median_s: float  # per step
+    mean_s: float  # per step: the stages' means add up to the mean step
+
+
+class StepTable(TypedDict):
+    """Each step's start and end (on the window's clock) and seconds per stage, to the microsecond.
+
+    A long run's rows are blocks of ``steps_per_row`` steps, each holding the mean per step.
+    """
+
+    boundary: str | None  # the evidence the steps were cut at (``step_policy``)
+    steps_per_row: int
+    start: list[float]
+    end: list[float]
+    stages: dict[str, list[float]]
+
+
+class _RankBase(TypedDict):
+    rank: int
+    pid: int | None
+    node: str | None  # the host it ran on (with the node rank where hosts repeat)
+    local_rank: int | None
+    steps: Steps
+    stages: dict[str, Stage]
+
+
+class Rank(_RankBase, total=False):
+    """``ranks[i]``: one process of the window."""
+
+    gpu: GpuSection  # where this rank's trace had GPU events
+    step_table: StepTable  # with more than one rank
+
+
+class Card(TypedDict):
+    """``advice[i]``: one piece of advice, with the measured evidence that fired it.
+
+    ``metrics`` is the rule's own evidence; every card's has ``step_s`` (where the step is
+    known) and ``saving_model`` (how the saving was estimated), and a one-time cost's
+    ``one_time_s``.
+    """
+
+    id: str
+    severity: Severity
+    title: str
+    evidence: str
+    fix: str
+    metrics: dict[str, Any]
+    saving_s: float | None  # per steady step
+    speedup: float | None  # step / (step - saving)
+
+
+class MinorCard(TypedDict):
+    """``advice_minor[i]``: a rule that fired with a saving too small for a card."""
+
+    id: str
+    saving_s: float | None
+    step_s: float | None
+
+
+class Evaluation(TypedDict):
+    """``evaluation``: evaluation passes in the window (not part of any step)."""
+
+    total_s: float
+    fraction_of_wall: float
+    passes: int
+    every_steps: float | None  # training steps between two passes (median)
+
+
+class Series(TypedDict):
+    """A sampled metric: times (on the sampling process's clock) and values (``None``: not read)."""
+
+    t: list[float]
+    v: list[float | None]
+
+
+class Timeseries(TypedDict):
+    """``timeseries``: the sampled metrics, binned to a few thousand points."""
+
+    epoch: float | None  # wall-clock time (Unix seconds) of the series' time zero
+    metrics: dict[str, Series]  # by metric name: "gpu0.util", "host.cpu_util", …
+
+
+class Hotspot(TypedDict):
+    """``hotspots[stage][i]``: a place the training thread was sampled in often."""
+
+    where: str  # ``function (file:line)``
+    samples: int
+    share: float  # of that stage's samples
+
+
+class TorchTrace(TypedDict):
+    """``torch_traces[i]``: a torch.profiler trace written in the window (``--trace``)."""
+
+    path: str
+    clock_name: str  # the trace's label that marks ``clock_t``
+    steps: int
+    clock_t: float  # on the window's clock
+
+
+class RankSkew(TypedDict):
+    rank: int
+    late_mean_s: float  # behind the first rank to reach a collective
+    late_p90_s: float
+    last_count: int  # collectives it reached last
+    last_fraction: float
+
+
+class CollectiveSkew(TypedDict):
+    """``collective_skew``: across the ranks of a multi-rank trace, who reaches the collectives last."""
+
+    instances: int
+    kernels: int  # collective kernel names every rank launched
+    skew_mean_s: float  # last rank's start less the first's
+    skew_p90_s: float
+    last_rank: int
+    ranks: list[RankSkew]
+
+
+class Straggler(TypedDict):
+    """``straggler``: the rank the others wait for, and the stage that makes it slow (per steady step)."""
+
+    rank: int
+    stage: str
+    work_s: float  # its step outside comm
+    others_work_s: float  # the other ranks' median step outside comm
+    excess_s: float  # what every rank waits for it
+    stage_excess_s: dict[str, float]  # per stage, its time less the other ranks' median
+    others_comm_s: float
+    comm_s: float
+    ranks: int
+
+
+class NodeClock(TypedDict):
+    """``nodes[i]``: one node of a job merged by ``perfmagic merge``, and its clock's offset."""
+
+    directory: str
+    node: str | None
+    ranks: list[int]
+    offset_s: float  # added to its wall clock
+    uncertainty_s: float | None
+    matched: int  # collectives matched against the reference node's
+
+
+class ReportBody(TypedDict):
+    """The report but its step table (``ReportData`` less ``step_table``)."""
+
+    schema: str  # report.SCHEMA
+    source: Source
+    framework: str | None
+    wall_s: float
+    steps: Steps
+    stages: dict[str, Stage]  # by stage name, in schema.STAGES order
+    bottleneck: str | None  # the stage with most time (the straggler's, in a job)
+    devices: list[Device]
+    host: Host
+    gpu: GpuSection | None
+    ranks: list[Rank]
+    advice: list[Card]
+    warnings: list[str]
+    trainer: str | None  # the framework that drove the loop (schema.TRAINERS)
+    evaluation: Evaluation
+    advice_minor: list[MinorCard]
+    timeseries: Timeseries
+    hotspots: dict[str, list[Hotspot]]  # by stage
+    torch_traces: list[TorchTrace]
+    tuning: list[KnobResult]
+    collective_skew: CollectiveSkew | None
+    nodes: list[NodeClock] | None
+    straggler: Straggler | None
+
+
+class ReportData(ReportBody):
+    """The whole report (``perfmagic.report/1``)."""
+
+    step_table: StepTable

@@ -1,0 +1,33 @@
+"""Tuning results: what ``perfmagic.tuning`` measured of each knob after the window (``tuning``)."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class _Trial(TypedDict):
+    value: Any  # the knob's setting: a count, a flag, a dtype name, or (``step``) the settings used
+    seconds: float  # per batch or per step, as the knob's ``unit`` says
+
+
+class Trial(_Trial, total=False):
+    """One setting of a knob, timed."""
+
+    start_s: float  # num_workers: seconds to the first batch
+    batches: int  # num_workers: batches timed
+
+
+class _KnobResult(TypedDict):
+    knob: str  # "num_workers", "persistent_workers", "pin_memory", "num_threads", …, "step"
+    unit: str | None  # what ``seconds`` measures
+    baseline: Trial | None  # the setting the loop had
+    tried: list[Trial]
+    best: Trial | None  # None where nothing could be compared
+    speedup: float | None  # baseline seconds / best seconds
+    notes: list[str]
+
+
+class KnobResult(_KnobResult, total=False):
+    """One knob's result."""
+
+    budget_s: float | None  # the seconds it was given
