@@ -10,9 +10,12 @@ operators: each GPU event name's count and total time over each trace's GPU wind
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from perfmagic.contract import Card, GpuSection, ReportData
+from perfmagic.contract.gpu import KernelRow
 from perfmagic.units import fmt_fraction, fmt_seconds
 
 GPU_FIGURES = (
@@ -58,7 +61,7 @@ class StageChange:
 class Comparison:
     """Per-stage times, speed-up and advice before and after a change."""
 
-    def __init__(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+    def __init__(self, before: ReportData, after: ReportData) -> None:
         self.before, self.after = before, after
         self.step_before_s, stages_before = _per_step(before)
         self.step_after_s, stages_after = _per_step(after)
@@ -133,22 +136,24 @@ class Comparison:
         lines += self._gpu_lines()
         lines.append("")
         for label, cards in (("resolved", self.resolved), ("new", self.new)):
-            for c in cards:
-                once = (c.get("metrics") or {}).get("one_time_s")
+            for card in cards:
+                once = card["metrics"].get("one_time_s")
                 predicted = (
                     f" (one-time cost {fmt_seconds(once)})"
                     if once
-                    else f" (predicted saving {fmt_seconds(c['saving_s'])}/step)"
-                    if c.get("saving_s")
+                    else f" (predicted saving {fmt_seconds(card['saving_s'])}/step)"
+                    if card["saving_s"]
                     else ""
                 )
-                lines.append(f"advice {label}: [{c['severity']}] {c['id']}{predicted}")
-        for c, now in self.remaining:
+                lines.append(f"advice {label}: [{card['severity']}] {card['id']}{predicted}")
+        for card, now in self.remaining:
             severity = (
-                c["severity"] if c["severity"] == now["severity"] else f"{c['severity']} → {now['severity']}"
+                card["severity"]
+                if card["severity"] == now["severity"]
+                else f"{card['severity']} → {now['severity']}"
             )
-            savings = saving_change(c, now)
-            lines.append(f"advice remaining: [{severity}] {c['id']}{f' ({savings})' if savings else ''}")
+            savings = saving_change(card, now)
+            lines.append(f"advice remaining: [{severity}] {card['id']}{f' ({savings})' if savings else ''}")
         if not (self.resolved or self.new or self.remaining):
             lines.append("advice: none before or after")
         return "\n".join(lines)
@@ -179,11 +184,11 @@ class Comparison:
         return lines
 
 
-def compare(before: dict[str, Any], after: dict[str, Any]) -> Comparison:
+def compare(before: ReportData, after: ReportData) -> Comparison:
     return Comparison(before, after)
 
 
-def _per_step(report: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+def _per_step(report: ReportData) -> tuple[float | None, dict[str, float]]:
     """Mean step time and mean seconds per stage over the steady steps: the report's own figures."""
     steps = report.get("steps") or {}
     steady = (steps.get("count") or 0) - (steps.get("warmup") or 0)
@@ -204,20 +209,20 @@ def speed_words(speedup: float | None) -> str:
     return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
 
 
-def saving_change(before: dict[str, Any], after: dict[str, Any]) -> str:
+def saving_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     """A still-open card's saving before and after the change."""
     if not before.get("saving_s") or not after.get("saving_s"):
         return ""
     return f"saving {fmt_seconds(before['saving_s'])} → {fmt_seconds(after['saving_s'])}/step"
 
 
-def _kernel_changes(before: dict[str, Any], after: dict[str, Any]) -> list[KernelChange]:
+def _kernel_changes(before: GpuSection, after: GpuSection) -> list[KernelChange]:
     """Every GPU event name of either trace, the largest change in total time first.
 
     A name missing from one table is 0 there, unless that table left names out
     (``kernels_omitted``): then it is unknown (None), short enough to be among them.
     """
-    tables = []
+    tables: list[tuple[dict[str, KernelRow], bool]] = []
     for gpu in (before, after):
         rows = {k["name"]: k for k in gpu.get("kernels") or []}
         tables.append((rows, gpu.get("kernels_omitted") is None))
@@ -243,5 +248,5 @@ def _kernel_changes(before: dict[str, Any], after: dict[str, Any]) -> list[Kerne
     return sorted(changes, key=lambda k: -abs(k.delta_s) if k.delta_s is not None else 0.0)
 
 
-def _brief(card: dict[str, Any]) -> dict[str, Any]:
+def _brief(card: Card) -> dict[str, Any]:
     return {k: card.get(k) for k in ("id", "severity", "title", "saving_s", "metrics")}

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from perfmagic.analyze import node_name
 from perfmagic.analyze.clocks import clock_offset, collective_ends
+from perfmagic.contract import NodeClock
 from perfmagic.report import Report, report_from_timelines
 from perfmagic.timeline import SPOOL_NAME, Timeline, TimelineFormatError
 
@@ -37,7 +37,7 @@ class NodeRecord:
         return [*([self.sampler] if self.sampler is not None else []), *self.processes]
 
     def lowest_rank(self) -> int | None:
-        ranks = [int(t.meta["rank"]) for t in self.processes if t.meta.get("rank") is not None]
+        ranks = [rank for t in self.processes if (rank := t.meta.get("rank")) is not None]
         return min(ranks, default=None)
 
 
@@ -90,7 +90,7 @@ def merge_records(directories: Sequence[Path]) -> Report:
         raise ValueError("no profiled process in " + ", ".join(map(str, directories)))
     nodes.sort(key=lambda n: (n.lowest_rank() is None, n.lowest_rank() or 0))
     reference = [collective_ends(t) for t in nodes[0].processes]
-    clocks: list[dict[str, Any]] = []
+    clocks: list[NodeClock] = []
     warnings = [w for n in nodes for w in n.warnings]
     for i, node in enumerate(nodes):
         found = clock_offset(reference, [collective_ends(t) for t in node.processes])
@@ -107,9 +107,7 @@ def merge_records(directories: Sequence[Path]) -> Report:
             {
                 "directory": str(node.directory),
                 "node": _node_of(node),
-                "ranks": sorted(
-                    int(t.meta["rank"]) for t in node.processes if t.meta.get("rank") is not None
-                ),
+                "ranks": sorted(rank for t in node.processes if (rank := t.meta.get("rank")) is not None),
                 "offset_s": offset,
                 "uncertainty_s": 0.0 if not i else (found.uncertainty_s if found is not None else None),
                 "matched": found.matched if found is not None else 0,

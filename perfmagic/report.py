@@ -15,13 +15,29 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import numpy as np
 
 from perfmagic.advise import advise
-from perfmagic.analyze import Analysis, analyze
+from perfmagic.analyze import Analysis, RankAnalysis, StageStats, StepStats, analyze
+from perfmagic.analyze.evaluation import EvaluationStats
+from perfmagic.analyze.ranks import Straggler
 from perfmagic.analyze.steps import StepBreakdown
+from perfmagic.contract import (
+    Card,
+    Evaluation,
+    GpuSection,
+    NodeClock,
+    Rank,
+    ReportBody,
+    ReportData,
+    Source,
+    Stage,
+    Steps,
+    StepTable,
+)
+from perfmagic.contract import Straggler as StragglerSection
 from perfmagic.schema import TORCH_TRACE_MARK
 from perfmagic.timeline import Timeline
 
@@ -40,7 +56,7 @@ class Report:
     """The report of one profiled window."""
 
     def __init__(
-        self, data: dict[str, Any], analysis: Analysis | None = None, timelines: Sequence[Timeline] = ()
+        self, data: ReportData, analysis: Analysis | None = None, timelines: Sequence[Timeline] = ()
     ) -> None:
         if data.get("schema") != SCHEMA:
             raise ReportFormatError(
@@ -52,7 +68,7 @@ class Report:
 
     # -- the contract ----------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReportData:
         return copy.deepcopy(self._data)
 
     def to_json(self, path: str | os.PathLike[str] | None = None, indent: int | None = 2) -> str:
@@ -95,7 +111,7 @@ class Report:
             ) from e
         if not isinstance(data, dict):
             raise ReportFormatError("not a perfmagic report: JSON is not an object")
-        return cls(data)
+        return cls(cast(ReportData, data))  # JSON from disk: __init__ checks its schema
 
     def save(self, path: str | os.PathLike[str]) -> None:
         tmp = Path(str(path) + ".tmp")
@@ -119,11 +135,11 @@ class Report:
     # -- convenient views --------------------------------------------------
 
     @property
-    def steps(self) -> dict[str, Any]:
-        return dict(self._data["steps"])
+    def steps(self) -> Steps:
+        return self._data["steps"].copy()
 
     @property
-    def stages(self) -> dict[str, dict[str, float]]:
+    def stages(self) -> dict[str, Stage]:
         return copy.deepcopy(self._data["stages"])
 
     @property
@@ -132,7 +148,7 @@ class Report:
         return str(value) if value is not None else None
 
     @property
-    def advice(self) -> list[dict[str, Any]]:
+    def advice(self) -> list[Card]:
         return copy.deepcopy(self._data["advice"])
 
     @property
@@ -140,7 +156,7 @@ class Report:
         return list(self._data["warnings"])
 
     def __getitem__(self, key: str) -> Any:
-        return copy.deepcopy(self._data[key])
+        return copy.deepcopy({**self._data}[key])
 
     def __str__(self) -> str:
         from perfmagic.render.text import render_text
@@ -163,38 +179,27 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
     ``timelines`` are the records the analysis was made from, kept for exports that
     show every recorded interval.
     """
-    if source not in SOURCES:
+    if not _is_source(source):
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     b = analysis.breakdown
     advice = advise(analysis)
-    data: dict[str, Any] = {
+    body: ReportBody = {
         "schema": SCHEMA,
         "source": source,
         "framework": analysis.framework,
         "wall_s": analysis.wall_s,
-        "steps": vars(analysis.steps),
-        "stages": {name: vars(s) for name, s in analysis.stages.items()},
+        "steps": steps_section(analysis.steps),
+        "stages": {name: stage_section(s) for name, s in analysis.stages.items()},
         "bottleneck": analysis.bottleneck,
         "devices": analysis.devices,
         "host": analysis.host,
         "gpu": analysis.gpu,
-        "ranks": [
-            {
-                "rank": r.rank,
-                "pid": r.pid,
-                "node": r.node,
-                "local_rank": r.local_rank,
-                "steps": vars(r.steps),
-                "stages": {name: vars(s) for name, s in r.stages.items()},
-                **({"gpu": r.gpu} if r.gpu is not None else {}),
-            }
-            for r in analysis.ranks
-        ],
+        "ranks": [rank_section(r) for r in analysis.ranks],
         "advice": [card.to_dict() for card in advice.cards],
         "warnings": [*analysis.warnings, *advice.warnings],
         # keys beyond the first contract (docs/schema.md lists every key)
         "trainer": analysis.trainer,
-        "evaluation": vars(analysis.evaluation),
+        "evaluation": evaluation_section(analysis.evaluation),
         "advice_minor": [
             {"id": c.id, "saving_s": c.saving_s, "step_s": c.metrics.get("step_s")} for c in advice.minor
         ],
@@ -204,15 +209,76 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "tuning": analysis.tuning,
         "collective_skew": analysis.collective_skew,
         "nodes": analysis.nodes,
-        "straggler": dataclasses.asdict(analysis.straggler) if analysis.straggler is not None else None,
+        "straggler": straggler_section(analysis.straggler) if analysis.straggler is not None else None,
     }
-    data = _clean(data)
-    data["step_table"] = step_table(b)  # after _clean: numbers made JSON-safe by numpy, not one by one
+    clean: ReportBody = _clean(body)
+    # the step table after _clean: its numbers made JSON-safe by numpy, not one by one
+    data: ReportData = {**clean, "step_table": step_table(b)}
     if len(analysis.ranks) > 1:  # for the per-rank waterfall; the ranks share a long run's rows
         rows = max(MIN_RANK_ROWS, BINNED_ROWS // len(analysis.ranks))
         for entry, rank in zip(data["ranks"], analysis.ranks, strict=True):
             entry["step_table"] = step_table(rank.breakdown, rows, rows)
     return Report(data, analysis, timelines)
+
+
+def _is_source(source: str) -> TypeGuard[Source]:
+    return source in SOURCES
+
+
+def rank_section(r: RankAnalysis) -> Rank:
+    rank: Rank = {
+        "rank": r.rank,
+        "pid": r.pid,
+        "node": r.node,
+        "local_rank": r.local_rank,
+        "steps": steps_section(r.steps),
+        "stages": {name: stage_section(s) for name, s in r.stages.items()},
+    }
+    if r.gpu is not None:
+        rank["gpu"] = r.gpu
+    return rank
+
+
+def steps_section(s: StepStats) -> Steps:
+    return {
+        "count": s.count,
+        "median_s": s.median_s,
+        "p90_s": s.p90_s,
+        "first_s": s.first_s,
+        "per_s": s.per_s,
+        "warmup": s.warmup,
+        "samples_per_s": s.samples_per_s,
+        "tokens_per_s": s.tokens_per_s,
+        "boundary": s.boundary,
+        "hint": s.hint,
+    }
+
+
+def stage_section(s: StageStats) -> Stage:
+    return {"total_s": s.total_s, "fraction": s.fraction, "median_s": s.median_s, "mean_s": s.mean_s}
+
+
+def evaluation_section(e: EvaluationStats) -> Evaluation:
+    return {
+        "total_s": e.total_s,
+        "fraction_of_wall": e.fraction_of_wall,
+        "passes": e.passes,
+        "every_steps": e.every_steps,
+    }
+
+
+def straggler_section(s: Straggler) -> StragglerSection:
+    return {
+        "rank": s.rank,
+        "stage": s.stage,
+        "work_s": s.work_s,
+        "others_work_s": s.others_work_s,
+        "excess_s": s.excess_s,
+        "stage_excess_s": dict(s.stage_excess_s),
+        "others_comm_s": s.others_comm_s,
+        "comm_s": s.comm_s,
+        "ranks": s.ranks,
+    }
 
 
 MAX_STEP_ROWS = 100_000
@@ -222,9 +288,7 @@ MIN_RANK_ROWS = 20
 """Rows each rank's step table holds at least, however many ranks share ``BINNED_ROWS``."""
 
 
-def step_table(
-    b: StepBreakdown, max_rows: int | None = None, binned_rows: int | None = None
-) -> dict[str, Any]:
+def step_table(b: StepBreakdown, max_rows: int | None = None, binned_rows: int | None = None) -> StepTable:
     """Each step's start, end and seconds per stage, to the microsecond; a long run's in equal blocks.
 
     A run of more than ``max_rows`` steps (:data:`MAX_STEP_ROWS`) gets at most ``binned_rows``
@@ -259,7 +323,7 @@ def step_table(
 
 
 def report_from_timelines(
-    timelines: Sequence[Timeline], source: str = "live", nodes: list[dict[str, Any]] | None = None
+    timelines: Sequence[Timeline], source: str = "live", nodes: list[NodeClock] | None = None
 ) -> Report:
     """Analyze the timelines of one window (one per process) and build its report.
 
@@ -273,7 +337,7 @@ def report_from_timelines(
     return build_report(analysis, source, timelines)
 
 
-def traced_gpu(timelines: Sequence[Timeline]) -> dict[str, Any] | None:
+def traced_gpu(timelines: Sequence[Timeline]) -> GpuSection | None:
     """The GPU figures of the first torch.profiler trace written in the window that has GPU events."""
     from perfmagic.analyze.gpu import trace_gpu
     from perfmagic.traces.kineto import TraceFormatError, read_trace

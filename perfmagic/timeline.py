@@ -43,6 +43,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from perfmagic.contract import TimelineMeta
+
 SPOOL_NAME = "timeline.jsonl"
 
 
@@ -167,8 +169,8 @@ class _FoldedColumns:
 class Timeline:
     """Spans, samples and marks of one process over one window."""
 
-    def __init__(self, meta: dict[str, Any] | None = None) -> None:
-        self.meta: dict[str, Any] = dict(meta or {})
+    def __init__(self, meta: TimelineMeta | None = None) -> None:
+        self.meta: TimelineMeta = meta.copy() if meta is not None else {}
         self._names: list[str] = []
         self._name_ids: dict[str, int] = {}
         self._span_name = array("i")

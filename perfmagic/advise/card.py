@@ -7,10 +7,13 @@ model behind its saving in ``metrics["saving_model"]``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+import copy
+from dataclasses import dataclass, field
+from typing import Any
 
-Severity = Literal["high", "medium", "low", "info"]
+from perfmagic.contract import Card as CardData
+from perfmagic.contract import Severity
+
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low", "info")
 
 HIGH_SAVING = 0.25
@@ -37,8 +40,17 @@ class Card:
     saving_s: float | None = None
     speedup: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> CardData:
+        return {
+            "id": self.id,
+            "severity": self.severity,
+            "title": self.title,
+            "evidence": self.evidence,
+            "fix": self.fix,
+            "metrics": copy.deepcopy(self.metrics),
+            "saving_s": self.saving_s,
+            "speedup": self.speedup,
+        }
 
 
 def severity_for(saving_s: float, step_s: float) -> Severity:

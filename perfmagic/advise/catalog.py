@@ -119,7 +119,7 @@ def missing(analysis: Analysis) -> list[str]:
     if not analysis.steps.count:
         return out  # the analysis already says that no steps were seen
     # a trace's copies say which came from pinned memory, which pin_memory reads without telemetry or hooks
-    fed = {"pin_memory"} if (analysis.gpu or {}).get("h2d_copies") else set()
+    fed = {"pin_memory"} if analysis.gpu and analysis.gpu["h2d_copies"] else set()
 
     def silent(rules: str) -> str:
         return ", ".join(r for r in rules.split(", ") if r not in fed)

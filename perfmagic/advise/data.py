@@ -12,6 +12,7 @@ from perfmagic.advise.tf_fixes import tf_data_code
 from perfmagic.advise.trainer_fixes import loader_code, trainer_name
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
+from perfmagic.contract import KnobResult
 from perfmagic.units import KiB, MiB, fmt_bytes, fmt_fraction, fmt_seconds
 
 INPUT_SHARE = 0.05
@@ -424,14 +425,18 @@ def dataloader_workers(a: Analysis) -> Card | None:
     )
 
 
-def _measured_workers(a: Analysis, s: Steady, tried: dict[str, Any]) -> Card | None:
+def _measured_workers(a: Analysis, s: Steady, tried: KnobResult) -> Card | None:
     """The worker count that tuning measured fastest on this very loader, and the step it predicts."""
     base, best = tried["baseline"], tried["best"]
-    if best["value"] == base["value"]:
+    if base is None or best is None or best["value"] == base["value"]:
         return None  # measured: more workers do not load faster here
     ld = a.config.loader or {}
     step = a.tuned("step")
-    predicted = step["best"]["seconds"] if step else max(s.step_s - s.stage_s("data"), best["seconds"])
+    predicted = (
+        step["best"]["seconds"]
+        if step and step["best"]
+        else max(s.step_s - s.stage_s("data"), best["seconds"])
+    )
     table = ", ".join(f"{t['value']}: {fmt_seconds(t['seconds'])}" for t in tried["tried"])
     return make_card(
         "dataloader_workers",
@@ -459,7 +464,7 @@ def pin_memory(a: Analysis) -> Card | None:
     c = a.config.counters
     copied, pinned = c.get("h2d_bytes") or 0, c.get("h2d_pinned_bytes") or 0
     copies, non_blocking = c.get("h2d_copies") or 0, c.get("h2d_non_blocking") or 0
-    traced = (a.gpu or {}).get("h2d_copies") if not copied else None
+    traced = a.gpu["h2d_copies"] if a.gpu and not copied else None
     pageable_time = None
     if traced:  # a trace: each copy's host memory is in its name; non_blocking is not
         copied = traced["pageable"]["bytes"] + traced["pinned"]["bytes"]
@@ -478,7 +483,8 @@ def pin_memory(a: Analysis) -> Card | None:
         return None
     h2d = s.stage_s("h2d")
     tried = a.tuned("pin_memory")
-    if tried is not None and tried["best"]["value"] is not True:
+    base, best = (tried["baseline"], tried["best"]) if tried is not None else (None, None)
+    if best is not None and best["value"] is not True:
         return None  # tried on this loader after the window: pinned batches copied no faster here
     ld = a.config.loader
     fix = loader_code(a, ld, pin_memory=True) + "\n" if ld and not ld.get("pin_memory") else ""
@@ -505,7 +511,7 @@ def pin_memory(a: Analysis) -> Card | None:
             "non_blocking_share": async_share,
             "pageable_time_share": pageable_time,
         },
-        saving_s=tried["baseline"]["seconds"] - tried["best"]["seconds"] if tried else h2d / 2,
+        saving_s=base["seconds"] - best["seconds"] if base and best else h2d / 2,
         step_s=s.step_s,
         model="measured"
         if tried

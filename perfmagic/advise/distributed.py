@@ -8,6 +8,7 @@ import numpy as np
 
 from perfmagic.advise.card import Card, make_card
 from perfmagic.analyze import Analysis
+from perfmagic.contract import Device
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 COMM_SHARE = 0.10
@@ -49,8 +50,8 @@ def comm_bound(a: Analysis) -> Card | None:
         return None
     s = min(views, key=lambda v: v.share("comm"))
     # in a GPU trace, NCCL kernels run beside the host: the GPU time they are not hidden under compute
-    traced = (a.gpu or {}).get("comm") or {}
-    exposed = traced.get("exposed_fraction")
+    traced = a.gpu["comm"] if a.gpu else None
+    exposed = traced["exposed_fraction"] if traced else None
     share = max(s.share("comm"), exposed or 0.0)
     if share < COMM_SHARE:
         return None
@@ -101,7 +102,7 @@ def comm_bound(a: Analysis) -> Card | None:
             "ranks": ranks,
             "ddp": ddp,
             "gpu_comm_exposed_share": exposed,
-            "gpu_comm_overlap_share": traced.get("overlap_fraction"),
+            "gpu_comm_overlap_share": traced["overlap_fraction"] if traced else None,
         },
         saving_s=saving,
         step_s=step,
@@ -214,13 +215,13 @@ def gpu_imbalance(a: Analysis) -> Card | None:
 
 
 def _memory_imbalance(
-    gpus: list[tuple[dict[str, Any], float]], listing: str, metrics: dict[str, Any], step: float
+    gpus: list[tuple[Device, float]], listing: str, metrics: dict[str, Any], step: float
 ) -> Card | None:
     """The memory arm of :func:`gpu_imbalance`: no time is lost, the batch is bounded (no saving)."""
     peaks = [
-        (d.get("index"), int(d["mem_used_peak_bytes"]))
+        (d["index"], peak)
         for d, u in gpus
-        if u >= IDLE_GPU and d.get("mem_used_peak_bytes") is not None
+        if u >= IDLE_GPU and (peak := d["mem_used_peak_bytes"]) is not None
     ]
     if len(peaks) < 2:
         return None

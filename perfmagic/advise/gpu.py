@@ -10,6 +10,7 @@ from perfmagic.advise.card import Card, make_card
 from perfmagic.advise.trainer_fixes import mixed_precision_code
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
+from perfmagic.contract import Device
 from perfmagic.schema import COMPUTE_STAGES
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
@@ -36,7 +37,7 @@ TF32_SPEEDUP = 1.5
 """Conservative forward+backward speed-up of TF32 matmuls over fp32 on Ampere and newer."""
 
 
-def _used_gpus(a: Analysis) -> list[tuple[dict[str, Any], float]]:
+def _used_gpus(a: Analysis) -> list[tuple[Device, float]]:
     """GPUs with utilization samples that did any work, with their steady-state utilization."""
     return [(d, u) for d, u in a.gpu_utils() if u > 0.01 or (d.get("tree_mem_used_bytes") or 0) > 0]
 
@@ -46,15 +47,15 @@ def gpu_memory_pressure(a: Analysis) -> Card | None:
     free its cache and retry (``num_alloc_retries``: each retry synchronizes the device and is slow)."""
     candidates = []
     for d in a.devices:
-        alloc = d.get("allocator") or {}
-        share = d.get("mem_used_peak_fraction")
-        retries, ooms = alloc.get("alloc_retries") or 0, alloc.get("ooms") or 0
+        alloc = d["allocator"]
+        share = d["mem_used_peak_fraction"]
+        retries, ooms = (alloc["alloc_retries"], alloc["ooms"]) if alloc else (0, 0)
         if (share is not None and share >= MEMORY_FULL) or retries or ooms:
             candidates.append((ooms, retries, share or 0.0, d))
     if not candidates:
         return None
     ooms, retries, share, d = max(candidates, key=lambda c: c[:3])
-    alloc = d.get("allocator") or {}
+    alloc = d["allocator"]
     name = f"GPU {d.get('index')} ({d.get('name') or 'GPU'})"
     facts = []
     if d.get("mem_used_peak_bytes") is not None and d.get("mem_total_bytes"):
@@ -66,7 +67,9 @@ def gpu_memory_pressure(a: Analysis) -> Card | None:
             f"PyTorch's caching allocator ran out {retries} time(s) in the window and freed its cache to retry"
             + (f", and {ooms} allocation(s) failed with out-of-memory" if ooms else "")
         )
-    reserved, allocated = alloc.get("reserved_peak_bytes"), alloc.get("allocated_peak_bytes")
+    reserved, allocated = (
+        (alloc["reserved_peak_bytes"], alloc["allocated_peak_bytes"]) if alloc else (None, None)
+    )
     fragmented = bool(reserved and allocated is not None and (reserved - allocated) >= 0.25 * reserved)
     if reserved and allocated is not None:
         facts.append(f"tensors peaked at {fmt_bytes(allocated)} in {fmt_bytes(reserved)} reserved")
@@ -163,14 +166,14 @@ def low_gpu_util(a: Analysis) -> Card | None:
 def launch_bound(a: Analysis) -> Card | None:
     """Kernels too small and too many: the GPU idles between launches."""
     s = a.steady
-    gpu = a.gpu or {}
-    idle_share = (gpu.get("idle_breakdown") or {}).get("kernel_wait")
-    idle = gpu.get("idle_fraction")
+    gpu = a.gpu
+    idle_share = gpu["idle_breakdown"]["kernel_wait"] if gpu else None
+    idle = gpu["idle_fraction"] if gpu else None
     # kernel_wait is a share of idle time; the rule's signal is its share of all traced time
     wait = idle_share * idle if idle_share is not None and idle is not None else None
-    launches = gpu.get("launches") or {}
+    launches = gpu["launches"] if gpu else None
     # or the time kernels shorter than their launch call leave the GPU waiting for the host
-    short = launches.get("launch_bound_fraction")
+    short = launches["launch_bound_fraction"] if launches else None
     signal = max((v for v in (wait, short) if v is not None), default=None)
     if s is None or signal is None or signal < KERNEL_WAIT:
         return None
@@ -203,9 +206,9 @@ def launch_bound(a: Analysis) -> Card | None:
         {
             "kernel_wait_share": wait,
             "launch_bound_share": short,
-            "short_kernel_share": launches.get("shorter_than_launch_fraction"),
-            "launch_delay_median_s": launches.get("delay_median_s"),
-            "launch_delay_p90_s": launches.get("delay_p90_s"),
+            "short_kernel_share": launches["shorter_than_launch_fraction"] if launches else None,
+            "launch_delay_median_s": launches["delay_median_s"] if launches else None,
+            "launch_delay_p90_s": launches["delay_p90_s"] if launches else None,
         },
         saving_s=step * signal,
         step_s=step,
@@ -374,4 +377,6 @@ def _measured_saving(a: Analysis, knob: str) -> tuple[Any, float] | None:
     if tried is None:
         return None
     base, best = tried["baseline"], tried["best"]
+    if base is None or best is None:
+        return None
     return best["value"], max(0.0, base["seconds"] - best["seconds"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from perfmagic.advise.card import Card, make_card
 from perfmagic.analyze import Analysis
@@ -70,7 +69,8 @@ class Contention:
 def _cpu_load(a: Analysis) -> tuple[int | None, float | None, float | None, float | None]:
     """(usable CPUs, machine CPU utilization, cores the training used, cores others used) over the steady steps."""
     n = a.host.get("cpu_count")
-    usable = len(a.host["affinity"]) if a.host.get("affinity") else (int(n) if n else None)
+    affinity = a.host["affinity"]
+    usable = len(affinity) if affinity else (int(n) if n else None)
     util, ours = a.steady_mean("host.cpu_util"), a.steady_mean("host.proc_cpu_cores")
     others = max(0.0, util * n - ours) if util is not None and ours is not None and n else None
     return usable, util, ours, others
@@ -262,19 +262,17 @@ def _cpu_list(cpus: list[int]) -> str:
 
 def numa_affinity(a: Analysis) -> Card | None:
     """On a multi-socket host, the training may run on CPUs far from its GPU."""
-    nodes: dict[Any, list[int]] = a.host.get("numa_nodes") or {}
+    nodes = a.host["numa_nodes"] or {}
     if len(nodes) < 2:
         return None
     gpu = a.config.gpu_index
-    entry = next((g for g in a.host.get("gpu_affinity") or [] if g.get("gpu") == gpu), None)
-    if entry is None or entry.get("allowed_local_fraction") is None:
+    entry = next((g for g in a.host["gpu_affinity"] if g["gpu"] == gpu), None)
+    local = entry["allowed_local_fraction"] if entry is not None else None
+    if entry is None or local is None or local >= NUMA_LOCAL:
         return None
-    local = entry["allowed_local_fraction"]
-    if local >= NUMA_LOCAL:
-        return None
-    node = entry.get("numa_node")
-    device = next((d for d in a.devices if d.get("index") == gpu), {})
-    local_cpus = device.get("numa_cpus") or nodes.get(node, nodes.get(str(node), []))
+    node = entry["numa_node"]
+    device = next((d for d in a.devices if d["index"] == gpu), None)
+    local_cpus = (device["numa_cpus"] if device else None) or nodes.get(str(node), [])
     s = a.steady
     host_side = s.stage_s("data", "h2d") if s else 0.0
     cpus = _cpu_list(local_cpus) if local_cpus else "<cpus of node>"

@@ -33,7 +33,7 @@ def sync_logging(a: Analysis) -> Card | None:
     c = a.config.counters
     steps = c.get("optimizer_steps") or c.get("batches") or 0
     syncs = (c.get("syncs") or 0) / steps if steps else 0.0
-    traced = (a.gpu or {}).get("syncs") or {}
+    traced = a.gpu["syncs"] if a.gpu else None
     if not syncs and traced:  # a trace: its synchronizing CUDA calls
         syncs = traced["per_step"]
     factor = nice_interval(spent / (TARGET_OVERHEAD * step))
@@ -47,7 +47,7 @@ def sync_logging(a: Analysis) -> Card | None:
         ]
     else:
         lines.append("    print(...)  # your logging, unchanged")
-    calls_txt = ", ".join(f"{n} {k:.1f}" for n, k in traced.get("calls_per_step", {}).items())
+    calls_txt = ", ".join(f"{n} {k:.1f}" for n, k in (traced["calls_per_step"] if traced else {}).items())
     sync_txt = (
         f"; {syncs:.1f} host-device syncs per step ({calls_txt or 'item/cpu/tolist/synchronize'})"
         if syncs
@@ -65,7 +65,7 @@ def sync_logging(a: Analysis) -> Card | None:
             "logging_share": s.share("logging"),
             "calls_per_step": calls,
             "syncs_per_step": syncs,
-            "sync_calls_per_step": traced.get("calls_per_step"),
+            "sync_calls_per_step": traced["calls_per_step"] if traced else None,
             "log_every_steps": every,
         },
         saving_s=spent * (1 - 1 / (calls * every)) if calls > 0 else spent * (1 - 1 / factor),

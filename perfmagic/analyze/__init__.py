@@ -7,6 +7,7 @@ holds everything the rules and the report need, and no timeline.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +22,19 @@ from perfmagic.analyze.samples import window_means
 from perfmagic.analyze.steady import Steady, steady_of
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
 from perfmagic.analyze.timeseries import profiler_traces, timeseries
+from perfmagic.contract import (
+    CollectiveSkew,
+    Device,
+    GpuSection,
+    Host,
+    Hotspot,
+    KnobResult,
+    NodeClock,
+    StackSample,
+    TimelineMeta,
+    Timeseries,
+    TorchTrace,
+)
 from perfmagic.schema import (
     STACK_SAMPLES,
     STEP_BOUNDARY_PREFIX,
@@ -57,6 +71,8 @@ class StepStats:
         None  # DataLoader samples per second of steady steps (None: no batches seen)
     )
     tokens_per_s: float | None = None  # token ids per second, for sequence batches
+    boundary: str | None = None  # the evidence that delimited the steps (a kind of step_policy.EVIDENCE)
+    hint: str | None = None  # no steps: where to call perfmagic.step() (the line after which it goes)
 
 
 @dataclass(frozen=True)
@@ -116,7 +132,7 @@ class RankAnalysis:
     steady: Steady | None
     steps: StepStats
     stages: dict[str, StageStats]
-    gpu: dict[str, Any] | None  # GPU busy/idle of this rank, where its trace had GPU events
+    gpu: GpuSection | None  # GPU busy/idle of this rank, where its trace had GPU events
     node: str | None = None  # the host it ran on (its hostname; with the node rank where hosts repeat)
     local_rank: int | None = None
 
@@ -133,9 +149,9 @@ class Analysis:
     steps: StepStats
     stages: dict[str, StageStats]
     bottleneck: str | None
-    devices: list[dict[str, Any]]
-    host: dict[str, Any]
-    gpu: dict[str, Any] | None
+    devices: list[Device]
+    host: Host
+    gpu: GpuSection | None
     ranks: list[RankAnalysis]
     config: TrainingConfig
     warnings: list[str]
@@ -146,21 +162,19 @@ class Analysis:
     ready_s: float = 0.0  # when perfmagic had started, into the window: its own set-up is not the user's
     argv: list[str] | None = None  # the primary process's command line, where known
     # compact sampled series (see analyze.timeseries)
-    timeseries: dict[str, Any] = field(default_factory=dict)
-    torch_traces: list[dict[str, Any]] = field(default_factory=list)  # torch.profiler traces of the window
+    timeseries: Timeseries = field(default_factory=lambda: Timeseries(epoch=None, metrics={}))
+    torch_traces: list[TorchTrace] = field(default_factory=list)  # torch.profiler traces of the window
     # per stage: the code the training thread was sampled in most (see hotspots)
-    hotspots: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    tuning: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # knobs tried after the window (perfmagic.tuning)
+    hotspots: dict[str, list[Hotspot]] = field(default_factory=dict)
+    tuning: list[KnobResult] = field(default_factory=list)  # knobs tried after the window (perfmagic.tuning)
     # across the ranks of a multi-rank trace: who reaches the collectives last (analyze.ranks)
-    collective_skew: dict[str, Any] | None = None
+    collective_skew: CollectiveSkew | None = None
     # the rank the others wait for, from the ranks' stage tables (analyze.ranks)
     straggler: Straggler | None = None
     # a job merged from several nodes' records: each node's ranks and clock offset (perfmagic merge)
-    nodes: list[dict[str, Any]] | None = None
+    nodes: list[NodeClock] | None = None
 
-    def tuned(self, knob: str) -> dict[str, Any] | None:
+    def tuned(self, knob: str) -> KnobResult | None:
         """The measured result of one tuning knob, where it was tried."""
         return next((t for t in self.tuning if t.get("knob") == knob and t.get("best")), None)
 
@@ -168,14 +182,14 @@ class Analysis:
         """A sampled metric's mean over the steady steps (the whole window when too few samples fall there)."""
         return self.steady_means.get(metric)
 
-    def gpu_utils(self) -> list[tuple[dict[str, Any], float]]:
+    def gpu_utils(self) -> list[tuple[Device, float]]:
         """Each GPU with utilization samples, with its mean utilization over the steady steps."""
         return [
             (d, u) for d in self.devices if (u := self.steady_mean(f"gpu{d.get('index')}.util")) is not None
         ]
 
 
-def analyze(timelines: list[Timeline], gpu: dict[str, Any] | None = None) -> Analysis:
+def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysis:
     """Analyze the timelines of one window (one per process)."""
     if not timelines:
         raise ValueError("nothing to analyze: no timeline")
@@ -333,13 +347,13 @@ def training_config(timeline: Timeline) -> TrainingConfig:
     )
 
 
-def hotspots(timeline: Timeline, top: int = 5) -> dict[str, list[dict[str, Any]]]:
+def hotspots(timeline: Timeline, top: int = 5) -> dict[str, list[Hotspot]]:
     """Per stage, the code the training thread was sampled in most: ``where``, ``samples``, ``share``
     of that stage's samples (the shares of the listed places need not reach 1)."""
-    by_stage: dict[str, list[dict[str, Any]]] = {}
+    by_stage: dict[str, list[StackSample]] = {}
     for row in timeline.meta.get(STACK_SAMPLES) or []:
         by_stage.setdefault(row["stage"], []).append(row)
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[Hotspot]] = {}
     for stage, rows in by_stage.items():
         total = sum(r["count"] for r in rows)
         ranked = sorted(rows, key=lambda r: -r["count"])[:top]
@@ -365,7 +379,7 @@ def _rank(index: int, timeline: Timeline) -> RankAnalysis:
     )
 
 
-def node_name(meta: dict[str, Any]) -> str | None:
+def node_name(meta: TimelineMeta | Mapping[str, Any]) -> str | None:
     """The node a process ran on: its hostname, with torchrun's node rank (``GROUP_RANK``) where known,
     so that two nodes started on one host stay apart."""
     host, node_rank = meta.get("hostname"), meta.get("node_rank")

@@ -8,10 +8,9 @@ Times are microseconds on the trace's clock in, seconds and fractions out.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from perfmagic.contract.gpu import Copies, H2dCopies, Launches, Syncs
 from perfmagic.traces.kineto import MEMORY, KinetoTrace
 from perfmagic.traces.stages import SYNC_CALLS
 
@@ -31,7 +30,7 @@ H2D_SOURCES = ("Pageable", "Pinned")
 """Host memory a ``Memcpy HtoD (<source> -> Device)`` copies from."""
 
 
-def launch_stats(trace: KinetoTrace, launched: np.ndarray, span_us: float) -> dict[str, Any] | None:
+def launch_stats(trace: KinetoTrace, launched: np.ndarray, span_us: float) -> Launches | None:
     """``launches``: the kernels in ``launched`` (a mask over ``trace.gpu``) against their launch calls.
 
     HolisticTraceAnalysis's definitions: a kernel's *launch delay* is its start minus the end of
@@ -66,7 +65,7 @@ def launch_stats(trace: KinetoTrace, launched: np.ndarray, span_us: float) -> di
     }
 
 
-def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> dict[str, Any] | None:
+def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> Syncs | None:
     """``syncs``: the synchronizing CUDA calls per step, over the step ranges ``(starts, ends)`` (µs).
 
     The calls: ``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, and
@@ -101,7 +100,7 @@ def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> dict
     }
 
 
-def h2d_copies(trace: KinetoTrace, launched: np.ndarray) -> dict[str, Any] | None:
+def h2d_copies(trace: KinetoTrace, launched: np.ndarray) -> H2dCopies | None:
     """``h2d_copies``: the host-to-device copies in ``launched`` by host memory, pageable or pinned
     (the kind Kineto writes in each copy's name: ``Memcpy HtoD (Pinned -> Device)``), each with its
     ``count``, ``bytes`` and GPU ``total_s``; ``pinned_bytes_fraction`` of all bytes copied. None
@@ -115,14 +114,20 @@ def h2d_copies(trace: KinetoTrace, launched: np.ndarray) -> dict[str, Any] | Non
     of = source[gpu.name_id]
     if not (launched & (of >= 0)).any():
         return None
-    out: dict[str, Any] = {}
-    for k, host in enumerate(H2D_SOURCES):
-        m = launched & (of == k)
-        out[host.lower()] = {
-            "count": int(m.sum()),
-            "bytes": float(gpu.bytes[m].sum()),
-            "total_s": float(gpu.dur[m].sum()) / 1e6,
-        }
-    copied = out["pageable"]["bytes"] + out["pinned"]["bytes"]
-    out["pinned_bytes_fraction"] = out["pinned"]["bytes"] / copied if copied > 0 else None
-    return out
+    # H2D_SOURCES: pageable, then pinned
+    pageable, pinned = (_copies(trace, launched & (of == k)) for k in range(len(H2D_SOURCES)))
+    copied = pageable["bytes"] + pinned["bytes"]
+    return {
+        "pageable": pageable,
+        "pinned": pinned,
+        "pinned_bytes_fraction": pinned["bytes"] / copied if copied > 0 else None,
+    }
+
+
+def _copies(trace: KinetoTrace, mask: np.ndarray) -> Copies:
+    gpu = trace.gpu
+    return {
+        "count": int(mask.sum()),
+        "bytes": float(gpu.bytes[mask].sum()),
+        "total_s": float(gpu.dur[mask].sum()) / 1e6,
+    }

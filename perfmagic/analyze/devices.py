@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from perfmagic.analyze import samples
+from perfmagic.contract import AllocatorMeta, Device, DeviceInfo, GpuProcess
+from perfmagic.contract.machine import Allocator, DriverSamples
 from perfmagic.schema import ALLOCATOR, THROTTLE_REASONS, gpu_metric
 from perfmagic.timeline import Timeline
 
@@ -22,41 +24,52 @@ def gpu_indices(timeline: Timeline) -> list[int]:
     return sorted(known | {g[0] for name in timeline.metrics if (g := gpu_metric(name))})
 
 
-def devices_summary(timeline: Timeline) -> list[dict[str, Any]]:
+def devices_summary(timeline: Timeline) -> list[Device]:
     """One entry per GPU, in index order; empty without GPU samples or facts."""
     statics = {int(d["index"]): d for d in timeline.meta.get("devices") or []}
     lost = {int(m.data["index"]): m for m in timeline.marks("gpu_lost")}
     processes = timeline.meta.get("gpu_processes") or []
     allocators = {int(a["index"]): a for a in timeline.meta.get(ALLOCATOR) or []}
     return [
-        {
-            **_device(
-                timeline, i, statics.get(i, {}), lost.get(i), [p for p in processes if p.get("gpu") == i]
-            ),
-            "allocator": _allocator(allocators.get(i)),
-        }
+        _device(
+            timeline,
+            i,
+            statics.get(i, {}),
+            lost.get(i),
+            [p for p in processes if p["gpu"] == i],
+            _allocator(allocators.get(i)),
+        )
         for i in gpu_indices(timeline)
     ]
 
 
-def _allocator(figures: dict[str, Any] | None) -> dict[str, int] | None:
+def _allocator(figures: AllocatorMeta | None) -> Allocator | None:
     """PyTorch's caching allocator on the GPU over the window (None: it was not used there)."""
     if figures is None:
         return None
-    keys = ("allocated_peak_bytes", "reserved_peak_bytes", "alloc_retries", "ooms")
-    return {k: int(figures[k]) for k in keys}
+    return {
+        "allocated_peak_bytes": int(figures["allocated_peak_bytes"]),
+        "reserved_peak_bytes": int(figures["reserved_peak_bytes"]),
+        "alloc_retries": int(figures["alloc_retries"]),
+        "ooms": int(figures["ooms"]),
+    }
 
 
 def _device(
-    tl: Timeline, i: int, static: dict[str, Any], lost: Any, processes: list[dict[str, Any]]
-) -> dict[str, Any]:
+    tl: Timeline,
+    i: int,
+    static: DeviceInfo,
+    lost: Any,
+    processes: list[GpuProcess],
+    allocator: Allocator | None,
+) -> Device:
     g = f"gpu{i}."
     mem_total = static.get("mem_total_bytes")
     mem_peak = samples.as_int(samples.maximum(tl, g + "mem_used_bytes"))
     energy, energy_source = _energy(tl, g)
     throttle = _throttle(tl, g + "throttle_mask")
     tree = [p for p in processes if p.get("in_tree")]
-    tree_mem = [p["used_memory_bytes"] for p in tree if p.get("used_memory_bytes") is not None]
+    tree_mem = [used for p in tree if (used := p["used_memory_bytes"]) is not None]
     return {
         "index": i,
         "name": static.get("name"),
@@ -98,9 +111,10 @@ def _device(
         "numa_cpus": static.get("numa_cpus"),
         "mig_enabled": static.get("mig_enabled"),
         "mig_instances": [
-            dict(m, mem_used_peak_bytes=samples.as_int(samples.maximum(tl, f"{g}mig{k}.mem_used_bytes")))
+            {**m, "mem_used_peak_bytes": samples.as_int(samples.maximum(tl, f"{g}mig{k}.mem_used_bytes"))}
             for k, m in enumerate(static.get("mig_instances") or [])
         ],
+        "allocator": allocator,
     }
 
 
@@ -127,7 +141,7 @@ def _throttle(tl: Timeline, metric: str) -> dict[str, float]:
     return {name: f for name, f in out.items() if f > 0}
 
 
-def _driver_samples(tl: Timeline, g: str) -> dict[str, Any] | None:
+def _driver_samples(tl: Timeline, g: str) -> DriverSamples | None:
     t, v = tl.series(g + "util_driver")
     if not t.size:
         return None

@@ -25,11 +25,21 @@ Times are microseconds on the trace's clock in, seconds and fractions out.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import numpy as np
 
 from perfmagic.analyze.cuda_calls import h2d_copies, launch_stats, sync_stats
+from perfmagic.contract import GpuSection
+from perfmagic.contract.gpu import (
+    Comm,
+    GpuSummary,
+    IdleBreakdown,
+    KernelTable,
+    KernelTimes,
+    MemoryPeak,
+    StreamIdle,
+    TopKernel,
+)
 from perfmagic.intervals import merge_intervals, union_length
 from perfmagic.traces.kineto import (
     COMMUNICATION,
@@ -100,7 +110,7 @@ def _window(
 
 def gpu_summary(
     events: GpuEvents, launched_before: float | None = None, whole_us: bool = False
-) -> dict[str, Any] | None:
+) -> GpuSummary | None:
     """The report's ``gpu`` section from one process's GPU events; None when there are none.
 
     ``launched_before``: keep only events whose launching CPU call started before this time
@@ -152,7 +162,7 @@ def gpu_summary(
     }
 
 
-def trace_gpu(trace: KinetoTrace) -> dict[str, Any] | None:
+def trace_gpu(trace: KinetoTrace) -> GpuSection | None:
     """The ``gpu`` section of one trace, over HTA's window; None without GPU events.
 
     The window holds the GPU events launched before the last ``ProfilerStep#`` started
@@ -166,15 +176,17 @@ def trace_gpu(trace: KinetoTrace) -> dict[str, Any] | None:
     if gpu is None:
         return None
     steps = starts < before if before is not None else np.ones(len(starts), dtype=bool)
-    gpu["profiler_steps"] = numbers[steps].tolist()
     names = {d.get("id"): d.get("name") for d in trace.device_properties}
-    gpu["devices"] = [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)]
     launched = _window(trace.gpu, before, whole_us)[0]
-    gpu["launches"] = launch_stats(trace, launched, gpu["window_s"] * 1e6)
-    gpu["syncs"] = sync_stats(trace, (starts[steps], ends[steps]))
-    gpu["h2d_copies"] = h2d_copies(trace, launched)
-    gpu["memory"] = _memory_peaks(trace.memory)
-    return gpu
+    return {
+        **gpu,
+        "profiler_steps": numbers[steps].tolist(),
+        "devices": [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)],
+        "launches": launch_stats(trace, launched, gpu["window_s"] * 1e6),
+        "syncs": sync_stats(trace, (starts[steps], ends[steps])),
+        "h2d_copies": h2d_copies(trace, launched),
+        "memory": _memory_peaks(trace.memory),
+    }
 
 
 def _classify(gap_start: np.ndarray, gap: np.ndarray, next_launch: np.ndarray) -> np.ndarray:
@@ -194,15 +206,18 @@ def _gaps(
     return gap, _classify(busy_end[:-1], gap, launch[first])
 
 
-def _breakdown(gap: np.ndarray, category: np.ndarray) -> dict[str, float | None]:
+def _breakdown(gap: np.ndarray, category: np.ndarray) -> IdleBreakdown:
     total = float(gap.sum())
     if total <= 0:
-        return dict.fromkeys(IDLE_CATEGORIES)
-    return {k: float(gap[category == i].sum()) / total for i, k in enumerate(IDLE_CATEGORIES)}
+        return {"host_wait": None, "kernel_wait": None, "other": None}
+    host_wait, kernel_wait, other = (
+        float(gap[category == i].sum()) / total for i in range(len(IDLE_CATEGORIES))
+    )
+    return {"host_wait": host_wait, "kernel_wait": kernel_wait, "other": other}
 
 
-def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> list[StreamIdle]:
+    out: list[StreamIdle] = []
     keys = np.unique(np.column_stack((ev.device, ev.stream)), axis=0)
     for device, stream in keys:
         on = np.flatnonzero((ev.device == device) & (ev.stream == stream))
@@ -211,12 +226,20 @@ def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.nda
         gap = start[on][1:] - end[on][:-1]
         category = _classify(end[on][:-1], gap, launch[on][1:])
         idle = float(gap.sum())
-        row: dict[str, Any] = {"device": int(device), "stream": int(stream), "idle_s": idle / 1e6}
-        for i, k in enumerate(IDLE_CATEGORIES):
-            t = float(gap[category == i].sum())
-            row[k] = t / idle if idle > 0 else None
-            row[k + "_s"] = t / 1e6
-        out.append(row)
+        host_wait, kernel_wait, other = (float(gap[category == i].sum()) for i in range(len(IDLE_CATEGORIES)))
+        out.append(
+            {
+                "device": int(device),
+                "stream": int(stream),
+                "idle_s": idle / 1e6,
+                "host_wait": host_wait / idle if idle > 0 else None,
+                "host_wait_s": host_wait / 1e6,
+                "kernel_wait": kernel_wait / idle if idle > 0 else None,
+                "kernel_wait_s": kernel_wait / 1e6,
+                "other": other / idle if idle > 0 else None,
+                "other_s": other / 1e6,
+            }
+        )
     return out
 
 
@@ -235,12 +258,12 @@ def _by_name(ev: GpuEvents, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return total, count, kind, order[count[order] > 0]
 
 
-def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> dict[str, Any]:
+def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> KernelTimes:
     """``top_kernels``: the ``TOP_KERNELS`` kernel names with most time; ``tensor_core_fraction``: of the
     matrix kernels' time (those whose name tells), the share on tensor cores (None without any)."""
     total, count, kind, order = _by_name(ev, is_kernel)
     on_tensor_cores = [tensor_cores(ev.names[i]) for i in order]
-    top = [
+    top: list[TopKernel] = [
         {
             "name": ev.names[i],
             "kind": KINDS[kind[i]],
@@ -258,7 +281,7 @@ def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> dict[
     return {"top_kernels": top, "tensor_core_fraction": tensor / matrix if matrix > 0 else None}
 
 
-def _comm(ev: GpuEvents, start: np.ndarray, end: np.ndarray, span: float) -> dict[str, Any] | None:
+def _comm(ev: GpuEvents, start: np.ndarray, end: np.ndarray, span: float) -> Comm | None:
     """Communication kernels' time (their union), the part overlapped by computation kernels and the
     exposed rest, in seconds and as a share of the span; None without communication kernels."""
     comm, compute = ev.kind == COMMUNICATION, ev.kind == COMPUTATION
@@ -276,13 +299,13 @@ def _comm(ev: GpuEvents, start: np.ndarray, end: np.ndarray, span: float) -> dic
     }
 
 
-def _memory_peaks(memory: MemoryEvents) -> list[dict[str, Any]] | None:
+def _memory_peaks(memory: MemoryEvents) -> list[MemoryPeak] | None:
     """Per CUDA device, the peak of the memory allocated (and reserved) in the allocator's ``[memory]``
     events over the whole trace; None when the trace has none (recorded without ``profile_memory``)."""
     cuda = memory.device_type == CUDA_DEVICE
     if not cuda.any():
         return None
-    out = []
+    out: list[MemoryPeak] = []
     for device in np.unique(memory.device[cuda]):
         on = cuda & (memory.device == device)
         reserved = memory.reserved[on]
@@ -296,7 +319,7 @@ def _memory_peaks(memory: MemoryEvents) -> list[dict[str, Any]] | None:
     return out
 
 
-def _kernel_table(ev: GpuEvents) -> dict[str, Any]:
+def _kernel_table(ev: GpuEvents) -> KernelTable:
     """``kernels``: every GPU event name (kernels, memcpy, memset) with its count and total time, the
     ``KERNEL_TABLE`` longest; ``kernels_omitted``: the rest summed (None when nothing was left out)."""
     total, count, kind, order = _by_name(ev, np.ones(len(ev), dtype=bool))

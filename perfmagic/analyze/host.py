@@ -8,15 +8,16 @@ CPU of the process tree in cores. A figure that was not measured is ``None``.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from perfmagic.analyze import samples
+from perfmagic.contract import DeviceInfo, Host, HostMeta
+from perfmagic.contract.machine import GpuAffinity
 from perfmagic.timeline import Timeline
 
 
-def host_summary(timeline: Timeline) -> dict[str, Any]:
+def host_summary(timeline: Timeline) -> Host:
     """The machine and the profiled process tree over the window."""
-    meta = timeline.meta.get("host") or {}
+    meta: HostMeta = timeline.meta.get("host") or {}
     tl = timeline
     cores = sorted(
         (int(m.group(1)), name) for name in tl.metrics if (m := re.fullmatch(r"host\.cpu(\d+)_util", name))
@@ -50,14 +51,14 @@ def host_summary(timeline: Timeline) -> dict[str, Any]:
         "net_sent_bytes": samples.as_int(samples.last(tl, "host.net_sent_bytes")),
         "net_recv_bytes": samples.as_int(samples.last(tl, "host.net_recv_bytes")),
         "affinity": meta.get("affinity"),
-        "numa_nodes": meta.get("numa_nodes"),
+        "numa_nodes": {str(k): v for k, v in nodes.items()} if (nodes := meta.get("numa_nodes")) else None,
         "gpu_affinity": _gpu_affinity(meta.get("affinity"), timeline.meta.get("devices") or []),
     }
 
 
-def _gpu_affinity(affinity: list[int] | None, devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _gpu_affinity(affinity: list[int] | None, devices: list[DeviceInfo]) -> list[GpuAffinity]:
     """For each GPU: how many of the CPUs the process may use are NUMA-local to it."""
-    out: list[dict[str, Any]] = []
+    out: list[GpuAffinity] = []
     for d in devices:
         local = d.get("numa_cpus")
         if affinity is None or not local:

@@ -16,11 +16,11 @@ so the ranks' clocks must agree (NTP does to well under a millisecond on one clu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from perfmagic.analyze.steady import Steady
+from perfmagic.contract import CollectiveSkew
 from perfmagic.traces.kineto import COMMUNICATION, KinetoTrace
 
 
@@ -35,7 +35,7 @@ def collective_starts(trace: KinetoTrace) -> dict[str, np.ndarray]:
     }
 
 
-def collective_skew(starts: dict[int, dict[str, np.ndarray]]) -> dict[str, Any] | None:
+def collective_skew(starts: dict[int, dict[str, np.ndarray]]) -> CollectiveSkew | None:
     """The report's ``collective_skew``; None with fewer than two ranks or no collective they share.
 
     ``starts``: per rank, :func:`collective_starts`. Kernel names that some rank never

@@ -11,10 +11,10 @@ the Chrome-trace export merges.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import numpy as np
 
+from perfmagic.contract import Series, Timeseries, TorchTrace
 from perfmagic.schema import TORCH_TRACE_MARK
 from perfmagic.timeline import Timeline
 
@@ -26,9 +26,9 @@ _GAUGES = re.compile(
 _COUNTERS = ("host.read_bytes", "host.write_bytes")
 
 
-def timeseries(tl: Timeline, max_points: int = MAX_POINTS) -> dict[str, Any]:
+def timeseries(tl: Timeline, max_points: int = MAX_POINTS) -> Timeseries:
     """``{"epoch": ..., "metrics": {name: {"t": [...], "v": [...]}}}`` of the sampling process's timeline."""
-    metrics: dict[str, dict[str, list[float]]] = {}
+    metrics: dict[str, Series] = {}
     for name in tl.metrics:
         if _GAUGES.match(name):
             t, v = tl.series(name)
@@ -42,12 +42,16 @@ def timeseries(tl: Timeline, max_points: int = MAX_POINTS) -> dict[str, Any]:
     return {"epoch": tl.meta.get("epoch"), "metrics": metrics}
 
 
-def profiler_traces(timelines: list[Timeline]) -> list[dict[str, Any]]:
+def profiler_traces(timelines: list[Timeline]) -> list[TorchTrace]:
     """The torch.profiler traces written during the window, with what aligns their clock.
 
     ``clock_t`` is the mark's own time, so it follows the timeline when it is rebased.
     """
-    return [{**m.data, "clock_t": m.t} for tl in timelines for m in tl.marks(TORCH_TRACE_MARK)]
+    return [
+        {"path": m.data["path"], "clock_name": m.data["clock_name"], "steps": m.data["steps"], "clock_t": m.t}
+        for tl in timelines
+        for m in tl.marks(TORCH_TRACE_MARK)
+    ]
 
 
 def downsample(t: np.ndarray, v: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:

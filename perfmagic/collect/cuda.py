@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from perfmagic.clock import REAL_CLOCK, Clock
+from perfmagic.contract import AllocatorMeta
 from perfmagic.schema import ALLOCATOR
 from perfmagic.timeline import Timeline
 
@@ -135,7 +136,7 @@ class AllocatorSource:
         if cuda is not None:
             for d in self._first:
                 self._last[d] = _figures(cuda.memory_stats(d))
-        devices = []
+        devices: list[AllocatorMeta] = []
         for d, first in sorted(self._first.items()):
             last = self._last[d]
             sampled_allocated, sampled_reserved = self._sampled_peak[d]

@@ -43,10 +43,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.collect.sampler import SourceUnavailable
+from perfmagic.contract.meta import DeviceInfo, GpuProcess, MigInstance, NvmlMeta, NvmlProcess
 from perfmagic.schema import THROTTLE_REASONS
 from perfmagic.timeline import Timeline
 
@@ -313,7 +314,7 @@ class Nvml:
     def lost_reason(self, index: int) -> str | None:
         return self._lost.get(index)
 
-    def static_info(self, index: int) -> dict[str, Any]:
+    def static_info(self, index: int) -> DeviceInfo:
         """Facts that do not change during a run."""
         h = self._handles[index]
         name = self._opt(index, "name", lambda n: _text(n.nvmlDeviceGetName(h)))
@@ -351,11 +352,11 @@ class Nvml:
             lambda n: n.nvmlDeviceGetMemoryInfo(h),
         )
 
-    def _mig_instances(self, index: int) -> list[dict[str, Any]]:
+    def _mig_instances(self, index: int) -> list[MigInstance]:
         h = self._handles[index]
         slots = self._opt(index, "mig_instances", lambda n: n.nvmlDeviceGetMaxMigDeviceCount(h)) or 0
         handles: list[Any] = []
-        out: list[dict[str, Any]] = []
+        out: list[MigInstance] = []
         for k in range(int(slots)):
             mh = self._opt(index, f"mig_slot{k}", lambda n, k=k: n.nvmlDeviceGetMigDeviceHandleByIndex(h, k))
             if mh is None:  # an empty slot answers NotFound
@@ -564,10 +565,10 @@ class Nvml:
         member = _VALUE_MEMBERS[int(value_type)]
         return [(s.timeStamp / 1e6, float(getattr(s.sampleValue, member)) / 100.0) for s in samples]
 
-    def processes(self, index: int, since: float | None = None) -> list[dict[str, Any]]:
+    def processes(self, index: int, since: float | None = None) -> list[NvmlProcess]:
         """Processes on one GPU: memory, and SM share averaged since ``since`` (wall clock; default 2 s)."""
         h = self._handles[index]
-        found: dict[int, dict[str, Any]] = {}
+        found: dict[int, NvmlProcess] = {}
         for kind in ("compute", "graphics"):
             name = f"nvmlDeviceGet{kind.capitalize()}RunningProcesses"
             procs = self._opt(
@@ -651,7 +652,7 @@ class NvmlSource:
         self._last: float | None = None
 
     def open(self, timeline: Timeline) -> None:
-        meta: dict[str, Any] = {
+        meta: NvmlMeta = {
             "available": False,
             "reason": None,
             "driver_version": None,
@@ -672,12 +673,8 @@ class NvmlSource:
         n = nvml.device_count()
         timeline.meta["devices"] = [nvml.static_info(i) for i in range(n)]
         gpm = [i for i in range(n) if self._want_gpm and nvml.start_gpm(i)]
-        meta.update(
-            available=True,
-            driver_version=nvml.driver_version,
-            cuda_driver_version=nvml.cuda_driver_version,
-            gpm=gpm,
-        )
+        meta["available"], meta["gpm"] = True, gpm
+        meta["driver_version"], meta["cuda_driver_version"] = nvml.driver_version, nvml.cuda_driver_version
         self._metrics = [[(key, f"gpu{i}.{suffix}") for key, suffix in _SERIES] for i in range(n)]
 
     def poll(self, now: float, timeline: Timeline) -> None:
@@ -729,12 +726,12 @@ class NvmlSource:
                     if first <= t <= last:
                         timeline.add_sample(f"gpu{i}.{suffix}", t, value)
         tree = _process_tree(self._root_pid)
-        rows = [
-            dict(p, gpu=i, in_tree=p["pid"] in tree)
+        rows: list[GpuProcess] = [
+            {**p, "gpu": i, "in_tree": p["pid"] in tree}
             for i in live
             for p in nvml.processes(i, since=first + offset)
         ]
-        scope = "tree"
+        scope: Literal["tree", "all"] = "tree"
         if rows and not any(r["in_tree"] for r in rows):
             scope = "all"
             self.warnings.append(

@@ -214,7 +214,7 @@ class TorchStages:
     def _record_environment(self) -> None:
         torch = self._torch
         cuda = torch.cuda.is_available()
-        meta: dict[str, Any] = {
+        self.recorder.timeline.meta["torch"] = {
             "torch_version": torch.__version__,
             "cuda_version": torch.version.cuda,
             "cuda_available": cuda,
@@ -226,9 +226,8 @@ class TorchStages:
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "distributed": bool(torch.distributed.is_available() and torch.distributed.is_initialized()),
         }
-        self.recorder.timeline.meta["torch"] = meta
         if torch.distributed.is_available():
-            _note_rank(torch.distributed, self.recorder.timeline.meta)
+            _note_rank(torch.distributed, self.recorder)
 
     def _maybe_start_device_clock(self) -> None:
         """Time stages on the device too, once CUDA is in use (called from hooks: must not raise)."""
@@ -729,19 +728,19 @@ class TorchStages:
             if fn is not None:
                 p.set(dist, name, rec.wrap(fn, "comm"))
         init = dist.init_process_group
-        meta = rec.timeline.meta
 
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
             result = init(*args, **kwargs)
-            _note_rank(dist, meta)
+            _note_rank(dist, rec)
             return result
 
         p.set(dist, "init_process_group", functools.wraps(init)(init_process_group))
 
 
-def _note_rank(dist: Any, meta: dict[str, Any]) -> None:
+def _note_rank(dist: Any, rec: StageRecorder) -> None:
     """The process's rank where its environment did not say (``torch.multiprocessing.spawn`` workers pass
     it to ``init_process_group``): the rank in the report is the job's, not an order of processes."""
+    meta = rec.timeline.meta
     if meta.get("rank") is None and dist.is_initialized():
         meta["rank"], meta["world_size"] = dist.get_rank(), dist.get_world_size()
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from perfmagic.contract import ReportData, TorchTrace
 from perfmagic.schema import STEP_BOUNDARY_PREFIX, gpu_metric
 from perfmagic.timeline import Timeline
 
@@ -43,7 +44,7 @@ _HOST_COUNTERS = {
 }
 
 
-def chrome_trace(report: dict[str, Any], timelines: Sequence[Timeline] = ()) -> dict[str, Any]:
+def chrome_trace(report: ReportData, timelines: Sequence[Timeline] = ()) -> dict[str, Any]:
     """The report as a Trace Event Format object (``{"traceEvents": [...]}``)."""
     events: list[dict[str, Any]] = [
         _meta("process_name", {"name": "perfmagic"}),
@@ -82,7 +83,7 @@ def chrome_trace(report: dict[str, Any], timelines: Sequence[Timeline] = ()) -> 
 
 
 def write_chrome_trace(
-    report: dict[str, Any], path: str | os.PathLike[str], timelines: Sequence[Timeline] = ()
+    report: ReportData, path: str | os.PathLike[str], timelines: Sequence[Timeline] = ()
 ) -> Path:
     """Write the trace as JSON (gzip-compressed when the name ends in ``.gz``)."""
     p = Path(path)
@@ -94,7 +95,7 @@ def write_chrome_trace(
     return p
 
 
-def torch_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
+def torch_events(trace: TorchTrace) -> list[dict[str, Any]]:
     """The events of a torch.profiler trace on the report's clock (empty when the file is gone)."""
     path = Path(trace["path"])
     try:

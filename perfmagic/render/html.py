@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from perfmagic.contract import Card, ReportData
 from perfmagic.render.kernels import gpu_html
 from perfmagic.render.text import (
     evaluation_line,
@@ -150,7 +151,7 @@ _EMBED_JS = (
 
 
 def report_fragment(
-    report: dict[str, Any],
+    report: ReportData,
     links: Sequence[tuple[str, str]] = (),
     png: bytes | None = None,
     *,
@@ -203,7 +204,7 @@ def document(title: str, body: str) -> str:
     )
 
 
-def write_html(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+def write_html(report: ReportData, path: str | os.PathLike[str]) -> Path:
     """Write the report as one HTML file that opens offline."""
     p = Path(path)
     p.write_text(
@@ -213,23 +214,24 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def headline(report: dict[str, Any]) -> str:
+def headline(report: ReportData) -> str:
     """The bottleneck in words (or why there is none)."""
     name = report.get("bottleneck")
     if not name:
         return "no training steps were seen" if not report["steps"].get("count") else "no bottleneck found"
-    share = fmt_fraction((report.get("stages") or {}).get(name, {}).get("fraction"))
+    stage = report["stages"].get(name)
+    share = fmt_fraction(stage["fraction"] if stage else None)
     if name in _STAGE_WORDS:
         return _STAGE_WORDS[name].format(share=share)
     return f"your stage “{name}” takes {share} of each step"
 
 
-def gpu_busy(report: dict[str, Any]) -> float | None:
+def gpu_busy(report: ReportData) -> float | None:
     """GPU busy fraction: from a GPU trace when there is one, else mean NVML utilization."""
-    trace = report.get("gpu") or {}
-    if trace.get("busy_fraction") is not None:
+    trace = report["gpu"]
+    if trace and trace["busy_fraction"] is not None:
         return float(trace["busy_fraction"])
-    utils = [d["util_mean"] for d in report.get("devices") or [] if d.get("util_mean") is not None]
+    utils = [u for d in report["devices"] if (u := d["util_mean"]) is not None]
     return sum(utils) / len(utils) if utils else None
 
 
@@ -241,7 +243,7 @@ _NO_STEPS = (
 )
 
 
-def _header(report: dict[str, Any]) -> str:
+def _header(report: ReportData) -> str:
     steps = report["steps"]
     busy = gpu_busy(report)
     gpu_note = fmt_fraction(busy) if busy is not None else ("n/a" if report.get("devices") else "no GPU")
@@ -287,7 +289,7 @@ def _header(report: dict[str, Any]) -> str:
     )
 
 
-def _bottleneck_color(report: dict[str, Any]) -> str:
+def _bottleneck_color(report: ReportData) -> str:
     from perfmagic.render.waterfall import stage_color
 
     return stage_color(report.get("bottleneck") or "other")
@@ -296,7 +298,7 @@ def _bottleneck_color(report: dict[str, Any]) -> str:
 _TRIED, _BASELINE, _BEST = "#9ecae9", "#bab0ac", "#59a14f"
 
 
-def tuning_html(report: dict[str, Any]) -> str:
+def tuning_html(report: ReportData) -> str:
     """Each knob tuning compared as bars, one per setting tried (the baseline grey, the best green),
     the predicted step against the observed one; a knob not compared says why. Empty without tuning."""
     blocks = []
@@ -335,7 +337,7 @@ def tuning_html(report: dict[str, Any]) -> str:
     )
 
 
-def cards_html(cards: Sequence[dict[str, Any]], note: str = "") -> str:
+def cards_html(cards: Sequence[Card], note: str = "") -> str:
     """Advice cards: severity color, title, evidence, estimated saving, fix code with a copy button."""
     if not cards:
         return f'<p class="pm-warn">{html.escape(note or "No advice: no rule found a bottleneck it knows how to fix.")}</p>'

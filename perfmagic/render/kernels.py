@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any
 
+from perfmagic.contract import GpuSection, ReportData
 from perfmagic.units import fmt_fraction, fmt_seconds
 
 CSS = """
@@ -36,7 +36,7 @@ NAME_CHARS = 100
 _QUALIFIER = re.compile(r"\(anonymous namespace\)::|\b[A-Za-z_]\w*::")
 
 
-def gpu_time_shares(gpu: dict[str, Any]) -> dict[str, float]:
+def gpu_time_shares(gpu: GpuSection) -> dict[str, float]:
     """The GPU window's parts (``GPU_TIME``) as fractions of it: busy split into compute and the rest,
     idle split by why (``idle_breakdown``, fractions of idle time)."""
     idle = gpu.get("idle_fraction") or 0.0
@@ -50,7 +50,7 @@ def gpu_time_shares(gpu: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def gpu_html(report: dict[str, Any]) -> str:
+def gpu_html(report: ReportData) -> str:
     """The GPU idle breakdown chart and the top-kernels table; empty without a ``gpu`` section."""
     gpu = report.get("gpu")
     if not gpu or gpu.get("busy_fraction") is None:
@@ -58,7 +58,7 @@ def gpu_html(report: dict[str, Any]) -> str:
     return f'<style>{CSS}</style><div class="pm-gpu">{idle_chart(gpu)}{top_kernels_table(gpu)}</div>'
 
 
-def idle_chart(gpu: dict[str, Any]) -> str:
+def idle_chart(gpu: GpuSection) -> str:
     """One bar for the GPU's window, split into busy (compute, non-compute) and idle by why."""
     window = gpu.get("window_s") or 0.0
     shares = gpu_time_shares(gpu)
@@ -80,13 +80,13 @@ def idle_chart(gpu: dict[str, Any]) -> str:
     )
 
 
-def top_kernels_table(gpu: dict[str, Any]) -> str:
+def top_kernels_table(gpu: GpuSection) -> str:
     """The kernels with most GPU time: share of the window, count, mean time, tensor cores."""
     rows = []
     for k in gpu.get("top_kernels") or []:
         name = str(k["name"])
         short = short_name(name)
-        tensor = {True: "yes", False: "no"}.get(k.get("tensor_cores"), "–")
+        tensor = {True: "yes", False: "no", None: "–"}[k["tensor_cores"]]
         rows.append(
             f'<tr><td title="{html.escape(name)}">{html.escape(short)}</td>'
             f"<td>{_share(k.get('fraction'))}</td><td>{k['count']}</td>"

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from perfmagic.analyze.running import RunningStages
+from perfmagic.contract import DeviceInfo
 from perfmagic.render.waterfall import stage_color
 from perfmagic.timeline import Timeline
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
@@ -224,7 +225,7 @@ class LivePanel:
         running = self._running
         self._stages.value = _stages_html(running.totals, running.steps, list(self._recent))
 
-    def _gpu_row(self, device: dict[str, Any]) -> Any:
+    def _gpu_row(self, device: DeviceInfo) -> Any:
         import ipywidgets as w
 
         i = int(device["index"])

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from perfmagic.compare import saving_change, speed_words
+from perfmagic.contract import ReportData
 from perfmagic.render.html import CSS, cards_html, charts_html, headline, report_fragment
 from perfmagic.render.text import render_text
 from perfmagic.units import fmt_seconds
@@ -19,7 +20,7 @@ from perfmagic.units import fmt_seconds
 Bundle = dict[str, str]
 
 
-def report_bundle(report: dict[str, Any], links: Sequence[tuple[str, str]] = ()) -> Bundle:
+def report_bundle(report: ReportData, links: Sequence[tuple[str, str]] = ()) -> Bundle:
     """The report: header, stage waterfall, utilization, advice cards, export links.
 
     The charts also come as ``image/png``, for what reads no HTML (``nbconvert --to pdf``, some viewers).
@@ -33,7 +34,7 @@ def report_bundle(report: dict[str, Any], links: Sequence[tuple[str, str]] = ())
     return bundle
 
 
-def finished_bundle(report: dict[str, Any] | None, error: str | None = None) -> Bundle:
+def finished_bundle(report: ReportData | None, error: str | None = None) -> Bundle:
     """What the live panel turns into when the cell ends: one line, the report follows."""
     if report is None:
         text = f"perfmagic: profiling failed ({error})" if error else "perfmagic: no report"

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from perfmagic.contract import ReportData, Stage, StepTable
 from perfmagic.render.waterfall import stage_color
 
 WIDTH, HEIGHT = 900, 260
@@ -22,7 +23,7 @@ _SIDE = 650  # where the share bars start
 _INK, _GRID = "#444444", "#e4e4e4"
 
 
-def charts_png(report: dict[str, Any]) -> bytes | None:
+def charts_png(report: ReportData) -> bytes | None:
     """The waterfall and the stage shares as PNG bytes; None when the report has no steps to draw."""
     table = report.get("step_table") or {}
     stages = report.get("stages") or {}
@@ -42,7 +43,7 @@ def charts_png(report: dict[str, Any]) -> bytes | None:
     return out.getvalue()
 
 
-def _waterfall(draw: Any, table: dict[str, Any], font: Any, title: Any) -> None:
+def _waterfall(draw: Any, table: StepTable, font: Any, title: Any) -> None:
     left, top, right, bottom = _PLOT
     start = np.asarray(table["start"], dtype=float)
     end = np.asarray(table["end"], dtype=float)
@@ -78,7 +79,7 @@ def _waterfall(draw: Any, table: dict[str, Any], font: Any, title: Any) -> None:
     draw.line([(left, bottom), (right, bottom)], fill=_INK)
 
 
-def _shares(draw: Any, stages: dict[str, dict[str, Any]], font: Any, title: Any) -> None:
+def _shares(draw: Any, stages: dict[str, Stage], font: Any, title: Any) -> None:
     draw.text((_SIDE, 6), "Share of step time", fill=_INK, font=title)
     order = sorted(stages, key=lambda n: -(stages[n].get("fraction") or 0.0))
     row = min(24, (HEIGHT - 40) // max(1, len(order)))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from perfmagic.contract import Rank, ReportData, StepTable, Straggler
 from perfmagic.render.text import rank_stages
 from perfmagic.render.waterfall import binned_steps, finish_stage_bars, stage_color
 from perfmagic.units import fmt_seconds
@@ -39,7 +40,7 @@ CSS = """
 """
 
 
-def ranks_html(report: dict[str, Any], *, inline_bokehjs: bool = False) -> str:
+def ranks_html(report: ReportData, *, inline_bokehjs: bool = False) -> str:
     """The per-rank waterfall and heat table; empty for a report of fewer than two ranks.
 
     ``inline_bokehjs``: as :func:`perfmagic.render.html.charts_html`.
@@ -57,7 +58,7 @@ def ranks_html(report: dict[str, Any], *, inline_bokehjs: bool = False) -> str:
     )
 
 
-def _straggler_line(straggler: dict[str, Any] | None) -> str:
+def _straggler_line(straggler: Straggler | None) -> str:
     if straggler is None:
         return '<p class="pm-straggler-line">No straggler: the ranks keep pace with each other.</p>'
     text = (
@@ -68,17 +69,17 @@ def _straggler_line(straggler: dict[str, Any] | None) -> str:
     return f'<p class="pm-straggler-line">{html.escape(text)}</p>'
 
 
-def _label(rank: dict[str, Any], straggler: dict[str, Any] | None) -> str:
+def _label(rank: Rank, straggler: Straggler | None) -> str:
     mark = " (straggler)" if straggler is not None and rank["rank"] == straggler["rank"] else ""
     return f"rank {rank['rank']}{mark}"
 
 
-def _mean(rank: dict[str, Any], stage: str) -> float | None:
+def _mean(rank: Rank, stage: str) -> float | None:
     s = rank["stages"].get(stage)
     return None if s is None else float(s.get("mean_s", s["median_s"]))
 
 
-def heat_table(ranks: list[dict[str, Any]], straggler: dict[str, Any] | None) -> str:
+def heat_table(ranks: list[Rank], straggler: Straggler | None) -> str:
     """Rank × stage, mean seconds per steady step; a cell is redder the further above the median rank."""
     stages = rank_stages(ranks)
     steps = [sum(_mean(r, n) or 0.0 for n in r["stages"]) for r in ranks]
@@ -115,15 +116,14 @@ def heat_table(ranks: list[dict[str, Any]], straggler: dict[str, Any] | None) ->
     )
 
 
-def rank_waterfall_figure(ranks: list[dict[str, Any]], straggler: dict[str, Any] | None) -> Figure | None:
+def rank_waterfall_figure(ranks: list[Rank], straggler: Straggler | None) -> Figure | None:
     """One row per rank on one time axis, each step's stages laid out in it (hover: the durations);
     None when no rank has a step table."""
     from bokeh.models import ColumnDataSource, FactorRange
     from bokeh.models.renderers import DataRenderer
     from bokeh.plotting import figure
 
-    tables = [(r, r.get("step_table") or {}) for r in ranks]
-    tables = [(r, t) for r, t in tables if t.get("start")]
+    tables = [(r, t) for r in ranks if (t := r.get("step_table")) and t["start"]]
     if not tables:
         return None
     per_rank = max(1, RANK_BARS // len(tables))
@@ -167,7 +167,7 @@ def rank_waterfall_figure(ranks: list[dict[str, Any]], straggler: dict[str, Any]
     return fig
 
 
-def _bars(table: dict[str, Any], label: str, max_bars: int) -> dict[str, dict[str, list[Any]]]:
+def _bars(table: StepTable, label: str, max_bars: int) -> dict[str, dict[str, list[Any]]]:
     """One rank's step table as bars per stage, each stage drawn after the ones before it in its step
     (at most ``max_bars`` steps or bins of steps); stages of no time left out."""
     names = list(table["stages"])

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
+from perfmagic.contract import ReportData
 from perfmagic.render.text import render_text
 
 
-def write_tensorboard(report: dict[str, Any], logdir: str | os.PathLike[str]) -> Path:
+def write_tensorboard(report: ReportData, logdir: str | os.PathLike[str]) -> Path:
     """Write the report's scalars as a new event file in ``logdir`` (created if needed); returns ``logdir``."""
     from tensorboardX import SummaryWriter
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from perfmagic.contract import Card, Host, Rank, ReportData, Steps
 from perfmagic.schema import STAGES
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 _BAR_WIDTH = 30
 
 
-def most_to_gain(report: dict[str, Any]) -> str | None:
+def most_to_gain(report: ReportData) -> str | None:
     """Why the first card is not about the largest stage, when it is not: it saves the most."""
     from perfmagic.advise.catalog import STAGE_OF
 
@@ -23,7 +22,7 @@ def most_to_gain(report: dict[str, Any]) -> str | None:
     return f"most to gain elsewhere: {top.get('title')} (saves ~{fmt_seconds(top['saving_s'])} per step)"
 
 
-def saving_words(card: dict[str, Any]) -> str:
+def saving_words(card: Card) -> str:
     """What fixing a card gains, in words: per step and as a speed-up, or once."""
     once = (card.get("metrics") or {}).get("one_time_s")
     if once:
@@ -43,12 +42,12 @@ EXPLAIN_SHARE = 0.10
 """Share of the step from which those stages are explained."""
 
 
-def hotspot_lines(report: dict[str, Any]) -> list[str]:
+def hotspot_lines(report: ReportData) -> list[str]:
     """Where the training thread was while a large ``other`` or in-process ``data`` ran, from stack samples."""
     lines: list[str] = []
     stages, spots = report.get("stages") or {}, report.get("hotspots") or {}
     for stage in EXPLAINED_STAGES:
-        share = (stages.get(stage) or {}).get("fraction") or 0.0
+        share = stages[stage]["fraction"] if stage in stages else 0.0
         places = spots.get(stage) or []
         if share < EXPLAIN_SHARE or not places:
             continue
@@ -61,7 +60,7 @@ def hotspot_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def evaluation_line(report: dict[str, Any]) -> str | None:
+def evaluation_line(report: ReportData) -> str | None:
     """Evaluation passes, kept out of the steps: "evaluation: 8% of wall time, every 10 steps (3 passes, 0.25 s)"."""
     ev = report.get("evaluation") or {}
     if not ev.get("passes"):
@@ -74,21 +73,21 @@ def evaluation_line(report: dict[str, Any]) -> str | None:
     )
 
 
-def minor_line(report: dict[str, Any]) -> str | None:
+def minor_line(report: ReportData) -> str | None:
     """The rules that fired with too little to gain for a card, on one line."""
     minor = report.get("advice_minor") or []
     if not minor:
         return None
     parts = [
         f"{m['id']} ({fmt_seconds(m['saving_s'])}, {m['saving_s'] / m['step_s'] * 100:.1f}%)"
-        if m.get("step_s") and m.get("saving_s") is not None
+        if m["step_s"] and m["saving_s"] is not None
         else str(m["id"])
         for m in minor
     ]
     return "also checked, each under 2% of a step to gain: " + ", ".join(parts)
 
 
-def memory_words(host: dict[str, Any]) -> str:
+def memory_words(host: Host) -> str:
     """The process tree's memory peak: its PSS where measured (shared pages counted once), else RSS."""
     rss = fmt_bytes(host.get("rss_peak_bytes"))
     if host.get("pss_peak_bytes"):
@@ -96,22 +95,22 @@ def memory_words(host: dict[str, Any]) -> str:
     return f"RSS peak {rss}"
 
 
-def throughput_words(steps: dict[str, Any]) -> str:
+def throughput_words(steps: Steps) -> str:
     """ ", 2,050 samples/s, 65,600 tokens/s" where the batches told them."""
     words = [
-        f", {fmt_rate(steps[key])} {unit}/s"
-        for key, unit in (("samples_per_s", "samples"), ("tokens_per_s", "tokens"))
-        if steps.get(key)
+        f", {fmt_rate(rate)} {unit}/s"
+        for rate, unit in ((steps["samples_per_s"], "samples"), (steps["tokens_per_s"], "tokens"))
+        if rate
     ]
     return "".join(words)
 
 
-def tuning_lines(report: dict[str, Any]) -> list[str]:
+def tuning_lines(report: ReportData) -> list[str]:
     """One line per knob tuning tried: its settings' measured times, and the best against the baseline."""
     lines = []
     for knob in report.get("tuning") or []:
         base, best = knob.get("baseline"), knob.get("best")
-        if knob["knob"] == "step" and best:
+        if knob["knob"] == "step" and best and base:
             settings = ", ".join(f"{k}={v}" for k, v in best["value"].items())
             lines.append(
                 f"predicted step with {settings}: {fmt_seconds(best['seconds'])} against "
@@ -128,12 +127,12 @@ def tuning_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def origin_words(report: dict[str, Any]) -> str:
+def origin_words(report: ReportData) -> str:
     """Where the report comes from: its source, framework and trainer (``live, pytorch, hf_trainer``)."""
     return ", ".join(str(report[k]) for k in ("source", "framework", "trainer") if report.get(k))
 
 
-def render_text(report: dict[str, Any]) -> str:
+def render_text(report: ReportData) -> str:
     lines: list[str] = []
     steps = report["steps"]
     head = f"perfmagic report ({origin_words(report)}) — {fmt_seconds(report['wall_s'])} profiled"
@@ -160,7 +159,8 @@ def render_text(report: dict[str, Any]) -> str:
             f"+{fmt_seconds(straggler['excess_s'])} per step that the other ranks wait for in comm"
         )
     elif report.get("bottleneck"):
-        share = report["stages"].get(report["bottleneck"], {}).get("fraction")
+        stage = report["stages"].get(report["bottleneck"] or "")
+        share = stage["fraction"] if stage else None
         tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""
         lines.append(f"bottleneck: {report['bottleneck']}{tail}")
         gain = most_to_gain(report)
@@ -181,8 +181,8 @@ def render_text(report: dict[str, Any]) -> str:
     if spots:
         lines += ["", *spots]
 
-    if report.get("gpu"):
-        g = report["gpu"]
+    g = report["gpu"]
+    if g:
         lines += [
             "",
             f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}",
@@ -248,30 +248,30 @@ def _watts(w: float | None) -> str:
     return "n/a" if w is None else f"{w:.0f} W"
 
 
-def rank_stages(ranks: list[dict[str, Any]]) -> list[str]:
+def rank_stages(ranks: list[Rank]) -> list[str]:
     """The stages any of the report's ``ranks`` has: built-in ones in pipeline order, then the user's."""
     stages = [n for n in STAGES if any(n in r["stages"] for r in ranks)]
     return stages + sorted({n for r in ranks for n in r["stages"]} - set(stages))
 
 
-def rank_table(report: dict[str, Any]) -> list[str]:
+def rank_table(report: ReportData) -> list[str]:
     """The ranks' stage tables side by side: one row per rank, mean seconds per steady step."""
     ranks = report["ranks"]
     stages = rank_stages(ranks)
-    busy = any((r.get("gpu") or {}).get("busy_fraction") is not None for r in ranks)
-    straggler = (report.get("straggler") or {}).get("rank")
+    busy = any(_busy(r) is not None for r in ranks)
+    straggler = report["straggler"]["rank"] if report["straggler"] else None
     head = ["rank", "node", "steps", "step", *stages, *(["GPU busy"] if busy else [])]
     rows = []
     for r in ranks:
-        step = sum(s.get("mean_s", s["median_s"]) for s in r["stages"].values()) if r["stages"] else None
+        step = sum(s["mean_s"] for s in r["stages"].values()) if r["stages"] else None
         rows.append(
             [
                 f"{r['rank']}{'*' if r['rank'] == straggler else ''}",
                 str(r.get("node") or "-"),
                 str(r["steps"]["count"]),
                 fmt_seconds(step) if step is not None else "-",
-                *(fmt_seconds(r["stages"][n].get("mean_s")) if n in r["stages"] else "-" for n in stages),
-                *([fmt_fraction((r.get("gpu") or {}).get("busy_fraction"))] if busy else []),
+                *(fmt_seconds(r["stages"][n]["mean_s"]) if n in r["stages"] else "-" for n in stages),
+                *([fmt_fraction(_busy(r))] if busy else []),
             ]
         )
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
@@ -282,3 +282,8 @@ def rank_table(report: dict[str, Any]) -> list[str]:
         title,
         *("  " + "  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True)) for row in [head, *rows]),
     ]
+
+
+def _busy(rank: Rank) -> float | None:
+    gpu = rank.get("gpu")
+    return gpu["busy_fraction"] if gpu else None

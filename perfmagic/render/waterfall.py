@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from perfmagic.contract import ReportData, Series, Stage, StepTable, Timeseries
 from perfmagic.schema import gpu_metric
 from perfmagic.units import fmt_seconds
 
@@ -52,7 +53,7 @@ def stage_color(name: str) -> str:
     return color
 
 
-def report_layout(report: dict[str, Any]) -> LayoutDOM | None:
+def report_layout(report: ReportData) -> LayoutDOM | None:
     """Stage waterfall, aggregate breakdown and utilization over time; None when there is nothing to draw."""
     from bokeh.layouts import column, row
 
@@ -71,7 +72,7 @@ def report_layout(report: dict[str, Any]) -> LayoutDOM | None:
     return row(*parts, sizing_mode="stretch_width") if len(parts) > 1 else parts[0]
 
 
-def waterfall_figure(table: dict[str, Any]) -> Figure:
+def waterfall_figure(table: StepTable) -> Figure:
     """Steps along time, each a stacked bar of its stages (hover: the durations)."""
     from bokeh.models import ColumnDataSource, DataRange1d
     from bokeh.models.renderers import DataRenderer
@@ -170,7 +171,7 @@ def binned_steps(
     return k, first, last, start[first], end[last], means
 
 
-def breakdown_figure(stages: dict[str, dict[str, Any]]) -> Figure | None:
+def breakdown_figure(stages: dict[str, Stage]) -> Figure | None:
     """Share of step time per stage over the steady steps (hover: total and mean per step)."""
     if not stages:
         return None
@@ -218,13 +219,13 @@ def breakdown_figure(stages: dict[str, dict[str, Any]]) -> Figure | None:
     return fig
 
 
-def utilization_figures(ts: dict[str, Any], x_range: Range | None = None) -> list[Figure]:
+def utilization_figures(ts: Timeseries, x_range: Range | None = None) -> list[Figure]:
     """Utilization (%) and memory (MiB or GiB) over time, on the waterfall's time axis.
 
     A metric with fewer than two samples is left out (a single point draws nothing),
     and so is a chart left with no line.
     """
-    metrics: dict[str, dict[str, list[Any]]] = {
+    metrics: dict[str, Series] = {
         m: s for m, s in (ts.get("metrics") or {}).items() if sum(v is not None for v in s["v"]) >= 2
     }
     gpus = [(m, g) for m in sorted(metrics) if (g := gpu_metric(m)) is not None]
@@ -252,7 +253,7 @@ def _series_figure(
     title: str,
     unit: str,
     lines: list[tuple[str, str, float]],
-    metrics: dict[str, dict[str, list[Any]]],
+    metrics: dict[str, Series],
     x_range: Range | None,
     y_range: tuple[float, float | None] | None,
 ) -> Figure:

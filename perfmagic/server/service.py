@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from perfmagic.contract import DeviceInfo
 from perfmagic.registry import running_sessions
 from perfmagic.server import snapshot
 from perfmagic.server.kernels import KernelIndex
@@ -180,7 +181,7 @@ class MonitorService:
             retired.join()
         host = snapshot.HostReader()
         nv, reason = self.nvml_opener()
-        static: list[Json] = []
+        static: list[DeviceInfo] = []
         if nv is not None:
             try:
                 static = [nv.static_info(i) for i in range(nv.device_count())]
@@ -214,7 +215,7 @@ class MonitorService:
         seq: int,
         nv: snapshot.NvmlLike | None,
         reason: str | None,
-        static: list[Json],
+        static: list[DeviceInfo],
         host: snapshot.HostReader,
         process_cache: snapshot.ProcessCache,
     ) -> Json:

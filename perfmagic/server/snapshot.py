@@ -16,6 +16,7 @@ import psutil
 
 from perfmagic.analyze import node_name
 from perfmagic.collect.host import busy_fractions, cpu_times_of
+from perfmagic.contract import DeviceInfo, NvmlProcess
 
 SCHEMA = "perfmagic.snapshot/1"
 
@@ -33,11 +34,11 @@ class NvmlLike(Protocol):
 
     def lost_reason(self, i: int) -> str | None: ...
 
-    def static_info(self, i: int) -> Json: ...
+    def static_info(self, i: int) -> DeviceInfo: ...
 
     def read(self, i: int) -> Json: ...
 
-    def processes(self, i: int) -> list[Json]: ...
+    def processes(self, i: int) -> list[NvmlProcess]: ...
 
     def close(self) -> None: ...
 
@@ -83,7 +84,7 @@ class HostReader:
         }
 
 
-def read_gpus(nv: NvmlLike, static: list[Json]) -> list[Json]:
+def read_gpus(nv: NvmlLike, static: list[DeviceInfo]) -> list[Json]:
     """Per-GPU metrics: static facts plus one read; a GPU that fails is reported lost, not dropped."""
     gpus: list[Json] = []
     for info in static:

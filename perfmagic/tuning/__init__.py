@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from perfmagic.contract import KnobResult, Trial
 from perfmagic.tuning.guard import untouched
 from perfmagic.tuning.result import knob_result
 
@@ -46,7 +47,7 @@ def tune(
     extra_s: float = 0.0,
     autocast_in_use: bool = False,
     progress: Callable[[str, float], None] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[KnobResult]:
     """Try the knobs that apply to what is given; returns one result per knob tried.
 
     ``batch`` is what the model is called with: a tuple of arguments, a dict of keyword
@@ -62,7 +63,7 @@ def tune(
 
     if not budget_s > 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
-    results: list[dict[str, Any]] = []
+    results: list[KnobResult] = []
     # a collection inside a timed try would be charged to one setting: one that finds a dropped
     # DataLoader's iterator joins each of its workers, for up to 5 s
     gc.collect()
@@ -119,37 +120,41 @@ def tune(
 
 
 def predicted_step(
-    results: list[dict[str, Any]], step_s: float, data_s: float, extra_s: float = 0.0
-) -> dict[str, Any] | None:
+    results: list[KnobResult], step_s: float, data_s: float, extra_s: float = 0.0
+) -> KnobResult | None:
     """The step the best settings predict.
 
     Worker counts timed beside a training step give the step itself. A thread count, timed
     alone, shortens the step by what it saved only where no worker count was: beside workers
     that load on the same CPUs, faster compute need not make a faster step.
     """
-    by_knob = {r["knob"]: r for r in results if r.get("best")}  # a knob that could not be compared: no part
+    by_knob = {r["knob"]: r for r in results if r["best"]}  # a knob that could not be compared: no part
     workers, threads = by_knob.get("num_workers"), by_knob.get("num_threads")
+    w_best = workers["best"] if workers is not None else None
+    t_base, t_best = (threads["baseline"], threads["best"]) if threads is not None else (None, None)
     rest = step_s - data_s
-    if workers is not None and workers["unit"] == "seconds per step":
+    best: dict[str, Any]
+    if workers is not None and w_best is not None and workers["unit"] == "seconds per step":
         # what the loop does beyond the benchmarked step stays, as the profile measured it (not as the
         # observed step less the benchmark: the machine's pace may have changed between the two)
-        best, step = {"num_workers": workers["best"]["value"]}, workers["best"]["seconds"] + extra_s
+        best, step = {"num_workers": w_best["value"]}, w_best["seconds"] + extra_s
         how = (
             "the step measured with the best worker count, loading beside a training step on copies of"
             f" the model, plus the {extra_s * 1e3:.1f} ms per step the loop spends outside data, h2d,"
             " forward, backward and optimizer"
         )
-    elif workers is not None:
-        count, load = workers["best"]["value"], workers["best"]["seconds"]
+    elif w_best is not None:
+        count, load = w_best["value"], w_best["seconds"]
         best, step = {"num_workers": count}, max(rest, load) if count else rest + load
         how = "with workers, loading overlaps the rest of the step (the step is the longer of the two)"
-    elif threads is not None:
-        saved = threads["baseline"]["seconds"] - threads["best"]["seconds"]
-        best, step = {"num_threads": threads["best"]["value"]}, step_s - saved
+    elif t_base is not None and t_best is not None:
+        saved = t_base["seconds"] - t_best["seconds"]
+        best, step = {"num_threads": t_best["value"]}, step_s - saved
         how = "the observed step less what the best thread count saved on a training step"
     else:
         return None
-    observed, predicted = {"value": "observed", "seconds": step_s}, {"value": best, "seconds": step}
+    observed: Trial = {"value": "observed", "seconds": step_s}
+    predicted: Trial = {"value": best, "seconds": step}
     return {**knob_result("step", "seconds per step", [], observed, predicted, [how]), "budget_s": None}
 
 

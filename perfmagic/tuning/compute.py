@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from perfmagic.contract import KnobResult, Trial
 from perfmagic.tuning.result import knob_result
 
 MIN_STEPS = 3
@@ -99,7 +100,7 @@ def candidate_threads(current: int, cpus: int) -> list[int]:
 
 def tune_threads(
     step: TrainingStep, budget_s: float, say: Callable[[str], None] = lambda what: None
-) -> dict[str, Any] | None:
+) -> KnobResult | None:
     """``torch.set_num_threads`` tried on a CPU model: seconds per step for each count; ``say`` hears
     each count as its try begins."""
     import torch
@@ -108,7 +109,7 @@ def tune_threads(
     current = torch.get_num_threads()
     candidates = candidate_threads(current, cpus)
     end = time.perf_counter() + budget_s
-    tried: list[dict[str, Any]] = []
+    tried: list[Trial] = []
     notes: list[str] = ["timed with no DataLoader workers running beside it"]
     try:
         for k, threads in enumerate(candidates):
@@ -203,7 +204,7 @@ _NOTES = {
 
 def tune_compute(
     step: TrainingStep, budget_s: float, autocast_seen: bool, say: Callable[[str], None] = lambda what: None
-) -> list[dict[str, Any]]:
+) -> list[KnobResult]:
     """Each knob of :func:`compute_variants` timed within an equal share of the budget, its settings
     in turns (:func:`timed_in_turns`); ``say`` hears each knob as its try begins.
 
@@ -211,7 +212,7 @@ def tune_compute(
     left out; the knob's other settings stand.
     """
     knobs = compute_variants(step, autocast_seen)
-    results: list[dict[str, Any]] = []
+    results: list[KnobResult] = []
     end = time.perf_counter() + budget_s
     for k, (knob, settings) in enumerate(knobs.items()):
         unit = "seconds per sample" if knob == "batch_size" else "seconds per step"
@@ -223,7 +224,7 @@ def tune_compute(
         notes = [_NOTES[knob]]
         say(f"{knob}: {', '.join(str(value) for value, _ in settings)}")
         seconds = timed_in_turns([variant for _, variant in settings], time.perf_counter() + share, notes)
-        tried = [
+        tried: list[Trial] = [
             {"value": value, "seconds": s / value if knob == "batch_size" else s}
             for (value, _), s in zip(settings, seconds, strict=True)
             if s is not None

@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 
+from perfmagic.contract import KnobResult, Trial
 from perfmagic.tuning.result import knob_result
 
 MAX_WORKERS = 32
@@ -94,7 +95,7 @@ def tune_workers(
     budget_s: float,
     work: Callable[[], None] | None = None,
     say: Callable[[str], None] = lambda what: None,
-) -> dict[str, Any] | None:
+) -> KnobResult | None:
     """``num_workers`` tried on a rebuilt loader within the budget; the best is the fewest workers within
     5% of the fastest (beyond what keeps up, a worker costs memory and start-up for nothing).
 
@@ -109,7 +110,7 @@ def tune_workers(
     others = [w for w in candidate_workers(loader.num_workers, cpus, rss) if w != loader.num_workers]
     candidates = [loader.num_workers, *reversed(others)]
     end = time.perf_counter() + budget_s
-    tried: list[dict[str, Any]] = []
+    tried: list[Trial] = []
     notes: list[str] = []
     for k, workers in enumerate(candidates):
         left = end - time.perf_counter()
@@ -170,8 +171,8 @@ def first_batch_kept(loader: Any, workers: int) -> float:
 
 
 def tune_persistent_workers(
-    loader: Any, workers: dict[str, Any], say: Callable[[str], None] = lambda what: None
-) -> dict[str, Any] | None:
+    loader: Any, workers: Trial, say: Callable[[str], None] = lambda what: None
+) -> KnobResult | None:
     """``persistent_workers`` at the best worker count ``workers`` (a ``tried`` entry of
     :func:`tune_workers`, whose ``start_s`` is the epoch's first batch with workers started anew)."""
     if loader.persistent_workers or not workers["value"] or loader.batch_size is None or _iterable(loader):
@@ -184,7 +185,7 @@ def tune_persistent_workers(
             kept = first_batch_kept(loader, workers["value"])
     except Exception as e:  # the dataset's own error
         return knob_result("persistent_workers", None, [], None, None, [*notes, f"the loader raised {e!r}"])
-    tried = [{"value": False, "seconds": workers["start_s"]}, {"value": True, "seconds": kept}]
+    tried: list[Trial] = [{"value": False, "seconds": workers["start_s"]}, {"value": True, "seconds": kept}]
     best = min(tried, key=lambda t: t["seconds"])
     return knob_result(
         "persistent_workers", "seconds to an epoch's first batch", tried, tried[0], best, notes
@@ -198,7 +199,7 @@ def tune_pin_memory(
     budget_s: float,
     work: Callable[[], None] | None = None,
     say: Callable[[str], None] = lambda what: None,
-) -> dict[str, Any] | None:
+) -> KnobResult | None:
     """``pin_memory`` on a loader feeding a CUDA model: each batch copied to ``device`` with
     ``non_blocking=True`` (then ``work``, the training step on copies), from pageable memory as now
     against pinned; seconds per batch, the copy waited for."""
@@ -213,7 +214,7 @@ def tune_pin_memory(
             work()
         torch.cuda.synchronize(device)
 
-    tried: list[dict[str, Any]] = []
+    tried: list[Trial] = []
     notes = [f"at {workers} workers; each batch copied with non_blocking=True"]
     end = time.perf_counter() + budget_s
     for k, pinned in enumerate((False, True)):

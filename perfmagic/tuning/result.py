@@ -1,19 +1,20 @@
-"""One knob's result, as the report's ``tuning`` key holds it."""
+"""One knob's result, as the report's ``tuning`` key holds it (its type: :class:`perfmagic.contract.KnobResult`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+
+from perfmagic.contract import KnobResult, Trial
 
 
 def knob_result(
     knob: str,
     unit: str | None,
-    tried: list[dict[str, Any]],
-    baseline: dict[str, Any] | None,
-    best: dict[str, Any] | None,
+    tried: list[Trial],
+    baseline: Trial | None,
+    best: Trial | None,
     notes: list[str],
-) -> dict[str, Any]:
+) -> KnobResult:
     """``{knob, unit, baseline, tried, best, speedup, notes}``; ``best`` None where nothing could be compared."""
     speedup = None
     if baseline is not None and best is not None:

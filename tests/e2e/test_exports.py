@@ -345,6 +345,8 @@ def test_thousands_of_steps_stay_small_and_fast() -> None:
         "step_table": {"start": start.tolist(), "end": (start + total).tolist(), "stages": stages},
         "advice": [],
         "warnings": [],
+        "gpu": None,
+        "devices": [],
     }
     begin = time.perf_counter()
     page = report_fragment(report, png=charts_png(report))

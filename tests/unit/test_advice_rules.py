@@ -329,6 +329,7 @@ def test_launch_bound() -> None:
         "busy_fraction": 0.6,
         "idle_fraction": 0.4,
         "idle_breakdown": {"host_wait": 0.1, "kernel_wait": 0.25},
+        "launches": None,
     }
     card = check(gpu.launch_bound(_gpu(gpu=trace, optimizer={"cls": "AdamW", "fused": None})), "launch_bound")
     assert "reduce-overhead" in card.fix and "fused=True" in card.fix

@@ -40,6 +40,7 @@ H100 = {
     "mem_used_peak_bytes": 40 * GiB,
     "mem_used_peak_fraction": 0.5,
     "tree_mem_used_bytes": 40 * GiB,
+    "allocator": None,
     "numa_node": 1,
     "numa_cpus": [4, 5, 6, 7],
 }
@@ -81,6 +82,7 @@ TRACE = {
     "busy_fraction": 0.6,
     "idle_fraction": 0.4,
     "idle_breakdown": {"host_wait": 0.1, "kernel_wait": 0.25},
+    "launches": None,
 }
 SLOW_EVERY_8 = [0.05 if k % 8 == 7 else 0.0003 for k in range(40)]
 RECOMPILES = [0.004 + (0.3 if k in (10, 25) else 0.0) for k in range(40)]

@@ -1,0 +1,92 @@
+"""The typed contract holds what the code emits: every key of a report and of a timeline's meta is
+declared in :mod:`perfmagic.contract`, every required key is there, every value has its declared type."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from analysis_builder import CUDA_TORCH, GiB, gpu_static, timeline
+from contract_checks import mismatches
+from trace_data import real
+
+from perfmagic.analyze import StageStats, StepStats
+from perfmagic.analyze.evaluation import EvaluationStats
+from perfmagic.analyze.ranks import Straggler as StragglerStats
+from perfmagic.contract import (
+    Evaluation,
+    ReportData,
+    Stage,
+    Steps,
+    Straggler,
+    TimelineMeta,
+)
+from perfmagic.report import Report, report_from_timelines
+from perfmagic.trace_report import report_from_traces
+
+
+def conforms(value: Any, tp: Any) -> None:
+    found = mismatches(value, tp)
+    assert not found, "\n".join(found[:40])
+
+
+def _profiled() -> Report:
+    """A hand-laid run on one GPU with NVML's facts and samples, as a live profile records them."""
+    samples = {
+        "gpu0.util": 0.8,
+        "gpu0.mem_used_bytes": 20 * GiB,
+        "host.cpu_util": 0.3,
+        "host.rss_bytes": 2 * GiB,
+    }
+    tl = timeline(devices=[gpu_static(numa_cpus=list(range(8)))], samples=samples, torch=CUDA_TORCH)
+    return report_from_timelines([tl])
+
+
+def test_a_report_from_a_laid_out_run_has_the_declared_keys_and_types() -> None:
+    report = _profiled()
+    data = report.to_dict()
+    assert data["devices"] and data["advice"] is not None
+    conforms(data, ReportData)
+    conforms(json.loads(report.to_json()), ReportData)
+    conforms(report.timelines[0].meta, TimelineMeta)
+
+
+@pytest.mark.parametrize(
+    "names", [["h200_train.json.gz"], ["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"]]
+)
+def test_a_report_from_traces_has_the_declared_keys_and_types(names: list[str]) -> None:
+    report = report_from_traces([real(n) for n in names])
+    data = report.to_dict()
+    assert data["gpu"] is not None
+    if len(names) > 1:
+        assert len(data["ranks"]) == 2 and all("step_table" in r for r in data["ranks"])
+    conforms(data, ReportData)
+    conforms(json.loads(report.to_json()), ReportData)
+
+
+def test_a_report_of_no_steps_has_the_declared_keys_and_types() -> None:
+    conforms(report_from_timelines([timeline(steps=0)]).to_dict(), ReportData)
+
+
+def test_the_check_finds_an_undeclared_key_a_missing_key_and_a_wrong_type() -> None:
+    data: dict[str, Any] = json.loads(_profiled().to_json())
+    data["steps"]["extra"] = 1
+    del data["host"]["cpu_count"]
+    data["stages"]["forward"]["total_s"] = "1"
+    data["advice"].append({**data["advice"][0], "severity": "urgent"} if data["advice"] else {"id": 1})
+    found = "\n".join(mismatches(data, ReportData))
+    assert "$.steps.extra: not a key of Steps" in found
+    assert "$.host.cpu_count: missing" in found
+    assert "$.stages.forward.total_s: str" in found
+    assert f"$.advice[{len(data['advice']) - 1}]" in found
+
+
+@pytest.mark.parametrize(
+    ("stats", "section"),
+    [(StepStats, Steps), (StageStats, Stage), (EvaluationStats, Evaluation), (StragglerStats, Straggler)],
+)
+def test_each_dataclass_the_report_copies_has_exactly_its_sections_keys(stats: Any, section: Any) -> None:
+    # report.py copies these field by field: a field added to one must be added to the other
+    assert {f.name for f in dataclasses.fields(stats)} == set(section.__annotations__)
