@@ -13,7 +13,7 @@ import perfmagic
 
 torch = pytest.importorskip("torch")
 
-LOOPS = '''\
+LOOPS = """\
 import torch
 
 model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Flatten(), torch.nn.Linear(16 * 8, 50))
@@ -43,7 +43,7 @@ def infer(iterations):  # no backward, no optimizer, no DataLoader: nothing mark
             x, _ = get_batch(i)
             out = model(x)
             out.argmax(dim=1)
-'''
+"""
 
 
 @pytest.fixture
