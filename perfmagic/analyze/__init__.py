@@ -20,6 +20,7 @@ from perfmagic.analyze.loop import LoopFacts, loop_facts
 from perfmagic.analyze.ranks import Straggler, find_straggler
 from perfmagic.analyze.samples import window_means
 from perfmagic.analyze.steady import Steady, steady_of
+from perfmagic.analyze.step_hint import step_hint
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
 from perfmagic.analyze.timeseries import profiler_traces, timeseries
 from perfmagic.contract import (
@@ -44,6 +45,7 @@ from perfmagic.schema import (
     TRAINER_MARK,
     TRAINERS,
 )
+from perfmagic.step_policy import MARK_STEP_HINT
 from perfmagic.timeline import Timeline
 
 
@@ -215,11 +217,10 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
             f"process {pids} ended without finishing its profile (killed, or its kernel died): "
             "this report covers what it had spooled, up to about a second before the end"
         )
-    if not primary.steps.count:
-        warnings.append(
-            "no training steps were seen: no optimizer step, DataLoader batch or perfmagic.step() "
-            "happened in the profiled window, so there is no stage breakdown"
-        )
+    steps = _with_throughput(primary.steps, tl, primary.breakdown, primary.steady)
+    if not steps.count:
+        steps = replace(steps, hint=step_hint(tl))
+        warnings.append(_no_steps_warning(tl, steps.hint))
 
     straggler = find_straggler([(r.rank, r.steady) for r in ranks if r.steady is not None])
     argv = tl.meta.get("argv")
@@ -231,7 +232,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         trainer=config.trainer["trainer"] if config.trainer else None,
         breakdown=primary.breakdown,
         steady=steady,
-        steps=_with_throughput(primary.steps, tl, primary.breakdown, primary.steady),
+        steps=steps,
         stages=primary.stages,
         # what holds the job back is the straggler's stage, not the wait it causes on the primary rank
         bottleneck=straggler.stage if straggler is not None else bottleneck(primary.stages),
@@ -294,13 +295,27 @@ def bottleneck(stages: dict[str, StageStats]) -> str | None:
     return max(stages, key=lambda s: stages[s].total_s)
 
 
+def _no_steps_warning(timeline: Timeline, hint: str | None) -> str:
+    if timeline.meta.get("source") == "trace":
+        return (
+            "no training steps in the trace: it has no ProfilerStep# ranges (call prof.step() once per "
+            "step while torch.profiler records), so there is no stage breakdown"
+        )
+    return (
+        "no training steps were seen: no perfmagic.step(), optimizer step, DataLoader batch or backward pass "
+        "happened in the profiled window, so there is no stage breakdown; "
+        + (hint or f"call {MARK_STEP_HINT} at the end of each step")
+    )
+
+
 def step_stats(breakdown: StepBreakdown) -> StepStats:
     """Step figures over the steady steps (warm-up left out), with the count of all steps."""
     s = steady_of(breakdown)
     if s is None:
-        return StepStats(0, None, None, None, None)
+        return StepStats(0, None, None, None, None, boundary=breakdown.boundary)
     total = float(s.durations.sum())
     return StepStats(
+        boundary=breakdown.boundary,
         count=breakdown.count,
         median_s=s.median_s,
         p90_s=float(np.percentile(s.durations, 90)),

@@ -33,7 +33,10 @@ from perfmagic.collect.recorder import StageRecorder
 
 
 class ReducerWait:
-    """Wraps ``torch.autograd.backward`` (``Tensor.backward`` calls it) as ``backward``, with DDP's wait inside."""
+    """Wraps ``torch.autograd.backward`` (``Tensor.backward`` calls it) as ``backward``, with DDP's wait inside.
+
+    Until a stronger boundary is seen, each backward it records also ends a step: the rhythm of a loop
+    that updates its parameters by hand (``perfmagic.step_policy``)."""
 
     def __init__(self, torch: Any, recorder: StageRecorder) -> None:
         self._torch = torch
@@ -82,6 +85,8 @@ class ReducerWait:
                     for start, end, start_mark, end_mark in waits:
                         rec.record_within(comm_id, start, end, (start_mark, end_mark))
                 exit_()
+                if rec.rhythm_wanted:  # no optimizer step, batch or perfmagic.step() yet (step_policy)
+                    rec.boundary("backward")
 
         recorded.__wrapped__ = fn  # type: ignore[attr-defined]
         recorded.__name__ = getattr(fn, "__name__", "recorded")

@@ -32,7 +32,6 @@ import numpy as np
 from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.collect.threadclock import ThreadClock
 from perfmagic.schema import (
-    BOUNDARY_KINDS,
     OPAQUE_STAGES,
     STAGES,
     STEP_BOUNDARY_PREFIX,
@@ -40,10 +39,8 @@ from perfmagic.schema import (
     THREAD_GC,
     THREAD_WAIT,
 )
+from perfmagic.step_policy import ENDS_BATCH_STEPS, ENDS_RHYTHM, EVIDENCE, STEP_ENDS, delimiting_kind
 from perfmagic.timeline import Timeline
-
-_STEP_ENDS = frozenset({"optimizer", "user"})
-"""Boundary kinds that end steps where a DataLoader also marks batches."""
 
 MAX_DEPTH = 127
 """Open stages beyond this depth are not recorded (a span's depth is one signed byte)."""
@@ -158,6 +155,7 @@ class StageRecorder:
         self._drained_at = self._now() - origin
         self._boundaries: dict[str, int] = {}
         self._steps_end_elsewhere = False  # an optimizer or user boundary was written: batches end no step
+        self.rhythm_wanted = True  # no stronger boundary yet: each backward pass ends a step (step_policy)
         self._boundary_ids: dict[str, int] = {}
         # a boundary held back (kind, time, device mark, thread clock reading): see ``boundary``
         self._held: tuple[str, float, object | None, _ClockReading | None] | None = None
@@ -271,7 +269,7 @@ class StageRecorder:
         return self._mark() if self._device_clock is not None else None
 
     def boundary(self, kind: str, *, hold: bool = False) -> None:
-        """Mark a step boundary (``kind``: optimizer, batch, user; or loader_end, see ``analyze.steps``).
+        """Mark a step boundary (``kind``: one of ``step_policy.EVIDENCE`` or ``NOT_STEP_ENDS``).
 
         ``hold=True`` keeps the boundary back, with its time: the next boundary of any kind or
         :meth:`release_held` writes it, :meth:`drop_held` forgets it (two optimizers stepping in
@@ -295,8 +293,9 @@ class StageRecorder:
                 if now - self._clock_read_at >= THREAD_CLOCK_EVERY_S or clock.gc_s != self._gc_s_written
                 else _UNREAD
             )
-        if hold:
+        if hold:  # an optimizer step: the backward rhythm is not wanted (nor able to release it early)
             self._held = (kind, t, token, clock_reading)
+            self.rhythm_wanted = self.rhythm_wanted and kind not in ENDS_RHYTHM
         else:
             self._write_boundary(kind, t, token, clock_reading)
 
@@ -323,8 +322,9 @@ class StageRecorder:
         self, kind: str, t: float, token: object | None, clock_reading: _ClockReading | None
     ) -> None:
         self._boundaries[kind] = self._boundaries.get(kind, 0) + 1
-        if kind in _STEP_ENDS:
-            self._steps_end_elsewhere = True
+        if kind in ENDS_RHYTHM:
+            self.rhythm_wanted = False
+            self._steps_end_elsewhere = self._steps_end_elsewhere or kind in ENDS_BATCH_STEPS
         sid = self._boundary_ids.get(kind)
         if sid is None:  # once per kind: this runs every step
             sid = self._boundary_ids[kind] = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
@@ -353,9 +353,7 @@ class StageRecorder:
         ):  # old steps' spans folded into rows, cut here between two appends
             self.timeline.apply_fold()
         on_step = self.on_step
-        if on_step is not None and (
-            kind in _STEP_ENDS or (kind == "batch" and not self._steps_end_elsewhere)
-        ):
+        if on_step is not None and (kind in STEP_ENDS or (kind == "batch" and not self._steps_end_elsewhere)):
             on_step()
 
     def _check_backlog(self) -> None:
@@ -480,9 +478,9 @@ class StageRecorder:
 
     @property
     def step_count(self) -> int:
-        """Steps ended so far, by the boundaries that end them (:data:`BOUNDARY_KINDS`, in order)."""
-        counts = self._boundaries
-        return next((counts[k] for k in BOUNDARY_KINDS if counts.get(k)), 0)
+        """Steps ended so far, by the boundaries that delimit them (``step_policy``)."""
+        kind = delimiting_kind([k for k in EVIDENCE if self._boundaries.get(k)])
+        return self._boundaries[kind] if kind is not None else 0
 
     @property
     def boundary_counts(self) -> dict[str, int]:

@@ -21,14 +21,13 @@ comm       ``torch.distributed`` collectives; inside backward, DDP's wait for it
 module hooks: global hooks push every module off PyTorch's hook-free fast path,
 which costs more than the whole recorder on small models.
 
-Steps end at each (outermost) optimizer step, else at each DataLoader batch. A
-DataLoader pass that trained nothing (no optimizer step, no forward with grad:
-an evaluation) marks its end, so that ``analyze.steps`` keeps it out of the
-training steps. On CUDA, a :class:`CudaEventClock` times stage boundaries on
-the device, so a stage lasts until the GPU has finished the work queued in it.
+Steps end as ``perfmagic.step_policy`` says: at each (outermost) optimizer step, else at each
+DataLoader batch, else at each backward pass. A DataLoader pass that trained nothing (no optimizer
+step, no forward with grad: an evaluation) marks its end, so that it stays out of the training
+steps. On CUDA, a :class:`CudaEventClock` times stage boundaries on the device, so a stage lasts
+until the GPU has finished the work queued in it.
 
-Inside ``torch.compile``'s tracing the wrappers only call through: anything
-else would break the graph at every module call.
+Inside ``torch.compile``'s tracing the wrappers only call through: anything else would break the graph.
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ from perfmagic.collect.ddp import ReducerWait
 from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.stacks import call_site
 from perfmagic.schema import THREAD_DATA_CPU, THREAD_DATA_TIMED, THREAD_SAMPLES, THREAD_TOKENS
 
 _COLLECTIVES = (
@@ -413,6 +413,7 @@ class TorchStages:
             ddp=isinstance(module, torch.nn.parallel.DistributedDataParallel),
             compiled=name == "OptimizedModule" or hasattr(module, "_orig_mod"),
             training=bool(module.training),
+            call_site=call_site(sys._getframe(1)),  # where perfmagic.step() goes if nothing marks steps
         )
 
     # -- tensor methods: h2d and syncs -----------------------------------
@@ -495,7 +496,6 @@ class TorchStages:
         optimizer_id = rec.stage_id("optimizer")
         open_steps: list[bool] = []
         stats = self.stats
-
         guarded: set[type] = set()
 
         def guard(cls: type) -> None:

@@ -236,9 +236,9 @@ def gpu_busy(report: ReportData) -> float | None:
 
 
 _NO_STEPS = (
-    "perfmagic splits time into training steps at each optimizer step or DataLoader batch, and none "
-    "happened here, so there is no stage breakdown. If this cell trains in a loop perfmagic cannot see "
-    "(another framework, a hand-written loop), call <code>perfmagic.step()</code> at the end of each step. "
+    "perfmagic splits time into training steps at each <code>perfmagic.step()</code>, optimizer step, "
+    "DataLoader batch or backward pass, and none happened here, so there is no stage breakdown. If this "
+    "cell trains in a loop perfmagic cannot see (another framework), {hint}. "
     "Below: what the hardware did while the cell ran."
 )
 
@@ -281,7 +281,10 @@ def _header(report: ReportData) -> str:
             verdict += f'<br><span class="pm-gain">{html.escape(gain[0].upper() + gain[1:])}</span>'
 
     else:
-        verdict = f"<b>No training steps were seen.</b> {_NO_STEPS}"
+        hint = html.escape(steps.get("hint") or "call perfmagic.step() at the end of each step")
+        verdict = "<b>No training steps were seen.</b> " + _NO_STEPS.format(
+            hint=hint.replace("perfmagic.step()", "<code>perfmagic.step()</code>")
+        )
     return (
         f'<h3>perfmagic report <span class="pm-sub">({html.escape(sub)})</span></h3>'
         f'<div class="pm-kpis">{boxes}</div>'

@@ -148,7 +148,7 @@ def render_text(report: ReportData) -> str:
                 f"figures below: the {steps['count'] - steps['warmup']} steps after the first (warm-up)"
             )
     else:
-        lines.append("steps: none seen")
+        lines.append("steps: none seen" + (f" ({steps['hint']})" if steps.get("hint") else ""))
     evaluation = evaluation_line(report)
     if evaluation:
         lines.append(evaluation)

@@ -218,6 +218,8 @@ def test_report_json_contract(tmp_path: Path) -> None:
     assert data["evaluation"] == {"total_s": 0.0, "fraction_of_wall": 0.0, "passes": 0, "every_steps": None}
     assert set(data["steps"]) == {
         "count",
+        "boundary",
+        "hint",
         "median_s",
         "p90_s",
         "first_s",
