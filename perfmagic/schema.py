@@ -93,6 +93,9 @@ apart: a CPU clock read costs a fast loop), sampled after each…"""
 THREAD_DATA_TIMED = "thread.data_timed_s"
 """…and the cumulative wall seconds of those fetches."""
 
+THREAD_DATA_WAIT = "thread.data_wait_s"
+"""…and the cumulative seconds of them it was runnable but waited for a CPU (NaN where the OS does not say)."""
+
 STACK_SAMPLES: Final = "stack_samples"
 """``timeline.meta`` key: where the training thread was at each sampler tick, ``[{"stage", "where",
 "count"}, ...]`` (``where``: the innermost frame of the user's code, ``function (file:line)``)."""

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from busy import busy_cpu, busy_cpus  # noqa: F401  (fixtures: other processes keeping CPUs busy)
 from fake_nvml import fake_nvml  # noqa: F401  (fixture: a fake NVML at perfmagic's pynvml seam)
 from fakeclock import FakeClock
 

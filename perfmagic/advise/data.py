@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from perfmagic.advise.card import Card, make_card, severity_for
 from perfmagic.advise.host import contention
+from perfmagic.advise.loading import loading_kind, loading_says
 from perfmagic.advise.tf_fixes import tf_data_code
 from perfmagic.advise.trainer_fixes import loader_code, trainer_name
 from perfmagic.analyze import Analysis
@@ -32,8 +33,6 @@ MIN_PROC_READ = 1 * MiB
 SMALL_READ = 64 * KiB
 """Average read size under which per-request latency dominates storage throughput."""
 MIN_READ_OPS_PER_S = 100.0
-ON_CPU = 0.5
-"""Share of its time a loader spends on a CPU above which loading is CPU-bound (below: it waits)."""
 HANDOFF_SHARE = 0.10
 """Data wait that is the hand-over of batches from busy-enough workers worth a card: below it, the
 usual cost of workers (each batch is pickled through shared memory and rebuilt in the training process)."""
@@ -41,33 +40,6 @@ IO_WORKERS_PER_CPU = 4
 """Workers that wait on storage need no CPU each: up to this many per usable CPU…"""
 MAX_WORKERS = 32
 """…and never more than this."""
-
-Loading = Literal["cpu", "io", "handoff"]
-
-
-def loading_kind(a: Analysis) -> Loading | None:
-    """What the data wait is, from where the CPU time went while the training thread waited.
-
-    ``"cpu"``: building batches takes CPU (the training thread's own, or workers busy or
-    waiting for a CPU);
-    ``"io"``: the loaders wait (storage, network, sleep) more than they compute;
-    ``"handoff"``: the workers keep up and the training thread spends the wait taking
-    each batch over (unpickling it from shared memory). None where unmeasured.
-    """
-    share = a.loop.data_cpu_share
-    ld = a.config.loader
-    if share is None or ld is None:
-        return None
-    workers = int(ld.get("num_workers") or 0)
-    if not workers:
-        return "cpu" if share >= ON_CPU else "io"
-    if share >= ON_CPU:
-        return "handoff"
-    cores = a.steady_mean("host.children_cpu_cores")
-    if cores is None:
-        return None
-    starved = a.steady_mean("host.children_wait_cores") or 0.0  # runnable workers that got no CPU
-    return "cpu" if (cores + starved) / workers >= ON_CPU else "io"
 
 
 @dataclass(frozen=True)
@@ -204,7 +176,7 @@ def input_bound(a: Analysis) -> Card | None:
         return _handoff(a, s) if share >= HANDOFF_SHARE else None
     verdict = "HIGHLY input-bound" if share >= HIGHLY_INPUT_SHARE else "moderately input-bound"
     workers = f", DataLoader num_workers={ld.get('num_workers') or 0}" if ld else ""
-    says = f"; {_LOADING_SAYS[kind].format(share=fmt_fraction(a.loop.data_cpu_share))}" if kind else ""
+    says = f"; {loading_says(a, kind)}" if kind else ""
     evidence = (
         f"{fmt_fraction(share)} of step time is spent waiting for the next batch: {fmt_seconds(wait)} of a "
         f"{fmt_seconds(step)} step (mean of {s.count} steps after warm-up{workers}{says}). Up to "
@@ -295,13 +267,6 @@ def _pipeline_says(pipeline: dict[str, Any]) -> str:
     )
 
 
-_LOADING_SAYS = {
-    "cpu": "loading is CPU-bound: the loaders compute",
-    "io": "loading waits on I/O: the training thread was on a CPU only {share} of the wait",
-    "handoff": "the wait is the hand-over from the workers",
-}
-
-
 def _handoff(a: Analysis, s: Steady) -> Card:
     """The workers keep up; the wait is the training thread taking each batch over from them."""
     wait, share, step = s.stage_s("data"), s.share("data"), s.step_s
@@ -389,8 +354,8 @@ def dataloader_workers(a: Analysis) -> Card | None:
     batch = f" of {ld['batch_size']}" if ld.get("batch_size") else ""
     io = loading_kind(a) == "io"
     affords = (
-        f"loading waits on I/O (the loaders were on a CPU {fmt_fraction(a.loop.data_cpu_share)} of the time), "
-        f"so workers need no CPU each: {cpus} usable CPUs and the memory left afford {plan.cap}"
+        f"loading is blocked, not computing (the loaders were on a CPU {fmt_fraction(a.loop.data_cpu_share)} "
+        f"of the time), so workers need no CPU each: {cpus} usable CPUs and the memory left afford {plan.cap}"
         if io
         else f"{cpus} usable CPUs allow {plan.cap} (one CPU stays with the training loop)"
     )

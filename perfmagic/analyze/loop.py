@@ -6,7 +6,10 @@
 - ``calls_per_step``: how many times per step each stage was entered;
 - ``data_cpu_share``: the share of the ``data`` stage the training thread spent on a
   CPU: near 1 when it loads (or unpickles) batches itself, near 0 when it waits for
-  storage or for DataLoader workers.
+  storage or for DataLoader workers;
+- ``data_wait_share``: the share it was runnable but waited for a CPU (other
+  processes or threads held them): CPU demand, like ``data_cpu_share``, never I/O.
+  What is left of the wait is blocked (storage, sleep, a lock, the workers).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 from perfmagic.analyze.steady import Steady
 from perfmagic.analyze.steps import StepBreakdown
 from perfmagic.intervals import merge_intervals
-from perfmagic.schema import STAGES, THREAD_DATA_CPU, THREAD_DATA_TIMED
+from perfmagic.schema import STAGES, THREAD_DATA_CPU, THREAD_DATA_TIMED, THREAD_DATA_WAIT
 from perfmagic.timeline import Timeline
 
 
@@ -29,6 +32,9 @@ class LoopFacts:
     pre_forward_s: float = 0.0
     calls_per_step: dict[str, float] = field(default_factory=dict)
     data_cpu_share: float | None = None  # None: not measured
+    data_wait_share: float | None = (
+        None  # None: not measured (no schedstat: the CPU-versus-I/O split is unknown)
+    )
 
 
 def loop_facts(timeline: Timeline, breakdown: StepBreakdown, steady: Steady | None) -> LoopFacts:
@@ -40,7 +46,8 @@ def loop_facts(timeline: Timeline, breakdown: StepBreakdown, steady: Steady | No
     return LoopFacts(
         pre_forward_s(timeline, breakdown, steady),
         calls_per_step(timeline, steady),
-        data_cpu_share(timeline, steady),
+        fetch_share(timeline, steady, THREAD_DATA_CPU),
+        fetch_share(timeline, steady, THREAD_DATA_WAIT),
     )
 
 
@@ -66,14 +73,15 @@ def _held(steady: Steady, breakdown: StepBreakdown, since: float) -> Steady | No
     )
 
 
-def data_cpu_share(timeline: Timeline, steady: Steady) -> float | None:
-    """CPU seconds the training thread spent getting batches over the steady steps, per second it spent
-    (of the fetches it timed: ``THREAD_DATA_TIMED``)."""
-    t, cpu = timeline.series(THREAD_DATA_CPU)
+def fetch_share(timeline: Timeline, steady: Steady, metric: str) -> float | None:
+    """Seconds of ``metric`` (CPU, or waiting for a CPU) the training thread spent getting batches over the
+    steady steps, per second it spent (of the fetches it timed: ``THREAD_DATA_TIMED``); None unmeasured."""
+    t, counted = timeline.series(metric)
     t_wall, wall = timeline.series(THREAD_DATA_TIMED)
-    if len(t) < 2 or len(t_wall) != len(t):
+    if len(t) < 2 or len(t_wall) != len(t) or not np.isfinite(counted).all():
         return None
-    inside = np.interp([steady.start, steady.end], t, cpu), np.interp([steady.start, steady.end], t, wall)
+    window = [steady.start, steady.end]
+    inside = np.interp(window, t, counted), np.interp(window, t_wall, wall)
     spent = float(inside[1][1] - inside[1][0])
     if spent <= 0:
         return None

@@ -77,3 +77,8 @@ class ThreadClock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def cpu_only_reading() -> tuple[float, float]:
+    """A reading of the calling thread where no :class:`ThreadClock` measures it: CPU time, wait unknown."""
+    return time.thread_time(), math.nan

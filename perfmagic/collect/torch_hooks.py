@@ -39,7 +39,6 @@ import importlib.util
 import logging
 import os
 import sys
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +49,14 @@ from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.stacks import call_site
-from perfmagic.schema import THREAD_DATA_CPU, THREAD_DATA_TIMED, THREAD_SAMPLES, THREAD_TOKENS
+from perfmagic.collect.threadclock import cpu_only_reading
+from perfmagic.schema import (
+    THREAD_DATA_CPU,
+    THREAD_DATA_TIMED,
+    THREAD_DATA_WAIT,
+    THREAD_SAMPLES,
+    THREAD_TOKENS,
+)
 
 _COLLECTIVES = (
     "all_reduce",
@@ -257,23 +263,19 @@ class TorchStages:
         orig_iter = dl.DataLoader.__iter__
         stats = self.stats
         boundary = rec.boundary
-        add_sample, thread_time, perf_counter, origin = (
-            rec.timeline.add_sample,
-            time.thread_time,
-            rec.clock.now,
-            rec.origin,
-        )
+        add_sample, perf_counter, origin = rec.timeline.add_sample, rec.clock.now, rec.origin
+        thread_clock = rec.thread_clock.read if rec.thread_clock else cpu_only_reading  # (CPU, run-queue) s
         # a sample each batch: the series' own appends, not a method call (taken at the first batch counted:
         # a loop whose batches have no size has no series)
         appends_samples: list[Callable[[float], None]] = []
         now = self._now
         # id(iterator) -> when its pass began and what had trained by then (optimizer steps, forwards with grad)
         passes: dict[int, tuple[float, int, int]] = {}
-        # CPU and wall seconds of the fetches timed, and when the last one began: against each other they
-        # tell CPU-bound loading (by the training thread itself, or taking batches over from workers) from
-        # waiting. A CPU clock read is a system call that costs a fast loop: fetches are timed
-        # DATA_CPU_EVERY_S apart.
-        timed = [0.0, 0.0, -DATA_CPU_EVERY_S]
+        # CPU, wall and run-queue seconds of the fetches timed, and when the last one began: against each
+        # other they tell CPU demand (the training thread's own loading, taking batches over from workers, or
+        # waiting for a CPU) from blocked waiting. A clock read is a system call that costs a fast loop:
+        # fetches are timed DATA_CPU_EVERY_S apart.
+        timed = [0.0, 0.0, -DATA_CPU_EVERY_S, 0.0]
         counted = [0, 0]  # samples and tokens taken so far: throughput as the frameworks log it
         Tensor = torch.Tensor
 
@@ -284,30 +286,28 @@ class TorchStages:
             stepped.clear()  # a batch between two optimizer steps: they are two iterations
             entered = rec.enter(data_id)
             began = perf_counter()
-            cpu = thread_time() if entered and began - timed[2] >= DATA_CPU_EVERY_S else None
+            cpu = thread_clock() if entered and began - timed[2] >= DATA_CPU_EVERY_S else None
             try:
                 batch = orig_next(it)
             except StopIteration:
                 boundary("loader_end")  # this fetch found the epoch over: it starts no step
                 began_pass = passes.pop(id(it), None)
-                if began_pass is not None and began_pass[1:] == (
-                    stats["optimizer_steps"],
-                    stats["grad_enabled_forwards"],
-                ):
-                    evaluation.seen(
-                        began_pass[0]
-                    )  # the pass trained nothing: an evaluation, not training steps
+                trained = (stats["optimizer_steps"], stats["grad_enabled_forwards"])
+                if began_pass is not None and began_pass[1:] == trained:  # trained nothing: an evaluation
+                    evaluation.seen(began_pass[0])
                 raise
             finally:
                 if entered:
                     rec.exit()
                     if cpu is not None:
-                        timed[0] += thread_time() - cpu
+                        on_cpu, waiting = thread_clock()
+                        timed[0] += on_cpu - cpu[0]
                         timed[1] += perf_counter() - began
-                        timed[2] = began
+                        timed[2], timed[3] = began, timed[3] + waiting - cpu[1]
                         t = now()
                         add_sample(THREAD_DATA_CPU, t, timed[0])
                         add_sample(THREAD_DATA_TIMED, t, timed[1])
+                        add_sample(THREAD_DATA_WAIT, t, timed[3])
             stats["batches"] += 1
             size = batch_size(batch, Tensor)
             if size is not None:

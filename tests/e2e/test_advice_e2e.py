@@ -8,11 +8,9 @@ the test that causes it) only when its own evidence shows other processes' CPU.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -209,36 +207,6 @@ def test_logging_every_step(tmp_path: Path) -> None:
     card = _assert_leads(report, "sync_logging")
     assert card["metrics"]["calls_per_step"] == pytest.approx(1.0, abs=0.1)
     assert "LOG_EVERY" in card["fix"]
-
-
-@contextlib.contextmanager
-def _spinners(count: int) -> Iterator[None]:
-    """``count`` other processes, outside the training's process tree, that each keep a CPU busy."""
-    spin = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"
-    pids = [
-        int(subprocess.run(["sh", "-c", spin], capture_output=True, text=True, check=True).stdout)
-        for _ in range(count)
-    ]  # the shell exits: each spinner is no child of this process
-    time.sleep(0.3)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def busy_cpus() -> Iterator[None]:
-    """Other processes that keep every CPU busy."""
-    with _spinners(len(os.sched_getaffinity(0))):
-        yield
-
-
-@pytest.fixture
-def busy_cpu() -> Iterator[None]:
-    """Another process that keeps one CPU busy."""
-    with _spinners(1):
-        yield
 
 
 def test_cpu_contention(tmp_path: Path, busy_cpus: None) -> None:
