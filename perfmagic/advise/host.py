@@ -42,11 +42,18 @@ class Contention:
     threads: int | None  # torch intra-op threads
     workers: int  # DataLoader workers
     usable: int | None  # CPUs the training may run on
+    worker_cores: float | None = None  # cores the workers ran on or queued for (None: unmeasured)
+
+    @property
+    def busy_workers(self) -> int:
+        """The workers that keep a CPU busy: those that run or wait for a CPU, not those that sleep
+        (storage, network); all of them where the samples do not say."""
+        return self.workers if self.worker_cores is None else min(self.workers, round(self.worker_cores))
 
     @property
     def demand(self) -> int | None:
-        """Threads the training keeps busy: torch's threads and the DataLoader workers."""
-        return self.threads + self.workers if self.threads else None
+        """Threads the training keeps busy: torch's threads and the busy DataLoader workers."""
+        return self.threads + self.busy_workers if self.threads else None
 
     @property
     def free(self) -> int | None:
@@ -84,6 +91,7 @@ def contention(a: Analysis) -> Contention | None:
     usable, util, ours, others = _cpu_load(a)
     ld = a.config.loader
     threads = a.config.torch.get("num_threads")
+    ran, queued = a.steady_mean("host.children_cpu_cores"), a.steady_mean("host.children_wait_cores")
     found = Contention(
         wait_s=float(s.wait_s.mean()) if s.wait_s is not None else None,
         util=util,
@@ -92,6 +100,7 @@ def contention(a: Analysis) -> Contention | None:
         threads=int(threads) if threads else None,
         workers=int(ld.get("num_workers") or 0) if ld else 0,
         usable=usable,
+        worker_cores=ran + (queued or 0.0) if ran is not None else None,
     )
     if found.wait_s is not None:
         return found if found.wait_s >= WAIT_SHARE * s.step_s else None
@@ -140,9 +149,10 @@ def cpu_contention(a: Analysis) -> Card | None:
             if c.free != c.usable
             else (f"{c.usable} usable CPUs")
         )
+        idle = f", {c.workers - c.busy_workers} more mostly asleep" if c.busy_workers < c.workers else ""
         causes.append(
             f"the training keeps {c.demand} threads busy ({c.threads} torch thread{'s' if c.threads != 1 else ''}"
-            f" and {c.workers} DataLoader worker{'s' if c.workers != 1 else ''}) on {left}"
+            f" and {c.busy_workers} busy DataLoader worker{'s' if c.busy_workers != 1 else ''}{idle}) on {left}"
         )
     if c.crowded and c.others is not None:
         causes.append(f"other processes used {c.others:.1f} of {a.host.get('cpu_count')} CPUs")
@@ -190,14 +200,15 @@ def cpu_contention(a: Analysis) -> Card | None:
 def _contention_fix(c: Contention) -> str:
     lines: list[str] = []
     if c.oversubscribed and c.free is not None:
-        lines += [
-            "# One busy thread per free CPU: fewer torch threads (first thing in the script, or OMP_NUM_THREADS)",
-            f"torch.set_num_threads({max(1, c.free - c.workers)})  # was {c.threads}",
-        ]
-        if c.workers >= c.free:
-            lines.append(
-                f"# and fewer DataLoader workers: num_workers={max(0, c.free - 1)}  # was {c.workers}"
-            )
+        threads = max(1, c.free - c.busy_workers)
+        if threads != c.threads:  # a fix never sets what already is
+            lines += [
+                "# One busy thread per free CPU: fewer torch threads (first thing in the script, or OMP_NUM_THREADS)",
+                f"torch.set_num_threads({threads})  # was {c.threads}",
+            ]
+        workers = max(0, c.free - 1)
+        if c.busy_workers >= c.free and workers != c.workers:
+            lines.append(f"# and fewer DataLoader workers: num_workers={workers}  # was {c.workers}")
     if c.crowded or not lines:
         lines += [
             "# Find the processes that compete with the training while it runs:",
