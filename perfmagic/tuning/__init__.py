@@ -134,15 +134,28 @@ def predicted_step(
     t_base, t_best = (threads["baseline"], threads["best"]) if threads is not None else (None, None)
     rest = step_s - data_s
     best: dict[str, Any]
+    w_base = workers["baseline"] if workers is not None else None
+    timed_part = step_s - extra_s  # the observed step's data, h2d, forward, backward and optimizer
     if workers is not None and w_best is not None and workers["unit"] == "seconds per step":
-        # what the loop does beyond the benchmarked step stays, as the profile measured it (not as the
-        # observed step less the benchmark: the machine's pace may have changed between the two)
-        best, step = {"num_workers": w_best["value"]}, w_best["seconds"] + extra_s
-        how = (
-            "the step measured with the best worker count, loading beside a training step on copies of"
-            f" the model, plus the {extra_s * 1e3:.1f} ms per step the loop spends outside data, h2d,"
-            " forward, backward and optimizer"
-        )
+        best = {"num_workers": w_best["value"]}
+        if w_base is not None and w_base["seconds"] > 0 and timed_part > 0:
+            # the ratio of two settings timed in the same turns, applied to the observed step: a change in
+            # the machine's pace since the profile falls on both, not on the prediction alone
+            ratio = w_best["seconds"] / w_base["seconds"]
+            step = extra_s + timed_part * ratio
+            how = (
+                f"the observed step's data, h2d, forward, backward and optimizer times {ratio:.2f}, the ratio"
+                f" of the step measured with {w_best['value']} workers to the one with {w_base['value']}"
+                " (each loading beside a training step on copies of the model, in turns), plus the"
+                f" {extra_s * 1e3:.1f} ms per step the loop spends outside them"
+            )
+        else:
+            step = w_best["seconds"] + extra_s
+            how = (
+                "the step measured with the best worker count, loading beside a training step on copies of"
+                f" the model, plus the {extra_s * 1e3:.1f} ms per step the loop spends outside data, h2d,"
+                " forward, backward and optimizer"
+            )
     elif w_best is not None:
         count, load = w_best["value"], w_best["seconds"]
         best, step = {"num_workers": count}, max(rest, load) if count else rest + load
