@@ -51,3 +51,24 @@ def test_a_fix_that_is_not_python_is_caught() -> None:
         assert_consistent(report)
     report["advice"][0]["fix"] = "ps -eo pid,pcpu --sort=-pcpu | head\ntorch.set_num_threads(1)"
     assert_consistent(report)  # shell lines are shell
+
+
+def test_a_fix_that_sets_what_already_is_is_caught() -> None:
+    report = _report()
+    report["advice"][0]["fix"] = "torch.set_num_threads(1)  # was 1"
+    with pytest.raises(AssertionError, match="sets what already is"):
+        assert_consistent(report)
+    report["advice"][0]["fix"] = "loader = DataLoader(\n    dataset,\n    num_workers=2,  # was 2\n)"
+    with pytest.raises(AssertionError, match="sets what already is"):
+        assert_consistent(report)
+
+
+def test_two_cards_that_set_one_knob_differently_are_caught() -> None:
+    report = _report()
+    first, second = report["advice"][:2]
+    first["fix"] = "loader = DataLoader(\n    dataset,\n    num_workers=3,  # was 0\n)"
+    second["fix"] = "# and fewer DataLoader workers: num_workers=1  # was 0"
+    with pytest.raises(AssertionError, match=r"num_workers: .* says 3, .* says 1"):
+        assert_consistent(report)
+    second["fix"] = "# more workers: num_workers=3  # was 0"
+    assert_consistent(report)  # the same change twice is one plan
