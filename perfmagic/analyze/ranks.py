@@ -99,6 +99,11 @@ class Straggler:
     ranks: int
 
 
+def _queued(v: Steady) -> float:
+    """A rank's mean seconds per steady step ready to run but without a CPU (0 where unmeasured)."""
+    return float(v.wait_s.mean()) if v.wait_s is not None and len(v.wait_s) else 0.0
+
+
 def _typical_work(v: Steady) -> float:
     """A rank's median steady step less its comm."""
     comm = v.seconds[:, v.stages.index("comm")] if "comm" in v.stages else 0.0
@@ -113,7 +118,8 @@ def find_straggler(views: list[tuple[int, Steady]]) -> Straggler | None:
     :data:`STRAGGLER_SHARE` of the step, and the others were seen waiting for it (their median
     ``comm`` above its own by :data:`STRAGGLER_WAITED` of the difference), and its median step
     too exceeds theirs by the ratio. Against the others (not all ranks), so that with two ranks the
-    difference is the whole of it.
+    difference is the whole of it. What the rank waited for a CPU beyond the others (its run delay) is
+    left out first: a rank a busy machine starved is contention (``cpu_contention``), not slow work.
     """
     if len(views) < 2:
         return None
@@ -122,7 +128,9 @@ def find_straggler(views: list[tuple[int, Steady]]) -> Straggler | None:
     rank, slow = views[k]
     others = [v for i, (_, v) in enumerate(views) if i != k]
     base = float(np.median(np.delete(work, k)))
+    queued = max(0.0, _queued(slow) - float(np.median([_queued(v) for v in others])))
     excess = float(work[k]) - base
+    own = excess - queued  # the extra work that is not the rank waiting for a CPU the others had
     step = float(np.mean([v.step_s for _, v in views]))
     others_comm = float(np.median([v.stage_s("comm") for v in others]))
     waited = others_comm - slow.stage_s("comm")
@@ -130,8 +138,8 @@ def find_straggler(views: list[tuple[int, Steady]]) -> Straggler | None:
     # few steps a busy machine held up on one rank move its mean, not its median
     typical = [_typical_work(v) for _, v in views]
     if (
-        work[k] < STRAGGLER_RATIO * base
-        or excess < STRAGGLER_SHARE * step
+        work[k] - queued < STRAGGLER_RATIO * base
+        or own < STRAGGLER_SHARE * step
         or waited < STRAGGLER_WAITED * excess
         or typical[k] < STRAGGLER_RATIO * float(np.median(typical[:k] + typical[k + 1 :]))
     ):
