@@ -496,7 +496,12 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
     m = _loading(a, s)
     cap = worker_cap(a)
     needed = m.workers_needed(extra_load_s=pre)
-    workers = max(m.workers, 1 if cap is None else min(cap, needed or cap))
+    more = dataloader_workers(a)  # one worker count for both cards: dataloader_workers' where it fires
+    workers = (
+        int(more.metrics["recommended_workers"])
+        if more is not None
+        else max(m.workers, 1 if cap is None else min(cap, needed or cap))
+    )
     if workers == 0:
         return None
     saving = step - m.step_with(workers, extra_load_s=pre)

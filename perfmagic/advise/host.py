@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfmagic.advise.card import Card, make_card
+from perfmagic.advise.loading import loading_kind
 from perfmagic.analyze import Analysis
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
@@ -43,6 +44,7 @@ class Contention:
     workers: int  # DataLoader workers
     usable: int | None  # CPUs the training may run on
     worker_cores: float | None = None  # cores the workers ran on or queued for (None: unmeasured)
+    loaders_blocked: bool = False  # the workers mostly wait on storage: fewer of them frees no CPU
 
     @property
     def busy_workers(self) -> int:
@@ -101,6 +103,7 @@ def contention(a: Analysis) -> Contention | None:
         workers=int(ld.get("num_workers") or 0) if ld else 0,
         usable=usable,
         worker_cores=ran + (queued or 0.0) if ran is not None else None,
+        loaders_blocked=loading_kind(a) == "io",
     )
     if found.wait_s is not None:
         return found if found.wait_s >= WAIT_SHARE * s.step_s else None
@@ -207,7 +210,7 @@ def _contention_fix(c: Contention) -> str:
                 f"torch.set_num_threads({threads})  # was {c.threads}",
             ]
         workers = max(0, c.free - 1)
-        if c.busy_workers >= c.free and workers != c.workers:
+        if c.busy_workers >= c.free and workers != c.workers and not c.loaders_blocked:
             lines.append(f"# and fewer DataLoader workers: num_workers={workers}  # was {c.workers}")
     if c.crowded or not lines:
         lines += [
