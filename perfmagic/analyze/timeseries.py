@@ -47,11 +47,24 @@ def profiler_traces(timelines: list[Timeline]) -> list[TorchTrace]:
 
     ``clock_t`` is the mark's own time, so it follows the timeline when it is rebased.
     """
-    return [
-        {"path": m.data["path"], "clock_name": m.data["clock_name"], "steps": m.data["steps"], "clock_t": m.t}
-        for tl in timelines
-        for m in tl.marks(TORCH_TRACE_MARK)
-    ]
+    traces: list[TorchTrace] = []
+    for tl in timelines:
+        for m in tl.marks(TORCH_TRACE_MARK):
+            trace: TorchTrace = {
+                "path": m.data["path"],
+                "clock_name": m.data["clock_name"],
+                "steps": m.data["steps"],
+                "clock_t": m.t,
+            }
+            if "profiler" in m.data:  # TensorFlow's or JAX's own profiler
+                trace["profiler"] = m.data["profiler"]
+            if "input_fraction" in m.data:
+                trace["input_fraction"], trace["data_fraction"] = (
+                    m.data["input_fraction"],
+                    m.data["data_fraction"],
+                )
+            traces.append(trace)
+    return traces
 
 
 def downsample(t: np.ndarray, v: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:

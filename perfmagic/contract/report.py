@@ -127,13 +127,20 @@ class Hotspot(TypedDict):
     share: float  # of that stage's samples
 
 
-class TorchTrace(TypedDict):
-    """``torch_traces[i]``: a torch.profiler trace written in the window (``--trace``)."""
-
+class _TorchTrace(TypedDict):
     path: str
     clock_name: str  # the trace's label that marks ``clock_t``
     steps: int
     clock_t: float  # on the window's clock
+
+
+class TorchTrace(_TorchTrace, total=False):
+    """``torch_traces[i]``: a profiler trace written in the window (``--trace``): torch.profiler's, or
+    TensorFlow's or JAX's where they trained (``profiler``)."""
+
+    profiler: Literal["tensorflow", "jax"]
+    input_fraction: float  # TensorFlow only: tf.data's own input wait over the traced steps…
+    data_fraction: float  # …and perfmagic's data stage over the same window
 
 
 class RankSkew(TypedDict):
