@@ -1,0 +1,27 @@
+"""The interval slow steps recur at, through the slow steps a busy machine adds at random."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmagic.advise.pace import _period
+
+EVERY_8 = list(range(7, 160, 8))
+
+
+def test_periodic_slow_steps_give_their_interval() -> None:
+    assert _period(np.array(EVERY_8)) == 8
+
+
+def test_random_slow_steps_beside_periodic_ones_leave_the_interval() -> None:
+    # a busy machine's preemptions split the gaps of the periodic evaluation (8, 8, 3, 5, 8, ...)
+    noisy = sorted([*EVERY_8, 3, 12, 13, 40, 41, 77, 97, 130])
+    assert _period(np.array(noisy)) == 8
+
+
+def test_random_slow_steps_alone_and_a_slow_phase_have_none() -> None:
+    assert _period(np.array([6, 18, 22, 50, 51, 87, 119, 120, 159])) is None
+    assert _period(np.arange(50, 61)) is None
+    rng = np.random.default_rng(0)
+    draws = [np.sort(rng.choice(200, rng.integers(3, 20), replace=False)) for _ in range(2000)]
+    assert sum(_period(d) is not None for d in draws) <= 10  # what the gap rule alone says of them
