@@ -107,8 +107,7 @@ class FoldedSteps:
 
 @dataclass(frozen=True)
 class Fold:
-    """Replace the first ``spans`` spans (all before ``steps.until``) and the first samples of
-    some series by the rows of the steps they made (see ``analyze.steps.plan_fold``)."""
+    """The first ``spans`` spans (all before ``steps.until``) and samples, replaced by their steps' rows."""
 
     spans: int
     steps: FoldedSteps
@@ -243,8 +242,7 @@ class Timeline:
         series.v.append(value)
 
     def sample_appenders(self, metric: str) -> tuple[Callable[[float], None], Callable[[float], None]]:
-        """A series' own appends (time, value), for hooks that add a sample every step: call them in that
-        order. They stay valid, as thinning cuts the series in place."""
+        """A series' appends (time, value) for per-step hooks, in that order; thinning keeps them valid."""
         with self._lock:
             series = self._series.setdefault(metric, _Series())
         return series.t.append, series.v.append
