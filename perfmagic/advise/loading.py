@@ -41,10 +41,8 @@ def loading_kind(a: Analysis) -> Loading | None:
     workers = int(ld.get("num_workers") or 0)
     if not workers:
         return "cpu" if share + waiting >= ON_CPU else "io"
-    if share >= ON_CPU:
-        return "handoff"
     if share + waiting >= ON_CPU:
-        return "cpu"  # ready to take a batch over but no CPU free for it: the machine is short of CPUs
+        return "handoff"  # taking each batch over, or ready to and queued for a CPU: the hand-over's work
     cores, starved = a.steady_mean("host.children_cpu_cores"), a.steady_mean("host.children_wait_cores")
     if cores is None or starved is None:
         return None
