@@ -14,6 +14,7 @@ from perfmagic.advise.trainer_fixes import loader_code, trainer_name
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.contract import KnobResult
+from perfmagic.tuning.pairs import described
 from perfmagic.units import KiB, MiB, fmt_bytes, fmt_fraction, fmt_seconds
 
 INPUT_SHARE = 0.05
@@ -403,19 +404,20 @@ def _measured_workers(a: Analysis, s: Steady, tried: KnobResult) -> Card | None:
         else max(s.step_s - s.stage_s("data"), best["seconds"])
     )
     table = ", ".join(f"{t['value']}: {fmt_seconds(t['seconds'])}" for t in tried["tried"])
+    confirmed = tried.get("confirmed")
+    pairs = f" Timed again: {described(confirmed, best['value'], base['value'])}." if confirmed else ""
     return make_card(
         "dataloader_workers",
         f"Use {_workers(best['value'])} instead of {base['value']} (measured)",
-        f"Tried on this loader after the window: seconds per batch by num_workers — {table}. "
-        f"{_workers(best['value'])} load a batch in {fmt_seconds(best['seconds'])} against "
-        f"{fmt_seconds(base['seconds'])} now; with the rest of the step that predicts a "
-        f"{fmt_seconds(predicted)} step instead of {fmt_seconds(s.step_s)}.",
+        f"Tried on this loader after the window: {tried['unit']} by num_workers — {table}.{pairs} With the"
+        f" rest of the step that predicts a {fmt_seconds(predicted)} step instead of {fmt_seconds(s.step_s)}.",
         loader_code(a, ld, num_workers=best["value"], persistent_workers=True),
         {
             "num_workers": base["value"],
             "recommended_workers": best["value"],
             "tried": tried["tried"],
             "predicted_step_s": predicted,
+            "confirmed": confirmed,
         },
         saving_s=max(0.0, s.step_s - predicted),
         step_s=s.step_s,

@@ -42,12 +42,13 @@ from perfmagic.contract.report import (
     Timeseries,
     TorchTrace,
 )
-from perfmagic.contract.tuning import KnobResult, Trial
+from perfmagic.contract.tuning import Confirmation, KnobResult, Trial
 
 __all__ = [
     "AllocatorMeta",
     "Card",
     "CollectiveSkew",
+    "Confirmation",
     "Device",
     "DeviceInfo",
     "Evaluation",

@@ -17,6 +17,15 @@ class Trial(_Trial, total=False):
     batches: int  # num_workers: batches timed
 
 
+class Confirmation(TypedDict):
+    """The best setting timed again beside the baseline, in alternating slices."""
+
+    pairs: int  # adjacent (baseline, best) slices timed
+    ratio: float  # median of best seconds / baseline seconds over the pairs
+    low: float  # 10th percentile of the pairs' ratios
+    high: float  # 90th percentile
+
+
 class _KnobResult(TypedDict):
     knob: str  # "num_workers", "persistent_workers", "pin_memory", "num_threads", …, "step"
     unit: str | None  # what ``seconds`` measures
@@ -31,3 +40,5 @@ class KnobResult(_KnobResult, total=False):
     """One knob's result."""
 
     budget_s: float | None  # the seconds it was given
+    confirmed: Confirmation  # num_workers: the best count against the baseline, in pairs
+    interval_s: list[float]  # step: the predicted step's 10th and 90th percentiles

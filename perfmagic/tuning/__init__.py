@@ -134,20 +134,32 @@ def predicted_step(
     t_base, t_best = (threads["baseline"], threads["best"]) if threads is not None else (None, None)
     rest = step_s - data_s
     best: dict[str, Any]
+    interval: list[float] | None = None
     w_base = workers["baseline"] if workers is not None else None
     timed_part = step_s - extra_s  # the observed step's data, h2d, forward, backward and optimizer
     if workers is not None and w_best is not None and workers["unit"] == "seconds per step":
         best = {"num_workers": w_best["value"]}
-        if w_base is not None and w_base["seconds"] > 0 and timed_part > 0:
-            # the ratio of two settings timed in the same turns, applied to the observed step: a change in
-            # the machine's pace since the profile falls on both, not on the prediction alone
+        confirmed = workers.get("confirmed")
+        if confirmed is not None and timed_part > 0:
+            # the ratio of two settings timed in alternating slices, applied to the observed step: a change
+            # in the machine's pace since the profile, or during tuning, falls on both
+            step = extra_s + timed_part * confirmed["ratio"]
+            interval = [extra_s + timed_part * confirmed["low"], extra_s + timed_part * confirmed["high"]]
+            how = (
+                f"the observed step's data, h2d, forward, backward and optimizer times {confirmed['ratio']:.2f},"
+                f" the median ratio of the step with {w_best['value']} workers to the one with"
+                f" {w_base['value'] if w_base else '?'} over {confirmed['pairs']} alternating pairs (each"
+                " loading beside a training step on copies of the model), plus the"
+                f" {extra_s * 1e3:.1f} ms per step the loop spends outside them"
+            )
+        elif w_base is not None and w_base["seconds"] > 0 and timed_part > 0:
             ratio = w_best["seconds"] / w_base["seconds"]
             step = extra_s + timed_part * ratio
             how = (
                 f"the observed step's data, h2d, forward, backward and optimizer times {ratio:.2f}, the ratio"
                 f" of the step measured with {w_best['value']} workers to the one with {w_base['value']}"
-                " (each loading beside a training step on copies of the model, in turns), plus the"
-                f" {extra_s * 1e3:.1f} ms per step the loop spends outside them"
+                " (each loading beside a training step on copies of the model, one after the other),"
+                f" plus the {extra_s * 1e3:.1f} ms per step the loop spends outside them"
             )
         else:
             step = w_best["seconds"] + extra_s
@@ -168,7 +180,13 @@ def predicted_step(
         return None
     observed: Trial = {"value": "observed", "seconds": step_s}
     predicted: Trial = {"value": best, "seconds": step}
-    return {**knob_result("step", "seconds per step", [], observed, predicted, [how]), "budget_s": None}
+    result: KnobResult = {
+        **knob_result("step", "seconds per step", [], observed, predicted, [how]),
+        "budget_s": None,
+    }
+    if interval is not None:
+        result["interval_s"] = interval
+    return result
 
 
 def _call_of(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -116,6 +116,14 @@ def test_the_measured_worker_count_gives_the_predicted_step(dataset: Dataset[Any
     if best != workers["baseline"]["value"]:
         assert card is not None and card["metrics"]["saving_model"] == "measured"
         assert card["metrics"]["recommended_workers"] == best
+        # the count chosen was timed again beside the loop's own, in alternating pairs: the promise is
+        # their median ratio, its interval their spread
+        pairs = workers["confirmed"]
+        assert (
+            pairs["pairs"] >= 3 and pairs["low"] <= pairs["ratio"] <= pairs["high"] and pairs["ratio"] < 1
+        ), pairs
+        low_s, high_s = step["interval_s"]
+        assert low_s <= step["best"]["seconds"] <= high_s, step
     else:  # measured: more workers load no faster here (a CPU-bound loader on a busy 2-CPU machine)
         assert card is None
     if isinstance(dataset, Sleepy):  # waiting on storage: workers overlap the waits, CPUs or not
@@ -146,9 +154,20 @@ def test_the_measured_worker_count_gives_the_predicted_step(dataset: Dataset[Any
     speedups = [timed(0) / timed(best) for _ in range(6)]
     promised = step["baseline"]["seconds"] / step["best"]["seconds"]
     # a pair beside a busy core moves by ±15% (1.0 to 1.3 around a true 1.2): the promise holds where it
-    # is within 20% of the pairs' median, or no further off than the pairs are from each other
+    # is within 20% of the pairs' median, no further off than the pairs are from each other, or where
+    # the pairs' median lies in the p10–p90 interval the promise stated
+    measured = statistics.median(speedups)
     within_pairs = min(speedups) <= promised <= max(speedups)
-    assert within_pairs or statistics.median(speedups) == pytest.approx(promised, rel=0.2), (speedups, step)
+    stated = [
+        step["baseline"]["seconds"] / s
+        for s in reversed(step.get("interval_s", [step["best"]["seconds"]] * 2))
+    ]
+    within_stated = stated[0] <= measured <= stated[1]
+    assert within_pairs or within_stated or measured == pytest.approx(promised, rel=0.2), (
+        speedups,
+        workers,
+        step,
+    )
 
 
 def test_tuning_leaves_the_model_the_optimizer_and_every_random_stream_as_they_were() -> None:
