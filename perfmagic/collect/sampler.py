@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -13,6 +15,8 @@ START_TIMEOUT_S = 2.0
 """How long ``start`` waits for the sources to open and give a first tick."""
 STOP_TIMEOUT_S = 2.0
 """How long ``stop`` waits for the last tick and the sources' closing."""
+FORK_WAIT_S = 0.5
+"""How long a ``fork`` waits for the tick in progress (a hung source must not hang the user's fork)."""
 MAX_FAILURES = 3
 """Failed ticks in a row after which a source is turned off (one bad read is not a broken source)."""
 
@@ -77,6 +81,10 @@ class Sampler:
         self._busy_with: str | None = None  # the source being opened, polled or closed (names a hang)
         self._failures: dict[str, int] = {}  # failed ticks in a row, by source
         self._abandoned = False  # stop() gave up waiting: the thread must not close sources late
+        # held for each tick: a fork waits for it, so a child never inherits a lock or a file buffer
+        # that this thread was half-way through (a child that then touches it waits forever)
+        self._tick_lock = threading.Lock()
+        self._held_for_fork = False
 
     @property
     def sources(self) -> list[Source]:
@@ -87,6 +95,7 @@ class Sampler:
         ``START_TIMEOUT_S``: a source that hangs (a stuck GPU driver) must not hold up the training."""
         self._stop = self._timer.event()
         self._thread = threading.Thread(target=self._run, name="perfmagic-sampler", daemon=True)
+        _RUNNING.add(self)
         self._thread.start()
         if not self._opened.wait(START_TIMEOUT_S):
             self.warnings.append(
@@ -98,6 +107,7 @@ class Sampler:
         """Stop sampling: the last tick and the sources' closing run on the sampler thread, waited for
         at most ``STOP_TIMEOUT_S``; a source that hangs then loses its last samples, not the training."""
         self._stop.set()
+        _RUNNING.discard(self)
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(STOP_TIMEOUT_S)
@@ -111,6 +121,16 @@ class Sampler:
         for source in self._sources:
             self.warnings.extend(source.warnings)
         self._sources = []
+
+    def _hold_for_fork(self) -> None:
+        """Before ``fork``: wait for the tick in progress and keep the next one from starting."""
+        self._held_for_fork = self._tick_lock.acquire(timeout=FORK_WAIT_S)
+
+    def _release_after_fork(self) -> None:
+        """After ``fork``, in the parent and in the child: ticks may run again."""
+        if self._held_for_fork:
+            self._held_for_fork = False
+            self._tick_lock.release()
 
     def poll_once(self) -> None:
         begin = self._timer.now()
@@ -158,22 +178,46 @@ class Sampler:
 
     def _run(self) -> None:
         try:
-            self._open()
+            with self._tick_lock:
+                self._open()
         finally:
             self._opened.set()
         now = self._timer.now
         next_tick = now() + self.interval
         while not self._stop.wait(max(0.0, next_tick - now())):
-            self.poll_once()
-            if self._on_tick is not None:
-                try:
-                    self._on_tick()
-                except Exception as e:
-                    self.warnings.append(f"sampler tick callback failed ({e!r}); callback removed")
-                    self._on_tick = None
+            with self._tick_lock:
+                self._tick()
             next_tick += self.interval
             late = now() - next_tick
             if late > self.interval:  # skip missed ticks instead of bursting
                 next_tick += self.interval * (late // self.interval + 1)
         if not self._abandoned:
-            self._close()
+            with self._tick_lock:
+                self._close()
+
+    def _tick(self) -> None:
+        self.poll_once()
+        if self._on_tick is not None:
+            try:
+                self._on_tick()
+            except Exception as e:
+                self.warnings.append(f"sampler tick callback failed ({e!r}); callback removed")
+                self._on_tick = None
+
+
+_RUNNING: weakref.WeakSet[Sampler] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for sampler in list(_RUNNING):
+        sampler._hold_for_fork()
+
+
+def _after_fork() -> None:
+    for sampler in list(_RUNNING):
+        sampler._release_after_fork()
+
+
+# A child forked while a sampler ticks (a DataLoader worker, os.fork) must not inherit a lock or a
+# file buffer the sampler thread was half-way through: the fork waits for the tick to end.
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)

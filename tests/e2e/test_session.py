@@ -28,7 +28,7 @@ from torchloops import SlowPickle, train
 
 import perfmagic
 import perfmagic.report
-from perfmagic.collect.sampler import SourceUnavailable
+from perfmagic.collect.sampler import Sampler, SourceUnavailable
 from perfmagic.timeline import SPOOL_NAME, Timeline
 
 CONTRACT_KEYS = (
@@ -485,6 +485,44 @@ def test_a_forked_child_does_not_write_into_the_parents_record(tmp_path: Path) -
     assert result.stdout.strip() == "60"
     assert perfmagic.load(tmp_path / "timeline.jsonl").steps["count"] == 60
     assert json.loads((tmp_path / "report.json").read_text())["steps"]["count"] == 60
+
+
+class _HoldsALockWhilePolling:
+    """A source whose poll holds a lock for a while, as a spool write holds its file buffer's."""
+
+    name = "buffered"
+    warnings: list[str] = []
+
+    def __init__(self) -> None:
+        self.buffer_lock, self.in_poll = threading.Lock(), threading.Event()
+
+    def open(self, timeline: Timeline) -> None:
+        pass
+
+    def poll(self, now: float, timeline: Timeline) -> None:
+        with self.buffer_lock:
+            self.in_poll.set()
+            time.sleep(0.3)
+
+    def close(self, timeline: Timeline) -> None:
+        pass
+
+
+def test_a_fork_waits_for_the_tick_so_the_child_inherits_no_held_lock() -> None:
+    """A child forked mid-tick used to inherit the sampler thread's held locks, and hang on them."""
+    source = _HoldsALockWhilePolling()
+    sampler = Sampler(Timeline(), [source], interval=0.01, clock=time.perf_counter)
+    sampler.start()
+    try:
+        source.in_poll.clear()
+        assert source.in_poll.wait(5)
+        pid = os.fork()
+        if pid == 0:  # the child: the lock is free, or it never will be (its holder was not copied)
+            os._exit(0 if source.buffer_lock.acquire(timeout=2) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        sampler.stop()
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 class _HungSource:
