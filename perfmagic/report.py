@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 import numpy as np
 
 from perfmagic.advise import advise
+from perfmagic.advise.plan import Plan
 from perfmagic.analyze import Analysis, RankAnalysis, StageStats, StepStats, analyze
 from perfmagic.analyze.evaluation import EvaluationStats
 from perfmagic.analyze.ranks import Straggler
@@ -29,6 +30,7 @@ from perfmagic.contract import (
     Evaluation,
     GpuSection,
     NodeClock,
+    PlanSection,
     Rank,
     ReportBody,
     ReportData,
@@ -203,6 +205,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "advice_minor": [
             {"id": c.id, "saving_s": c.saving_s, "step_s": c.metrics.get("step_s")} for c in advice.minor
         ],
+        "plan": plan_section(advice.plan) if advice.plan is not None else None,
         "timeseries": analysis.timeseries,
         "hotspots": analysis.hotspots,
         "torch_traces": analysis.torch_traces,
@@ -264,6 +267,25 @@ def evaluation_section(e: EvaluationStats) -> Evaluation:
         "fraction_of_wall": e.fraction_of_wall,
         "passes": e.passes,
         "every_steps": e.every_steps,
+    }
+
+
+def plan_section(p: Plan) -> PlanSection:
+    return {
+        "step_s": p.step_s,
+        "predicted_step_s": p.predicted_step_s,
+        "changes": [
+            {
+                "id": c.id,
+                "saving_s": c.saving_s,
+                "alone_s": c.alone_s,
+                "interval_s": [c.low_s, c.high_s],
+                "step_s": c.step_s,
+                "uncertain": c.uncertain,
+            }
+            for c in p.changes
+        ],
+        "set_aside": [{"id": a.id, "reason": a.reason} for a in p.set_aside],
     }
 
 

@@ -5,23 +5,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from perfmagic.advise.plan import knob_changes
+
 SHELL = re.compile(
     r"^([A-Z_]+=\S+ )*(ps|numactl|python|renice|py-spy|nsys|nvidia-smi|torchrun|perfmagic|pip)\s"
 )
 """Fix lines that are shell commands; every other line of a fix is Python and must compile."""
 PLACEHOLDER = re.compile(r"\?|<[a-z][a-z ]*>|\bNone\b|\bnan\b")
 """What a fix must never show: an unknown (``?``, ``<cpus of node>``), or a value nobody measured."""
-
-
-CHANGE = re.compile(r"([A-Za-z_][\w.]*)\s*[=(]\s*([^\s,()#]+)\)?,?\s*#\s*was\s+([^\s,;)]+)")
-"""A fix line that changes a setting, with the value it had: ``num_workers=2,  # was 0``,
-``torch.set_num_threads(1)  # was 2`` (the knob, the new value, the old one)."""
-
-
-def knob_changes(fix: str) -> dict[str, tuple[str, str]]:
-    """The settings a fix changes: knob -> (new value, the value it was)."""
-    found = (CHANGE.search(line) for line in fix.splitlines())
-    return {m.group(1): (m.group(2), m.group(3)) for m in found if m}
 
 
 def assert_one_plan(cards: list[dict[str, Any]]) -> None:
@@ -34,10 +25,27 @@ def assert_one_plan(cards: list[dict[str, Any]]) -> None:
             assert other[0] == new, f"{knob}: {other[1]} says {other[0]}, {card['id']} says {new}"
 
 
+def assert_plan_adds_up(report: dict[str, Any]) -> None:
+    """Each card with a per-step saving is a change of the plan, with its marginal saving, and the
+    changes' savings are the observed step less the predicted one."""
+    plan = report.get("plan")
+    if plan is None:
+        return
+    changes = {c["id"]: c for c in plan["changes"]}
+    total = sum(c["saving_s"] for c in plan["changes"])
+    assert abs(total - (plan["step_s"] - plan["predicted_step_s"])) < 1e-9, plan
+    aside = {a["id"] for a in plan["set_aside"]}
+    for card in [*(report.get("advice") or []), *(report.get("advice_minor") or [])]:
+        assert card["id"] not in aside, f"{card['id']}: set aside from the plan, yet shown"
+        if card["id"] in changes:  # a symptom the fixes before it saved wholly says no saving (None)
+            assert (card["saving_s"] or 0.0) == changes[card["id"]]["saving_s"], (card, changes[card["id"]])
+
+
 def assert_consistent(report: dict[str, Any]) -> None:
     """No saving larger than its step, no placeholder in a fix, a headline that agrees with the stage table,
-    and the cards' fixes one plan (:func:`assert_one_plan`)."""
+    and the cards' fixes one plan (:func:`assert_one_plan`, :func:`assert_plan_adds_up`)."""
     assert_one_plan(report.get("advice") or [])
+    assert_plan_adds_up(report)
     for card in report.get("advice") or []:
         saving, step = card.get("saving_s"), (card.get("metrics") or {}).get("step_s")
         if saving is not None and step:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from perfmagic.advise import data, distributed, gpu, host, loop, pace
 from perfmagic.advise.card import SEVERITIES, Card
+from perfmagic.advise.plan import Plan, plan_of
 from perfmagic.analyze import Analysis
 
 Rule = Callable[[Analysis], "Card | None"]
@@ -60,6 +61,10 @@ STAGE_OF = {
 }
 """The stages an advice id is about (the others are about the machine or the whole step)."""
 
+SYMPTOMS = frozenset({"input_bound", "low_gpu_util", "compute_bound"})
+"""Rules that measure what the step lacks (a data wait, an idle GPU), not a cause to fix: in the plan
+they come after the fixes, which their cards refer to, and take what those leave."""
+
 _GPU_RULES = "low_gpu_util, gpu_memory_pressure, gpu_imbalance, launch_bound, amp, tf32, pin_memory"
 _GPU_TELEMETRY_RULES = "gpu_memory_pressure, gpu_imbalance, amp, tf32, pin_memory"
 _HOST_RULES = "cpu_contention, host_memory_pressure, io_bound, small_files, numa_affinity"
@@ -73,10 +78,12 @@ class Advice:
     cards: list[Card] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     minor: list[Card] = field(default_factory=list)  # fired, but would save under MINOR_SAVING of a step
+    plan: Plan | None = None  # the cards' fixes in order, their savings marginal (None: no steady steps)
 
 
 def advise(analysis: Analysis) -> Advice:
-    """The cards of every rule that fired, by estimated saving (ties: severity, then catalog order).
+    """The cards of every rule that fired, as one plan (:mod:`perfmagic.advise.plan`): by estimated
+    saving (ties: severity, then catalog order), each saving what the cards before it left.
 
     A card whose fix would save under ``MINOR_SAVING`` of a step is not shown, only listed
     in ``minor``. ``compute_bound`` is kept only when no card of medium or high severity fired. Each
@@ -95,14 +102,16 @@ def advise(analysis: Analysis) -> Advice:
             continue
         if card is not None:
             cards.append(card)
-    minor = [c for c in cards if _minor(c)]
-    cards = [c for c in cards if not _minor(c)]
-    if any(c.severity in ("high", "medium") for c in cards):
-        cards = [c for c in cards if c.id != "compute_bound"]
-    warnings += [w for w in missing(analysis) if w not in analysis.warnings]
     order = {c.id: i for i, c in enumerate(cards)}
     cards.sort(key=lambda c: (-(c.saving_s or 0.0), SEVERITIES.index(c.severity), order[c.id]))
-    return Advice(cards, warnings, minor)
+    if any(c.severity in ("high", "medium") for c in cards if not _minor(c)):
+        cards = [c for c in cards if c.id != "compute_bound"]
+    plan, cards = plan_of(cards, analysis.steady, STAGE_OF, SYMPTOMS)
+    # a symptom stays, its saving what the fixes before it leave: the data wait a worker cannot remove
+    minor = [c for c in cards if _minor(c) and c.id not in SYMPTOMS]
+    cards = [c for c in cards if c not in minor]
+    warnings += [w for w in missing(analysis) if w not in analysis.warnings]
+    return Advice(cards, warnings, minor, plan)
 
 
 def _minor(card: Card) -> bool:

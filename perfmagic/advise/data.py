@@ -243,6 +243,7 @@ def input_bound(a: Analysis) -> Card | None:
             "data_share": share,
             "steps": s.count,
             "recommended_workers": plan.workers if plan else None,
+            "saving_of": "dataloader_workers" if plan else None,  # the plan counts that saving once
         },
         saving_s=saving,
         step_s=step,
@@ -418,6 +419,9 @@ def _measured_workers(a: Analysis, s: Steady, tried: KnobResult) -> Card | None:
             "tried": tried["tried"],
             "predicted_step_s": predicted,
             "confirmed": confirmed,
+            "saving_interval_s": [s.step_s - t for t in reversed(step["interval_s"])]
+            if step and "interval_s" in step
+            else None,
         },
         saving_s=max(0.0, s.step_s - predicted),
         step_s=s.step_s,

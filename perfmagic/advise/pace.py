@@ -37,6 +37,15 @@ RECURRING_MIN = 5
 """Slow steps on one phase of an interval that make it periodic through other slow steps…"""
 RECURRING_FILL = 0.8
 """…and the share of that phase's places they must fill."""
+FOLD_FILL = 0.7
+"""Share of one phase's places that must be slow when the steps are folded on an interval…"""
+FOLD_OTHERS = 0.25
+"""…while the median phase has at most this share slow…"""
+FOLD_MIN_PLACES = 16
+"""…with this many places per phase at least. Random slow steps in 160 steps made no period in 2,000
+draws at 20% slow, 3 at 25%; every-8 work, slow at 85% of its places, was found 99 times in 100."""
+FOLD_MAX_PERIOD = 64
+"""…and intervals up to this (longer ones leave few places; the gap rule finds them)."""
 """Time lost to outliers, as a share of steady time, worth a card."""
 COMPUTE_SHARE = 0.60
 """Forward+backward+optimizer share of the step that makes a run compute-bound."""
@@ -144,15 +153,23 @@ def step_outliers(a: Analysis) -> Card | None:
         (s.durations >= OUTLIER_RATIO * median) & (s.durations >= median + OUTLIER_MADS * spread)
     )
     lost_by_step = np.clip(extra[outliers][:, keep], 0, None).sum(axis=1)
+    big = outliers[lost_by_step >= 0.5 * lost_by_step.max()] if len(outliers) else outliers
+    period = _period(big)  # of the big ones: jitter between them does not hide a period
+    folded = _folded(s.durations) if period is None else None
+    if folded is not None:  # work every few steps, seen through a busy machine's slow steps
+        period, phase = folded
+        outliers = phase[s.durations[phase] >= OUTLIER_RATIO * median]
+        lost_by_step = np.clip(extra[outliers][:, keep], 0, None).sum(axis=1)
     step = s.step_s
     lost = float(lost_by_step.sum()) / s.count
     if len(outliers) < MIN_OUTLIERS or lost < OUTLIER_SHARE * step:
         return None
     by_stage = np.clip(extra[outliers], 0, None).sum(axis=0)
     where = s.stages[keep[int(np.argmax(by_stage[keep]))]]
-    big = outliers[lost_by_step >= 0.5 * lost_by_step.max()] if len(outliers) else outliers
-    period = _period(big)  # of the big ones: jitter between them does not hide a period
     cause = _off_step_cause(s, outliers)
+    if folded is not None and cause != "gc":
+        # a recurrence this exact is the loop's own work, whatever a busy machine made it wait on
+        cause = "worked"
     crowded = contention(a)
     if (
         crowded is not None
@@ -317,6 +334,24 @@ def _recurring(indices: np.ndarray) -> int | None:
         ):
             best = (hits, period)
     return best[1] if best else None
+
+
+def _folded(durations: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """The shortest interval one phase of which is slow nearly every time, and that phase's steps.
+
+    Steps folded on an interval ``p`` (step ``i`` on phase ``i % p``): work every ``p`` steps makes one
+    phase slow at :data:`FOLD_FILL` of its places, while slow steps a busy machine adds at random or
+    in runs fall on every phase alike (the median phase stays under :data:`FOLD_OTHERS`). Slow:
+    :data:`OUTLIER_RATIO` times the median step. Each phase needs :data:`FOLD_MIN_PLACES` places:
+    a few steps that happen to line up make no period.
+    """
+    slow = durations >= OUTLIER_RATIO * float(np.median(durations))
+    for period in range(2, min(FOLD_MAX_PERIOD, len(durations) // FOLD_MIN_PLACES) + 1):
+        phase = np.arange(len(durations)) % period
+        filled = np.bincount(phase, weights=slow, minlength=period) / np.bincount(phase, minlength=period)
+        if filled.max() >= FOLD_FILL and np.median(filled) <= FOLD_OTHERS:
+            return period, np.flatnonzero(phase == int(np.argmax(filled)))
+    return None
 
 
 def _off_step_cause(s: Steady, outliers: np.ndarray) -> str | None:

@@ -96,6 +96,31 @@ class MinorCard(TypedDict):
     step_s: float | None
 
 
+class PlanChange(TypedDict):
+    """``plan.changes[i]``: one card's fix, in the order the plan makes them."""
+
+    id: str
+    saving_s: float  # marginal: after the changes before it
+    alone_s: float  # as the only change
+    interval_s: list[float]  # [p10, p90] of the marginal saving
+    step_s: float  # predicted, with this change and every one before it
+    uncertain: bool  # the interval is wider than ±25% of the saving
+
+
+class PlanSetAside(TypedDict):
+    id: str
+    reason: str
+
+
+class PlanSection(TypedDict):
+    """``plan``: the cards' fixes as one plan (docs/advice.md#the-plan)."""
+
+    step_s: float  # observed steady step (mean)
+    predicted_step_s: float  # with every change made
+    changes: list[PlanChange]
+    set_aside: list[PlanSetAside]  # cards left out: a knob an earlier card sets otherwise
+
+
 class Evaluation(TypedDict):
     """``evaluation``: evaluation passes in the window (not part of any step)."""
 
@@ -206,6 +231,7 @@ class ReportBody(TypedDict):
     trainer: str | None  # the framework that drove the loop (schema.TRAINERS)
     evaluation: Evaluation
     advice_minor: list[MinorCard]
+    plan: PlanSection | None  # None: no steady steps to plan on
     timeseries: Timeseries
     hotspots: dict[str, list[Hotspot]]  # by stage
     torch_traces: list[TorchTrace]

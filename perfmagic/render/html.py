@@ -26,6 +26,7 @@ from perfmagic.render.text import (
     minor_line,
     most_to_gain,
     origin_words,
+    plan_line,
     saving_words,
 )
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
@@ -173,9 +174,9 @@ def report_fragment(
     parts.append(
         cards_html(report.get("advice") or [], note="" if report["steps"].get("count") else no_steps)
     )
-    minor = minor_line(report)
-    if minor:
-        parts.append(f'<p class="pm-minor">{html.escape(minor[0].upper() + minor[1:])}.</p>')
+    for said in (plan_line(report), minor_line(report)):
+        if said:
+            parts.append(f'<p class="pm-minor">{html.escape(said[0].upper() + said[1:])}.</p>')
     parts.append(tuning_html(report))
     if report.get("warnings"):
         items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])

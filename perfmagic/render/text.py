@@ -33,7 +33,27 @@ def saving_words(card: Card) -> str:
     speedup = card.get("speedup")
     if speedup:
         parts.append(f"~{speedup:.2g}× faster" if speedup >= 1.1 else f"~{(speedup - 1) * 100:.0f}% faster")
+    metrics = card.get("metrics") or {}
+    interval = metrics.get("saving_interval_s")
+    if metrics.get("uncertain") and interval:
+        parts.append(
+            f"uncertain: {fmt_seconds(interval[0])}–{fmt_seconds(interval[1])} (p10–p90 of the steps)"
+        )
+    alone, saving = metrics.get("saving_alone_s"), card.get("saving_s")
+    if alone and saving is not None and alone > 1.05 * saving:
+        parts.append(f"{fmt_seconds(alone)} on its own, less after the changes above")
     return ", ".join(parts)
+
+
+def plan_line(report: ReportData) -> str | None:
+    """The plan's predicted step, where more than one change makes it."""
+    plan = report.get("plan")
+    if not plan or len(plan["changes"]) < 2 or plan["predicted_step_s"] >= plan["step_s"]:
+        return None
+    return (
+        f"plan: the {len(plan['changes'])} changes together predict a {fmt_seconds(plan['predicted_step_s'])}"
+        f" step against {fmt_seconds(plan['step_s'])} now (an estimate: each saving counted once, in this order)"
+    )
 
 
 EXPLAINED_STAGES = ("other", "data")
@@ -230,6 +250,9 @@ def render_text(report: ReportData) -> str:
             for fix_line in card["fix"].splitlines():
                 lines.append(f"      | {fix_line}")
 
+    planned = plan_line(report)
+    if planned:
+        lines += ["", planned]
     minor = minor_line(report)
     if minor:
         lines += ["", minor]

@@ -79,14 +79,22 @@ def test_compute_bound_is_dropped_when_a_real_problem_fires() -> None:
     a = build(stages=stages(data=0.02))
     assert pace.compute_bound(build(stages=stages(data=0.004))) is not None
     ids = [c.id for c in advise(a).cards]
-    assert ids[0] == "input_bound" and "compute_bound" not in ids
+    assert ids[0] == "dataloader_workers" and "compute_bound" not in ids  # the fix of the data wait leads
 
 
-def test_cards_are_ordered_by_saving() -> None:
-    cards = advise(build(stages=stages(data=0.02, logging=0.003))).cards
-    savings = [c.saving_s or 0.0 for c in cards]
-    assert savings == sorted(savings, reverse=True)
-    assert {"input_bound", "dataloader_workers", "sync_logging"} <= {c.id for c in cards}
+def test_cards_are_the_plans_changes_and_the_data_wait_is_saved_once() -> None:
+    advice = advise(build(stages=stages(data=0.02, logging=0.003)))
+    assert advice.plan is not None
+    # fixes by their own saving; input_bound, the data wait itself, after the fix that removes it: still
+    # shown, as high as the wait is, with no saving of its own (the workers' is counted once)
+    alone = [c.metrics["saving_alone_s"] for c in advice.cards[:-1]]
+    assert alone == sorted(alone, reverse=True)
+    assert [c.id for c in advice.cards] == ["dataloader_workers", "sync_logging", "input_bound"]
+    wait = advice.cards[-1]
+    assert wait.saving_s is None and wait.severity == "high" and not advice.minor
+    total = sum(c.saving_s for c in advice.plan.changes)
+    assert total == pytest.approx(advice.plan.step_s - advice.plan.predicted_step_s)
+    assert total == pytest.approx(0.02 + 0.0027)  # the 20 ms of data once, and the logging
 
 
 def test_missing_data_is_warned_once() -> None:

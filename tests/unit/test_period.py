@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfmagic.advise.pace import _period
+from perfmagic.advise.pace import _folded, _period
 
 EVERY_8 = list(range(7, 160, 8))
 
@@ -25,3 +25,20 @@ def test_random_slow_steps_alone_and_a_slow_phase_have_none() -> None:
     rng = np.random.default_rng(0)
     draws = [np.sort(rng.choice(200, rng.integers(3, 20), replace=False)) for _ in range(2000)]
     assert sum(_period(d) is not None for d in draws) <= 10  # what the gap rule alone says of them
+
+
+def test_work_every_8_steps_is_found_by_folding_through_a_busy_machines_slow_steps() -> None:
+    rng = np.random.default_rng(3)
+    durations = np.full(160, 0.006)
+    durations[rng.random(160) < 0.2] = 0.020  # a neighbour's slow steps, at random
+    durations[7::8] = 0.045  # the evaluation
+    found = _folded(durations)
+    assert found is not None and found[0] == 8 and list(found[1][:3]) == [7, 15, 23]
+
+
+def test_random_slow_steps_fold_on_no_interval() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        durations = np.full(160, 0.006)
+        durations[rng.random(160) < 0.2] = 0.020
+        assert _folded(durations) is None

@@ -13,7 +13,7 @@ from perfmagic.report import Report, build_report
 
 
 def _report() -> dict[str, Any]:
-    return build_report(plain(stages={**HEALTHY, "data": 0.02})).to_dict()
+    return build_report(plain(stages={**HEALTHY, "data": 0.02, "logging": 0.004})).to_dict()
 
 
 def test_a_pipeline_report_passes() -> None:
