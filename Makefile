@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-e2e test-tfjax test-fast lint typecheck cuda-coverage test-torch-min lab browser prometheus gpu-check clean
+.PHONY: install demo test test-unit test-e2e advice-matrix test-tfjax test-fast lint typecheck cuda-coverage test-torch-min lab browser prometheus gpu-check clean
 
 install: $(STAMP)
 
@@ -55,7 +55,11 @@ test-unit: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
 
 test-e2e: install
-	$(VENV)/bin/pytest -p no:cacheprovider tests/e2e
+	$(VENV)/bin/pytest -p no:cacheprovider -m "not matrix" tests/e2e
+
+# The advice matrix (benchmarks/advice_matrix.py): five loops profiled ten times each, ~10 min
+advice-matrix: install
+	$(VENV)/bin/pytest -p no:cacheprovider -m matrix -s tests/e2e
 
 # The CUDA code runs on a simulated device here (tests/sim_cuda.py): every line of it must be run.
 cuda-coverage: install

@@ -118,6 +118,13 @@ class Timings:
     extra: Stopwatch = field(default_factory=Stopwatch)
     step_s: list[float] = field(default_factory=list)
 
+    @property
+    def other_s(self) -> float:
+        """The loop's steps outside its named stages: the untracked sleep and the gaps between its own
+        timers (which a busy machine widens: a preemption there is in no stopwatch)."""
+        named = (self.data, self.forward, self.backward, self.optimizer, self.extra)
+        return sum(self.step_s) - sum(w.total_s for w in named)
+
 
 def train(
     steps: int = 15,
