@@ -14,7 +14,7 @@ from perfmagic.advise.trainer_fixes import loader_code, trainer_name
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.contract import KnobResult
-from perfmagic.tuning.pairs import described
+from perfmagic.tuning.pairs import described, saving_interval
 from perfmagic.units import KiB, MiB, fmt_bytes, fmt_fraction, fmt_seconds
 
 INPUT_SHARE = 0.05
@@ -399,14 +399,11 @@ def _measured_workers(a: Analysis, s: Steady, tried: KnobResult) -> Card | None:
         return None  # measured: more workers do not load faster here
     ld = a.config.loader or {}
     step = a.tuned("step")
-    predicted = (
-        step["best"]["seconds"]
-        if step and step["best"]
-        else max(s.step_s - s.stage_s("data"), best["seconds"])
-    )
+    rest = max(s.step_s - s.stage_s("data"), best["seconds"])
+    predicted = step["best"]["seconds"] if step and step["best"] else rest
     table = ", ".join(f"{t['value']}: {fmt_seconds(t['seconds'])}" for t in tried["tried"])
-    confirmed = tried.get("confirmed")
-    pairs = f" Timed again: {described(confirmed, best['value'], base['value'])}." if confirmed else ""
+    said = described(c, best["value"], base["value"]) if (c := tried.get("confirmed")) else None
+    pairs = f" Timed again: {said}." if said else ""
     return make_card(
         "dataloader_workers",
         f"Use {_workers(best['value'])} instead of {base['value']} (measured)",
@@ -418,10 +415,7 @@ def _measured_workers(a: Analysis, s: Steady, tried: KnobResult) -> Card | None:
             "recommended_workers": best["value"],
             "tried": tried["tried"],
             "predicted_step_s": predicted,
-            "confirmed": confirmed,
-            "saving_interval_s": [s.step_s - t for t in reversed(step["interval_s"])]
-            if step and "interval_s" in step
-            else None,
+            "saving_interval_s": saving_interval(s.step_s, step) if step else None,
         },
         saving_s=max(0.0, s.step_s - predicted),
         step_s=s.step_s,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from perfmagic.contract import Confirmation
+from perfmagic.contract import Confirmation, KnobResult
 
 SLICE_S = 0.2
 """Seconds each slice times, at least: long beside a step, short beside a neighbour's bursts."""
@@ -109,3 +109,11 @@ def described(confirmed: Confirmation, candidate: object, baseline: object) -> s
         f"{candidate} workers against {baseline} in {confirmed['pairs']} alternating pairs:"
         f" {confirmed['ratio']:.2f} of the time (p10–p90 {confirmed['low']:.2f}–{confirmed['high']:.2f})"
     )
+
+
+def saving_interval(observed_s: float, step: KnobResult) -> list[float] | None:
+    """The p10–p90 of what the predicted ``step`` saves on the observed step, where tuning gave one."""
+    if "interval_s" not in step:
+        return None
+    low, high = step["interval_s"]
+    return [observed_s - high, observed_s - low]

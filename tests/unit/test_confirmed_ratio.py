@@ -8,7 +8,7 @@ import pytest
 
 from perfmagic.contract import KnobResult, Trial
 from perfmagic.tuning import predicted_step
-from perfmagic.tuning.pairs import MIN_PAIRS, confirmed_ratio, described
+from perfmagic.tuning.pairs import MIN_PAIRS, confirmed_ratio, described, saving_interval
 from perfmagic.tuning.result import knob_result
 from tests.fakeclock import FakeClock
 
@@ -81,6 +81,8 @@ def test_the_promise_and_its_interval_follow_the_pairs() -> None:
     assert step["best"]["seconds"] == pytest.approx(0.002 + 0.020 * 0.5)
     assert step["interval_s"] == pytest.approx([0.002 + 0.020 * 0.4, 0.002 + 0.020 * 0.6])
     assert "7 alternating pairs" in step["notes"][0]
+    # what the card promises to save: the observed step less the predicted one, at both ends
+    assert saving_interval(0.022, step) == pytest.approx([0.022 - 0.014, 0.022 - 0.010])
     assert described(result["confirmed"], 4, 0) == (
         "4 workers against 0 in 7 alternating pairs: 0.50 of the time (p10–p90 0.40–0.60)"
     )
