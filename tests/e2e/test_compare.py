@@ -113,12 +113,14 @@ def test_compare_two_real_runs_before_and_after_the_dataloader_fix(tmp_path: Pat
     data = next(c for c in cmp.stages if c.name == "data")
     assert data.after_s < data.before_s / 2, str(cmp)
     # the step is faster by the data saved, as far as the stages the fix leaves alone held their pace:
-    # two runs beside a busy neighbour can differ by more than the fix (backward 26 ms, then 34 ms)
-    others = [c for c in cmp.stages if c.name != "data"]
-    drift = sum(c.after_s - c.before_s for c in others)
-    assert cmp.speedup is not None
-    if abs(drift) < 0.1 * sum(c.before_s for c in others):
-        assert cmp.speedup > 1.2, str(cmp)
+    # two runs beside a busy neighbour can differ by more than the fix (backward 26 ms, then 34 ms),
+    # and a starved worker can leave part of the wait (13 ms to 4.6 ms)
+    saved = data.before_s - data.after_s
+    drift = sum(c.after_s - c.before_s for c in cmp.stages if c.name != "data")
+    assert cmp.speedup is not None and cmp.step_before_s is not None
+    assert cmp.speedup == pytest.approx(cmp.step_before_s / (cmp.step_before_s - saved + drift), rel=0.02)
+    if drift < saved / 2:
+        assert cmp.speedup > 1.1, str(cmp)
     # resolved; on a crowded machine the one worker can be starved of CPU (4.5 ms of 12.4 left in a CI run
     # beside other work): then most of the promise is kept
     left = {a["id"]: b for a, b in cmp.remaining}.get("dataloader_workers")
