@@ -109,7 +109,8 @@ def advise(analysis: Analysis) -> Advice:
     plan, cards = plan_of(cards, analysis.steady, STAGE_OF, SYMPTOMS)
     # a symptom stays, its saving what the fixes before it leave: the data wait a worker cannot remove
     minor = [c for c in cards if _minor(c) and c.id not in SYMPTOMS]
-    cards = [c for c in cards if c not in minor]
+    shown = {c.id for c in cards} - {c.id for c in minor}
+    cards = [c for c in cards if c.id in shown]
     warnings += [w for w in missing(analysis) if w not in analysis.warnings]
     return Advice(cards, warnings, minor, plan)
 
