@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perfmagic.contract import KnobResult, Trial
-from perfmagic.tuning.guard import untouched
+from perfmagic.tuning.guard import untouched, workers_stoppable
 from perfmagic.tuning.result import knob_result
 
 DEFAULT_BUDGET_S = 60.0
@@ -73,7 +73,7 @@ def tune(
         if progress is not None:
             progress(what, max(0.0, begin + budget_s - time.perf_counter()))
 
-    with untouched():
+    with untouched(), workers_stoppable():
         try:
             step = None
             if model is not None and batch is not None:

@@ -1,4 +1,5 @@
-"""What tuning must leave exactly as it found: the random streams and the thread count."""
+"""What tuning must leave exactly as it found (the random streams, the thread count), and what it needs
+of torch at interpreter exit."""
 
 from __future__ import annotations
 
@@ -36,3 +37,24 @@ def untouched() -> Iterator[None]:
                 torch.cuda.set_rng_state_all(cuda_states)
             if threads is not None and torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
+
+
+@contextmanager
+def workers_stoppable() -> Iterator[None]:
+    """Let DataLoaders shut their workers down while tuning runs in an atexit handler.
+
+    ``perfmagic run`` ends each process's profile at exit, after torch's own atexit hook has marked
+    Python as exiting; from then on a DataLoader iterator skips shutting down its workers, so each
+    loader tried would leave its worker processes running and their pids registered (a later
+    iterator at the same address then fails to start). Exit handlers run before modules are torn
+    down, so the workers can still be stopped: the mark is lifted for the tuning and put back.
+    """
+    utils: Any = sys.modules.get("torch.utils.data._utils")
+    if utils is None or getattr(utils, "python_exit_status", None) is not True:
+        yield
+        return
+    utils.python_exit_status = False
+    try:
+        yield
+    finally:
+        utils.python_exit_status = True

@@ -379,10 +379,30 @@ def test_perfmagic_run_tune_tunes_in_the_training_process(tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
-    workers = next(t for t in report["tuning"] if t["knob"] == "num_workers")
+    workers = next((t for t in report["tuning"] if t["knob"] == "num_workers"), None)
+    assert workers is not None, (report["tuning"], report["warnings"])
     assert workers["best"]["value"] > 0 and workers["speedup"] > 1.5, workers
     text = perfmagic.load(out).__str__()
     assert "tuning (tried after the window, on copies)" in text and "predicted step" in text
+
+
+def test_tuning_at_interpreter_exit_stops_every_worker_it_started() -> None:
+    """``perfmagic run`` tunes in an atexit handler, after torch has marked Python as exiting."""
+    from torch.utils.data import _utils
+
+    from perfmagic.tuning import tune
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    loader = DataLoader(Sleepy(n=4096, wait_s=0.0005), batch_size=16)
+    _utils.python_exit_status = True  # what torch's atexit hook sets
+    try:
+        results = tune(loader, budget_s=3)
+        assert _utils.python_exit_status is True  # put back for the exit that follows
+    finally:
+        _utils.python_exit_status = False
+    assert any(r["knob"] == "num_workers" and len(r["tried"]) >= 2 for r in results), results
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
+    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE], left
 
 
 def test_the_live_panel_says_what_tuning_tries_and_how_long_it_has_left() -> None:
