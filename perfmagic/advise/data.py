@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 from perfmagic.advise.card import Card, make_card, severity_for
@@ -11,6 +9,14 @@ from perfmagic.advise.host import contention
 from perfmagic.advise.loading import loading_kind, loading_says
 from perfmagic.advise.tf_fixes import tf_data_code
 from perfmagic.advise.trainer_fixes import loader_code, trainer_name
+from perfmagic.advise.workers import (
+    HANDOFF_SHARE,
+    STEP_MODEL,
+    loader_model,
+    more_workers,
+    usable_cpus,
+    worker_cap,
+)
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.contract import KnobResult
@@ -34,83 +40,6 @@ MIN_PROC_READ = 1 * MiB
 SMALL_READ = 64 * KiB
 """Average read size under which per-request latency dominates storage throughput."""
 MIN_READ_OPS_PER_S = 100.0
-HANDOFF_SHARE = 0.10
-"""Data wait that is the hand-over of batches from busy-enough workers worth a card: below it, the
-usual cost of workers (each batch is pickled through shared memory and rebuilt in the training process)."""
-IO_WORKERS_PER_CPU = 4
-"""Workers that wait on storage need no CPU each: up to this many per usable CPU…"""
-MAX_WORKERS = 32
-"""…and never more than this."""
-
-
-@dataclass(frozen=True)
-class _Loading:
-    """The loader model: one process takes ``load_s`` per batch; the rest of the step is ``rest_s``.
-
-    With ``w`` workers a batch is ready every ``load_s / w`` and the loop waits
-    ``max(0, load_s / w - rest_s)``; so ``load_s`` is the data wait itself without
-    workers and ``w * (wait + rest)`` with them.
-    """
-
-    wait_s: float
-    rest_s: float
-    workers: int
-
-    @property
-    def load_s(self) -> float:
-        return self.wait_s if not self.workers else self.workers * (self.wait_s + self.rest_s)
-
-    def step_with(self, workers: int, extra_load_s: float = 0.0) -> float:
-        """Step time with ``workers`` workers, ``extra_load_s`` moved from the rest of the step into loading."""
-        rest = self.rest_s - extra_load_s
-        return max(rest, (self.load_s + extra_load_s) / workers)
-
-    def workers_needed(self, extra_load_s: float = 0.0) -> int | None:
-        """Workers that keep up with the step (``None`` when nothing else is left in the step)."""
-        rest = self.rest_s - extra_load_s
-        return math.ceil((self.load_s + extra_load_s) / rest) if rest > 0 else None
-
-
-def usable_cpus(a: Analysis) -> int | None:
-    """CPUs this process may run on: its affinity, else the machine's count."""
-    affinity = a.host.get("affinity")
-    if affinity:
-        return len(affinity)
-    count = a.host.get("cpu_count")
-    if count:
-        return int(count)
-    ld = a.config.loader
-    return int(ld["cpu_count"]) if ld and ld.get("cpu_count") else None
-
-
-def worker_cap(a: Analysis) -> int | None:
-    """DataLoader workers this machine affords each rank: its CPUs less one for the training loop."""
-    cpus = usable_cpus(a)
-    if cpus is None:
-        return None
-    ranks = max(1, sum(1 for r in a.ranks if r.steps.count))
-    return max(0, cpus // ranks - 1)
-
-
-def _loading(a: Analysis, s: Steady) -> _Loading:
-    ld = a.config.loader
-    wait = s.stage_s("data")
-    return _Loading(wait, s.step_s - wait, int(ld.get("num_workers") or 0) if ld else 0)
-
-
-@dataclass(frozen=True)
-class _MoreWorkers:
-    """The worker count this machine affords for the data wait, and what it saves."""
-
-    loading: _Loading
-    workers: int  # recommended
-    needed: int  # that would keep up
-    cap: int  # that this machine affords
-    step_s: float  # the step with ``workers``
-
-    @property
-    def wait_left_s(self) -> float:
-        return self.step_s - self.loading.rest_s
 
 
 def _has_workers(a: Analysis) -> bool:
@@ -118,47 +47,8 @@ def _has_workers(a: Analysis) -> bool:
     return bool(ld and ld.get("num_workers"))
 
 
-def io_worker_cap(a: Analysis) -> int | None:
-    """Workers that wait on storage this machine affords: several per CPU, as far as memory allows.
-
-    Each worker is a process with its own copy of what the Dataset references: its share
-    of the tree's peak memory, against half the memory that was still available.
-    """
-    cpus = usable_cpus(a)
-    if cpus is None:
-        return None
-    cap = min(MAX_WORKERS, IO_WORKERS_PER_CPU * cpus)
-    ld = a.config.loader
-    workers = int(ld.get("num_workers") or 0) if ld else 0
-    rss, available = (
-        a.host.get("uss_peak_bytes") or a.host.get("rss_peak_bytes"),
-        a.host.get("mem_available_min_bytes"),
-    )
-    if rss and available:
-        per_process = rss / (workers + 1)
-        cap = min(cap, workers + int(0.5 * available / per_process))
-    return max(cap, workers)
-
-
-def _more_workers(a: Analysis, s: Steady) -> _MoreWorkers | None:
-    """More DataLoader workers, when the machine affords more and they would shorten the step."""
-    kind = loading_kind(a)
-    if kind == "handoff":
-        return None  # the workers keep up: more of them take nothing off the wait
-    if kind == "io" and _has_workers(a) and s.share("data") < HANDOFF_SHARE:
-        return None  # idle workers and a small wait: hand-over cost and slow reads look the same here
-    ld, cap = a.config.loader, io_worker_cap(a) if kind == "io" else worker_cap(a)
-    if ld is None or cap is None:
-        return None
-    m = _loading(a, s)
-    if m.workers >= cap:
-        return None
-    needed = m.workers_needed() or cap
-    workers = max(m.workers + 1, min(cap, needed))
-    after = m.step_with(workers)
-    if after >= s.step_s:
-        return None
-    return _MoreWorkers(m, workers, needed, cap, after)
+def _beside(others: float) -> str:
+    return f" with {others:.1f} cores other processes kept busy" if others >= 0.5 else ""
 
 
 def _workers(n: int) -> str:
@@ -183,7 +73,7 @@ def input_bound(a: Analysis) -> Card | None:
         f"{fmt_seconds(step)} step (mean of {s.count} steps after warm-up{workers}{says}). Up to "
         f"{fmt_seconds(wait)} per step if each batch were ready when asked for; "
     )
-    plan = _more_workers(a, s)
+    plan = more_workers(a, s)
     if plan is None and kind == "cpu" and ld and ld.get("num_workers") and contention(a) is not None:
         return None  # workers starved of CPU by a crowded machine: cpu_contention names the cause
     if plan is not None:
@@ -201,10 +91,7 @@ def input_bound(a: Analysis) -> Card | None:
                 "# If the wait stays, make each sample cheaper:\n"
             )
         fix += _cheaper_samples_fix(ld)
-        model = (
-            f"{_workers(plan.workers)}: step = max(rest of step, load time per batch / workers); "
-            "all of the data wait is the upper bound"
-        )
+        model = f"{_workers(plan.workers)}: {STEP_MODEL}; all of the data wait is the upper bound"
     elif ld is not None and worker_cap(a) is not None:
         saving = wait
         n = int(ld.get("num_workers") or 0)
@@ -217,6 +104,8 @@ def input_bound(a: Analysis) -> Card | None:
         model = "all of the data wait, once samples are cheap enough for the workers to keep up (upper bound)"
     elif ld is None and a.config.pipeline is not None:
         saving, pipeline = wait, a.config.pipeline
+        if _pipeline_complete(pipeline) and contention(a) is not None:
+            return None  # nothing in the pipeline to change: its threads wait for CPUs cpu_contention names
         evidence += "the tf.data pipeline " + _pipeline_says(pipeline) + "."
         fix = tf_data_code(pipeline)
         model = "all of the data wait, if each batch were ready when the step asks for it (upper bound)"
@@ -250,6 +139,11 @@ def input_bound(a: Analysis) -> Card | None:
         model=model,
         severity=severity_for(wait, step),  # the size of the problem; the saving is what the fix achieves
     )
+
+
+def _pipeline_complete(pipeline: dict[str, Any]) -> bool:
+    """The pipeline maps in parallel, caches and prefetches: nothing left to add to it."""
+    return not pipeline.get("serial_maps") and bool(pipeline.get("cache")) and bool(pipeline.get("prefetch"))
 
 
 def _pipeline_says(pipeline: dict[str, Any]) -> str:
@@ -346,7 +240,7 @@ def dataloader_workers(a: Analysis) -> Card | None:
     tried = a.tuned("num_workers")
     if tried is not None:
         return _measured_workers(a, s, tried)
-    plan, ld = _more_workers(a, s), a.config.loader
+    plan, ld = more_workers(a, s), a.config.loader
     if plan is None or ld is None:
         return None
     m, workers, needed = plan.loading, plan.workers, plan.needed
@@ -359,7 +253,8 @@ def dataloader_workers(a: Analysis) -> Card | None:
         f"loading is blocked, not computing (the loaders were on a CPU {fmt_fraction(a.loop.data_cpu_share)} "
         f"of the time), so workers need no CPU each: {cpus} usable CPUs and the memory left afford {plan.cap}"
         if io
-        else f"{cpus} usable CPUs allow {plan.cap} (one CPU stays with the training loop)"
+        else f"the loading's {fmt_seconds(m.load_cpu_s)} and the loop's {fmt_seconds(m.rest_cpu_s)} of CPU work a "
+        f"step share {cpus} usable CPUs{_beside(m.others)}"
     )
     evidence = (
         f"num_workers={m.workers}: {now}, about {fmt_seconds(m.load_s)} per batch{batch}, while the rest of the "
@@ -388,7 +283,7 @@ def dataloader_workers(a: Analysis) -> Card | None:
         },
         saving_s=step - plan.step_s,
         step_s=step,
-        model=f"step = max(rest of step, load time per batch / workers) with {workers} workers",
+        model=f"{STEP_MODEL}, with {workers} workers",
     )
 
 
@@ -493,7 +388,7 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
     step = s.step_s
     if pre < PREPROCESS_SHARE * step:
         return None
-    m = _loading(a, s)
+    m = loader_model(a, s)
     cap = worker_cap(a)
     needed = m.workers_needed(extra_load_s=pre)
     more = dataloader_workers(a)  # one worker count for both cards: dataloader_workers' where it fires
@@ -538,7 +433,7 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
         saving_s=saving,
         step_s=step,
         model=f"the preprocessing joins the batch's loading in {workers} DataLoader worker(s): "
-        "step = max(rest of step, (load + preprocess) / workers)",
+        f"{STEP_MODEL}, the preprocessing counted as loading",
     )
 
 

@@ -110,6 +110,11 @@ def contention(a: Analysis) -> Contention | None:
     return found if found.crowded else None
 
 
+def others_cores(a: Analysis) -> float | None:
+    """Cores other processes kept busy during the steady steps (None: unmeasured)."""
+    return _cpu_load(a)[3]
+
+
 def free_cpus(a: Analysis) -> int | None:
     """CPUs the training may use that other processes left free during the steady steps."""
     usable, _, _, others = _cpu_load(a)
@@ -132,7 +137,11 @@ def cpu_contention(a: Analysis) -> Card | None:
         saving: float | None = c.wait_s
         model = (
             "the time the training thread was ready to run but waited for a CPU (measured, Linux run delay); "
-            "an upper bound: the fix gives back at most that"
+            + (
+                "at least that: threads beyond the CPUs also stall each other at every parallel region"
+                if c.oversubscribed
+                else "an upper bound: the fix gives back at most that"
+            )
         )
     elif c.demand and c.others is not None and c.ours is not None:
         lost = min(c.others, c.demand - c.ours)

@@ -122,7 +122,8 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
         },
         saving_s=spent - per_save / new_interval,
         step_s=step,
-        model=f"a checkpoint every {new_interval} steps instead of {every}",
+        model=f"a checkpoint every {new_interval} steps instead of {every}: the saves' own time, at least"
+        " (a save also slows the steps after it: the page cache, memory)",
     )
 
 

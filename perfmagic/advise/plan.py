@@ -105,6 +105,12 @@ def plan_of(
         # saves only what that card did not
         already = taken.get(card.metrics.get("saving_of") or "", 0.0)
         saving = max(0.0, min(card.saving_s - already, sum(left[n] for n in names)))
+        if (
+            card.id in symptoms and saving <= 0
+        ):  # all of it saved by the fixes before: what remains, no change
+            metrics = {**card.metrics, "saving_alone_s": card.saving_s}
+            out.append(replace(card, saving_s=None, speedup=None, metrics=metrics))
+            continue
         _take(left, names, saving)
         taken[card.id] = saving
         step -= saving
@@ -165,6 +171,4 @@ def _marginal(card: Card, saving: float, low: float, high: float, uncertain: boo
     severity = (
         card.severity if symptom else max(card.severity, severity_for(saving, step), key=SEVERITIES.index)
     )
-    if symptom and saving <= 0:  # all of it saved by the fixes before: the card says what remains, no saving
-        return replace(card, saving_s=None, speedup=None, metrics=metrics, severity=severity)
     return replace(card, saving_s=saving, speedup=speedup, metrics=metrics, severity=severity)

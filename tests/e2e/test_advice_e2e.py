@@ -133,7 +133,9 @@ def test_demo_job_is_input_bound(tmp_path: Path) -> None:
     report = _profile(tmp_path, lambda: train(model, optimizer, loader))
     # the fix leads; the data wait's verdict follows, for what one worker leaves
     workers = _assert_leads(report, "dataloader_workers", related=("input_bound", "low_gpu_util"))
-    assert "num_workers=1,  # was 0" in workers["fix"]  # 2 CPUs: one for the loop, one worker
+    # 2 CPUs: the loop's light work leaves room for two workers (measured: 59, 46 and 32 ms steps
+    # with 0, 1 and 2)
+    assert "num_workers=2,  # was 0" in workers["fix"]
     assert workers["speedup"] > 1.2
     card = next(c for c in report.advice if c["id"] == "input_bound")
     assert "HIGHLY input-bound" in card["title"] and "Up to" in card["evidence"]
