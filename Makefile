@@ -57,7 +57,7 @@ test-unit: install
 test-e2e: install
 	$(VENV)/bin/pytest -p no:cacheprovider -m "not matrix" tests/e2e
 
-# The advice matrix (benchmarks/advice_matrix.py): five loops profiled ten times each, ~10 min
+# The advice matrix (benchmarks/advice_matrix.py): five loops profiled ten times each, ~2 min
 advice-matrix: install
 	$(VENV)/bin/pytest -p no:cacheprovider -m matrix -s tests/e2e
 

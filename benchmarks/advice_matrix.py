@@ -4,11 +4,13 @@ Each case is a small real torch loop with one known problem. It is profiled ``--
 machine as it is and ``--runs`` times beside one busy core (another process spinning), and the
 benchmark checks three things:
 
-- **stability**: the same top card, recommending the same values, in every run of a condition and
-  between the two conditions;
-- **promise**: the top card's fix applied, the loop as profiled and the fixed loop timed in
-  interleaved A/B pairs (``--pairs``, median) in the same run: the measured speed-up within 25% of
-  the card's ``speedup``;
+- **stability**: the same top card, recommending the same values, in every run of a condition, and
+  the same card in both conditions (a thread count follows the CPUs other processes leave: 2 on the
+  quiet machine, 1 beside the busy core, each right where it is given);
+- **promise**: the top card's fix applied, the loop as profiled and the fixed loop timed under the
+  profiler in interleaved A/B pairs (``--pairs``, median) in the same run: the measured speed-up
+  within 25% of the card's ``speedup``, or, where the card's model says its saving is a lower bound
+  ("at least"), no more than 25% under it;
 - **tuning**: where the case loads data, ``tune=True`` predicts a step; the tuned setting's step,
   timed in pairs against the loop as profiled, is within 20% of it.
 
@@ -80,14 +82,16 @@ class Case:
     dataset: Callable[[], Dataset[Any]]
     setting: Setting
     expected: str  # the top card's id
+    hidden: int = 512  # the model's width
+    deep: bool = False  # a second hidden layer: forward and backward are the step
 
 
 CASES = [
     Case("cpu_loading", CpuLoading, Setting(), "dataloader_workers"),
     Case("sleeping_loading", SleepingLoading, Setting(), "dataloader_workers"),
-    Case("oversubscribed_threads", InMemory, Setting(threads=8), "cpu_contention"),
+    Case("oversubscribed_threads", InMemory, Setting(threads=8), "cpu_contention", hidden=4096),
     Case("frequent_checkpoints", InMemory, Setting(checkpoint_every=1), "checkpoint_frequency"),
-    Case("compute_bound", InMemory, Setting(), "compute_bound"),
+    Case("compute_bound", InMemory, Setting(), "compute_bound", hidden=2048, deep=True),
 ]
 
 
@@ -95,7 +99,10 @@ def loop(case: Case, setting: Setting, steps: int, outdir: Path) -> float:
     """``steps`` training steps of the case's loop with ``setting``; seconds per step after a head start."""
     torch.manual_seed(0)
     torch.set_num_threads(setting.threads)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    middle = [torch.nn.Linear(case.hidden, case.hidden), torch.nn.ReLU()] if case.deep else []
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, case.hidden), torch.nn.ReLU(), *middle, torch.nn.Linear(case.hidden, 10)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(case.dataset(), batch_size=16, num_workers=setting.workers)
     head = 3 + 2 * setting.workers
@@ -134,14 +141,33 @@ def applied(case: Case, card: dict[str, Any]) -> Setting:
 
 
 def paired_speedup(case: Case, fixed: Setting, pairs: int, outdir: Path) -> float:
-    """The loop as profiled over the fixed one, timed in interleaved pairs: the median ratio."""
+    """The loop as profiled over the fixed one, timed in interleaved pairs: the median ratio.
+
+    Both are timed under the profiler, as the report's step was: what it spends a step stays in
+    both, and the ratio is the one the report's promise makes.
+    """
     ratios = []
     steps = max(30, 2 * fixed.checkpoint_every)  # each timing holds the fixed loop's checkpoints
+
+    def timed(setting: Setting, k: int) -> float:
+        with perfmagic.profile(outdir=outdir / f"pair-{k}-{id(setting)}"):
+            return loop(case, setting, steps, outdir)
+
     for k in range(pairs):
         order = [case.setting, fixed] if k % 2 == 0 else [fixed, case.setting]
-        times = {id(s): loop(case, s, steps, outdir) for s in order}
+        times = {id(s): timed(s, k) for s in order}
         ratios.append(times[id(case.setting)] / times[id(fixed)])
     return statistics.median(ratios)
+
+
+FOLLOWS_FREE_CPUS = {"torch.set_num_threads"}
+"""Knobs whose right value is the CPUs other processes leave free: compared within a condition only."""
+
+
+def _unfollowed(top: tuple[str, dict[str, str]] | None) -> tuple[str, dict[str, str]] | None:
+    if top is None:
+        return None
+    return top[0], {k: v for k, v in top[1].items() if k not in FOLLOWS_FREE_CPUS}
 
 
 def top(report: perfmagic.Report) -> tuple[str, dict[str, str]] | None:
@@ -169,16 +195,23 @@ def run_case(case: Case, runs: int, pairs: int) -> list[str]:
                 if report.advice:
                     last[condition] = report.advice[0]
             print(f"  {case.name} [{condition}]: {seen[condition]}", flush=True)
-        firsts = {repr(t) for ts in seen.values() for t in ts}
-        if len(firsts) != 1:
-            failed.append(f"{case.name}: the top card moved: {sorted(firsts)}")
+        for condition, tops in seen.items():
+            if len({repr(t) for t in tops}) != 1:
+                failed.append(
+                    f"{case.name}: the top card moved [{condition}]: {sorted({repr(t) for t in tops})}"
+                )
+        between = {repr(_unfollowed(t)) for ts in seen.values() for t in ts}
+        if len(between) != 1:
+            failed.append(f"{case.name}: the top card differs between conditions: {sorted(between)}")
         card = last.get("as is")
         if card is None or card["id"] != case.expected:
             failed.append(f"{case.name}: top card {card and card['id']}, expected {case.expected}")
         elif card["speedup"]:
             fixed = applied(case, card)
             measured = paired_speedup(case, fixed, pairs, out)
-            ok = abs(measured / card["speedup"] - 1) <= 0.25
+            ratio = measured / card["speedup"]
+            at_least = "at least" in card["metrics"].get("saving_model", "")
+            ok = ratio >= 0.75 if at_least else abs(ratio - 1) <= 0.25
             print(f"  {case.name}: promised {card['speedup']:.2f}x, measured {measured:.2f}x ({fixed})")
             if not ok:
                 failed.append(f"{case.name}: promised {card['speedup']:.2f}x, measured {measured:.2f}x")
