@@ -600,6 +600,17 @@ def test_step_outliers() -> None:
     assert pace.step_outliers(build(steps=40, stages=stages(checkpoint=ckpt))) is None
 
 
+def test_periodic_work_stretched_by_a_busy_machine_is_still_the_loops_work() -> None:
+    # an evaluation every 8 steps: 30 ms more a step, 10 ms of it on a CPU and 20 ms waiting for one
+    other = [0.0302 if k % 8 == 7 else 0.0002 for k in range(40)]
+    a = build(steps=40, stages=stages(other=other))
+    step = np.array([sum(stages(other=o).values()) for o in other])
+    cpu = 0.5 * step + np.where(np.arange(40) % 8 == 7, 0.010 - 0.5 * 0.030, 0.0)
+    a = dataclasses.replace(a, steady=dataclasses.replace(a.steady, cpu_s=cpu[1:], wait_s=step[1:] - cpu[1:]))
+    card = check(pace.step_outliers(a), "step_outliers")
+    assert card.metrics["period_steps"] == 8 and card.metrics["stage"] == "other"
+
+
 def test_step_outliers_at_epoch_start_recommend_persistent_workers() -> None:
     data = [0.3 if k % 10 == 0 else 0.0002 for k in range(40)]
     loader = {**LOADER, "num_workers": 4, "prefetch_factor": 2, "dataset_len": 640}

@@ -42,3 +42,16 @@ def test_random_slow_steps_fold_on_no_interval() -> None:
         durations = np.full(160, 0.006)
         durations[rng.random(160) < 0.2] = 0.020
         assert _folded(durations) is None
+
+
+def test_work_every_8_steps_is_found_beside_runs_of_slow_steps_on_most_phases() -> None:
+    # two busy cores: a third of the steps slow, in runs, so that every phase has a few
+    durations = np.full(160, 0.006)
+    for start in range(0, 160, 12):
+        durations[start + 1 : start + 5] = 0.020
+    durations[7::8] = 0.045  # the evaluation
+    found = _folded(durations)
+    assert found is not None and found[0] == 8
+    alone = durations.copy()
+    alone[7::8] = 0.006
+    assert _folded(alone) is None  # the runs alone recur every 12 steps, on 4 of its phases
