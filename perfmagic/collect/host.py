@@ -9,6 +9,7 @@
   (DataLoader workers), in cores; ``host.children_cpu_cores``: the descendants' part;
   ``host.children_wait_cores``: the time the descendants were runnable but waited for
   a CPU, in cores (Linux schedstat run delay; a worker starved of CPU, not waiting on I/O);
+  ``host.children_disk``: descendants in uninterruptible sleep (``D``: mostly disk I/O) at the tick;
   ``host.rss_bytes``, ``host.uss_bytes`` and ``host.pss_bytes`` summed over that tree: RSS counts
   a page shared between processes once per process (forked DataLoader workers reading the
   parent's dataset count it once each), USS not at all, PSS in equal parts among its sharers,
@@ -45,6 +46,7 @@ from typing import Any
 import psutil
 
 from perfmagic.collect.sampler import SourceUnavailable
+from perfmagic.schema import CHILDREN_DISK
 from perfmagic.timeline import Timeline
 
 
@@ -174,7 +176,7 @@ class HostSource:
             add("host.cpu_util", now, fractions[0])
             add("host.iowait", now, fractions[1])
         self._grow_tree()
-        cpu, root_cpu, rss = self._tree_cpu_rss()
+        cpu, root_cpu, rss, disk = self._tree_cpu_rss()
         children = cpu - root_cpu
         if self._tree_cpu is not None and self._children_cpu is not None and now > self._tree_t:
             # a reparented orphan leaves the tree with its CPU: never report a negative rate
@@ -183,6 +185,7 @@ class HostSource:
             add("host.children_cpu_cores", now, max(0.0, children - self._children_cpu) / dt)
             if self._sched_fds:
                 add("host.children_wait_cores", now, self._children_wait() / dt)
+                add(CHILDREN_DISK, now, float(disk))
         self._tree_cpu, self._children_cpu, self._tree_t = cpu, children, now
         add("host.rss_bytes", now, float(rss))
         if now >= self._next_slow:  # the tick's time: on the session's clock, fake in tests
@@ -284,13 +287,14 @@ class HostSource:
             except psutil.Error:
                 continue
 
-    def _tree_cpu_rss(self) -> tuple[float, float, int]:
-        """CPU seconds of the tree (own plus reaped children), the root's own part of them, and RSS bytes."""
+    def _tree_cpu_rss(self) -> tuple[float, float, int, int]:
+        """CPU seconds of the tree (own plus reaped children), the root's own part of them, RSS bytes,
+        and the descendants in uninterruptible sleep now."""
         cpu = root = 0.0
-        rss = 0
+        rss = disk = 0
         for pid in list(self._tree):
             try:
-                own, reaped, proc_rss = self._proc_cpu_rss(pid)
+                own, reaped, proc_rss, state = self._proc_cpu_rss(pid)
             except (OSError, ValueError, IndexError, psutil.Error):
                 self._drop(pid)  # gone: its CPU is in its parent's children_*
                 continue
@@ -298,16 +302,19 @@ class HostSource:
             rss += proc_rss
             if pid == self._root_pid:
                 root = own
-        return cpu, root, rss
+            else:
+                disk += state == "D"
+        return cpu, root, rss, disk
 
-    def _proc_cpu_rss(self, pid: int) -> tuple[float, float, int]:
-        """(own CPU seconds, reaped children's CPU seconds, RSS bytes) of one process."""
+    def _proc_cpu_rss(self, pid: int) -> tuple[float, float, int, str]:
+        """(own CPU seconds, reaped children's CPU seconds, RSS bytes, state letter) of one process."""
         fd = self._stat_fds.get(pid)
         if fd is None:
             proc = self._tree[pid]
             with proc.oneshot():
                 t = proc.cpu_times()
-                return t.user + t.system, t.children_user + t.children_system, proc.memory_info().rss
+                state = "D" if proc.status() == psutil.STATUS_DISK_SLEEP else "?"
+                return t.user + t.system, t.children_user + t.children_system, proc.memory_info().rss, state
         # fields after "(comm)": state ppid ... utime(11) stime cutime cstime ... rss(21), in ticks / pages
         data = _pread(fd)
         rest = data[data.rindex(b")") + 2 :].split()
@@ -315,6 +322,7 @@ class HostSource:
             (int(rest[11]) + int(rest[12])) / _HZ,
             (int(rest[13]) + int(rest[14])) / _HZ,
             int(rest[21]) * _PAGE,
+            rest[0].decode(),
         )
 
     def _tree_uss_pss(self) -> tuple[int, int | None] | None:

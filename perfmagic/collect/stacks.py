@@ -7,6 +7,10 @@ Scalene sample), says which code that is. Each tick reads the thread's frame
 (``sys._current_frames``) and counts the innermost frame of the user's own code,
 not the libraries' (site-packages, the standard library, perfmagic): that is the
 line the user can change or wrap in ``perfmagic.stage``.
+
+Inside ``data``, each tick also reads the thread's scheduler state (``/proc``, Linux): the
+sample ``loader.thread_disk`` is 1 where it was in uninterruptible sleep (``D``: mostly disk
+I/O), else 0, so its mean is the share of the loading that waited on storage.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import threading
 from collections import Counter
 from collections.abc import Callable
 from types import FrameType
 
-from perfmagic.schema import STACK_SAMPLES
+from perfmagic.schema import LOADER_THREAD_DISK, STACK_SAMPLES
 from perfmagic.timeline import Timeline
 
 _LIBRARY_DIRS = tuple(
@@ -42,9 +47,14 @@ class StackSource:
         self._thread_id = thread_id
         self._current_stage = current_stage
         self._counts: Counter[tuple[str, str]] = Counter()
+        self._stat: int | None = None  # the thread's /proc stat file
 
     def open(self, timeline: Timeline) -> None:
-        pass
+        native = next((t.native_id for t in threading.enumerate() if t.ident == self._thread_id), None)
+        try:
+            self._stat = os.open(f"/proc/self/task/{native}/stat", os.O_RDONLY) if native else None
+        except OSError:
+            self._stat = None
 
     def poll(self, now: float, timeline: Timeline) -> None:
         frame = sys._current_frames().get(self._thread_id)
@@ -52,8 +62,17 @@ class StackSource:
             return
         stage = self._current_stage() or "other"
         self._counts[(stage, self._where(frame))] += 1
+        if stage == "data" and self._stat is not None:
+            try:
+                data = os.pread(self._stat, 512, 0)
+            except OSError:  # the thread is gone
+                return
+            timeline.add_sample(LOADER_THREAD_DISK, now, float(data[data.rindex(b")") + 2 :][:1] == b"D"))
 
     def close(self, timeline: Timeline) -> None:
+        if self._stat is not None:
+            os.close(self._stat)
+            self._stat = None
         timeline.meta[STACK_SAMPLES] = [
             {"stage": stage, "where": where, "count": n}
             for (stage, where), n in self._counts.most_common(200)
