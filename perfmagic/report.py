@@ -23,12 +23,14 @@ from perfmagic.advise import advise
 from perfmagic.advise.plan import Plan
 from perfmagic.analyze import Analysis, RankAnalysis, StageStats, StepStats, analyze
 from perfmagic.analyze.evaluation import EvaluationStats
+from perfmagic.analyze.loading import LoadingAccount
 from perfmagic.analyze.ranks import Straggler
 from perfmagic.analyze.steps import StepBreakdown
 from perfmagic.contract import (
     Card,
     Evaluation,
     GpuSection,
+    Loading,
     NodeClock,
     PlanSection,
     Rank,
@@ -202,6 +204,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         # keys beyond the first contract (docs/schema.md lists every key)
         "trainer": analysis.trainer,
         "evaluation": evaluation_section(analysis.evaluation),
+        "loading": loading_section(analysis.loading) if analysis.loading is not None else None,
         "advice_minor": [
             {"id": c.id, "saving_s": c.saving_s, "step_s": c.metrics.get("step_s")} for c in advice.minor
         ],
@@ -267,6 +270,19 @@ def evaluation_section(e: EvaluationStats) -> Evaluation:
         "fraction_of_wall": e.fraction_of_wall,
         "passes": e.passes,
         "every_steps": e.every_steps,
+    }
+
+
+def loading_section(account: LoadingAccount) -> Loading:
+    return {
+        "loaders": account.loaders,
+        "cpu": account.cpu,
+        "queued": account.queued,
+        "blocked": account.blocked,
+        "disk": account.disk,
+        "sleep": account.sleep,
+        "busy": account.busy,
+        "batch_s": account.batch_s,
     }
 
 

@@ -26,6 +26,7 @@ from perfmagic.analyze import (
     stage_stats,
     step_stats,
 )
+from perfmagic.analyze.loading import loading_account
 from perfmagic.analyze.loop import LoopFacts
 from perfmagic.analyze.ranks import find_straggler
 from perfmagic.analyze.steady import steady_of
@@ -297,32 +298,42 @@ def plain(
     }
     saves = b.column("checkpoint") > 0 if "checkpoint" in b.stages else np.zeros(steps, dtype=bool)
     saved = {"fn": "torch.save", "bytes": run.checkpoint_bytes}
-    return Analysis(
-        wall_s=float(b.end[-1]) + run.after_s,
-        framework="torch",
-        trainer=run.trainer["trainer"] if run.trainer else None,
-        breakdown=b,
-        steady=steady,
-        steps=step_stats(b),
-        stages=stage_stats(b),
-        bottleneck=bottleneck(stage_stats(b)),
-        devices=[dict(d) for d in devices],
-        host=dict(host or {}),
-        gpu=gpu,
-        ranks=rank_rows,
-        config=TrainingConfig(
-            dataloaders=[dict(run.loader)] if run.loader else [],
-            models=[dict(run.model)] if run.model else [],
-            optimizers=[dict(run.optimizer)] if run.optimizer else [],
-            checkpoints=[{"t": t, **saved} for t in b.start[saves].tolist()],
-            torch=dict(run.torch or {}),
-            counters=counters,
-            trainers=[dict(run.trainer)] if run.trainer else [],
-        ),
-        warnings=[],
-        steady_means=dict(steady_means or {}),
-        loop=LoopFacts(pre_forward_s=pre, calls_per_step=calls),
-        whole_process=whole_process,
-        argv=argv,
-        straggler=find_straggler([(r.rank, r.steady) for r in rank_rows if r.steady is not None]),
+    return accounted(
+        Analysis(
+            wall_s=float(b.end[-1]) + run.after_s,
+            framework="torch",
+            trainer=run.trainer["trainer"] if run.trainer else None,
+            breakdown=b,
+            steady=steady,
+            steps=step_stats(b),
+            stages=stage_stats(b),
+            bottleneck=bottleneck(stage_stats(b)),
+            devices=[dict(d) for d in devices],
+            host=dict(host or {}),
+            gpu=gpu,
+            ranks=rank_rows,
+            config=TrainingConfig(
+                dataloaders=[dict(run.loader)] if run.loader else [],
+                models=[dict(run.model)] if run.model else [],
+                optimizers=[dict(run.optimizer)] if run.optimizer else [],
+                checkpoints=[{"t": t, **saved} for t in b.start[saves].tolist()],
+                torch=dict(run.torch or {}),
+                counters=counters,
+                trainers=[dict(run.trainer)] if run.trainer else [],
+            ),
+            warnings=[],
+            steady_means=dict(steady_means or {}),
+            loop=LoopFacts(pre_forward_s=pre, calls_per_step=calls),
+            whole_process=whole_process,
+            argv=argv,
+            straggler=find_straggler([(r.rank, r.steady) for r in rank_rows if r.steady is not None]),
+        )
     )
+
+
+def accounted(a: Analysis, **changes: Any) -> Analysis:
+    """``a`` with ``changes``, and its loading account made anew from its loop facts and sampled means."""
+    a = dataclasses.replace(a, **changes)
+    ld = a.config.loader
+    workers = int(ld.get("num_workers") or 0) if ld else 0
+    return dataclasses.replace(a, loading=loading_account(a.loop, a.steady_means, workers) if ld else None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from perfmagic.advise import data, distributed, gpu, host, loop, pace
+from perfmagic.advise import data, distributed, gpu, host, loop, pace, storage
 from perfmagic.advise.card import SEVERITIES, Card
 from perfmagic.advise.plan import Plan, plan_of
 from perfmagic.analyze import Analysis
@@ -20,8 +20,8 @@ RULES: list[Rule] = [
     data.dataloader_workers,
     data.pin_memory,
     data.preprocess_in_loop,
-    data.io_bound,
-    data.small_files,
+    storage.io_bound,
+    storage.small_files,
     host.cpu_contention,
     host.host_memory_pressure,
     gpu.gpu_memory_pressure,

@@ -14,14 +14,14 @@ from perfmagic.advise.workers import (
     STEP_MODEL,
     loader_model,
     more_workers,
+    rank_cpus,
     usable_cpus,
-    worker_cap,
 )
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.contract import KnobResult
 from perfmagic.tuning.pairs import described, saving_interval
-from perfmagic.units import KiB, MiB, fmt_bytes, fmt_fraction, fmt_seconds
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 INPUT_SHARE = 0.05
 """Data wait that makes a run input-bound (torch-tb-profiler; TF Profiler's "moderately")."""
@@ -31,15 +31,6 @@ PREPROCESS_SHARE = 0.10
 """Host work between batch arrival and forward that is worth moving off the critical path."""
 PIN_H2D_SHARE = 0.05
 """Host-to-device copy time worth pinning for."""
-IO_DATA_SHARE = 0.10
-"""Data wait under which storage cannot matter much."""
-IO_BLOCKED = 0.25
-"""Share of the loaders' time blocked on storage that makes a run I/O-bound."""
-MIN_PROC_READ = 1 * MiB
-"""The training's own storage reads below which I/O wait belongs to someone else."""
-SMALL_READ = 64 * KiB
-"""Average read size under which per-request latency dominates storage throughput."""
-MIN_READ_OPS_PER_S = 100.0
 
 
 def _has_workers(a: Analysis) -> bool:
@@ -92,7 +83,7 @@ def input_bound(a: Analysis) -> Card | None:
             )
         fix += _cheaper_samples_fix(ld)
         model = f"{_workers(plan.workers)}: {STEP_MODEL}; all of the data wait is the upper bound"
-    elif ld is not None and worker_cap(a) is not None:
+    elif ld is not None and rank_cpus(a) is not None:
         saving = wait
         n = int(ld.get("num_workers") or 0)
         evidence += (
@@ -250,8 +241,8 @@ def dataloader_workers(a: Analysis) -> Card | None:
     batch = f" of {ld['batch_size']}" if ld.get("batch_size") else ""
     io = loading_kind(a) == "io"
     affords = (
-        f"loading is blocked, not computing (the loaders were on a CPU {fmt_fraction(a.loop.data_cpu_share)} "
-        f"of the time), so workers need no CPU each: {cpus} usable CPUs and the memory left afford {plan.cap}"
+        f"{loading_says(a, 'io')}, so workers need no CPU each: {cpus} usable CPUs and the memory left afford "
+        f"{plan.cap}"
         if io
         else f"the loading's {fmt_seconds(m.load_cpu_s)} and the loop's {fmt_seconds(m.rest_cpu_s)} of CPU work a "
         f"step share {cpus} usable CPUs{_beside(m.others)}"
@@ -389,7 +380,7 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
     if pre < PREPROCESS_SHARE * step:
         return None
     m = loader_model(a, s)
-    cap = worker_cap(a)
+    cap = rank_cpus(a)
     needed = m.workers_needed(extra_load_s=pre)
     more = dataloader_workers(a)  # one worker count for both cards: dataloader_workers' where it fires
     workers = (
@@ -434,82 +425,4 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
         step_s=step,
         model=f"the preprocessing joins the batch's loading in {workers} DataLoader worker(s): "
         f"{STEP_MODEL}, the preprocessing counted as loading",
-    )
-
-
-def _blocked_on_storage(a: Analysis, s: Steady) -> float | None:
-    """Share of the loading processes' time blocked on storage, from I/O wait; ``None`` unmeasured."""
-    iowait, cpus = a.steady_mean("host.iowait"), a.host.get("cpu_count")
-    own = a.host.get("proc_read_bytes")
-    if iowait is None or not cpus or own is None or own < MIN_PROC_READ:
-        return None
-    ld = a.config.loader
-    loaders = max(1, int(ld.get("num_workers") or 0) if ld else 1)
-    return min(1.0, iowait * float(cpus) / loaders)
-
-
-def io_bound(a: Analysis) -> Card | None:
-    """The data wait is storage wait."""
-    s = a.steady
-    if s is None or s.share("data") < IO_DATA_SHARE:
-        return None
-    blocked = _blocked_on_storage(a, s)
-    if blocked is None or blocked < IO_BLOCKED:
-        return None
-    wait = s.stage_s("data")
-    cpus = a.host.get("cpu_count") or 1
-    ld = a.config.loader
-    workers = min(2 * cpus, 32)
-    fix = "# Storage latency, not CPU, limits loading: keep more reads in flight than there are CPUs\n"
-    if ld:
-        fix += loader_code(a, ld, num_workers=workers, prefetch_factor=4, persistent_workers=True) + "\n"
-    fix += "# and/or copy the dataset to local NVMe or RAM (/dev/shm) before training."
-    return make_card(
-        "io_bound",
-        "The data wait is storage wait",
-        f"{fmt_fraction(s.share('data'))} of step time waits for data, and the loading processes were blocked on "
-        f"storage {fmt_fraction(blocked)} of the time (I/O wait {fmt_fraction(a.steady_mean('host.iowait'))} "
-        f"of {cpus} CPUs; the training read {fmt_bytes(a.host.get('proc_read_bytes'))} from storage).",
-        fix,
-        {"data_s": wait, "blocked_share": blocked, "proc_read_bytes": a.host.get("proc_read_bytes")},
-        saving_s=wait * blocked,
-        step_s=s.step_s,
-        model="the share of the data wait that the loaders spent blocked on storage",
-    )
-
-
-def small_files(a: Analysis) -> Card | None:
-    """Storage reads too small to be efficient."""
-    s = a.steady
-    if s is None or s.share("data") < IO_DATA_SHARE:
-        return None
-    size, ops = a.host.get("avg_read_size_bytes"), a.host.get("read_ops")
-    blocked = _blocked_on_storage(a, s)
-    if size is None or not ops or blocked is None or a.wall_s <= 0:
-        return None
-    rate = ops / a.wall_s
-    if size >= SMALL_READ or rate < MIN_READ_OPS_PER_S or blocked < IO_BLOCKED / 2:
-        return None
-    wait = s.stage_s("data")
-    fix = "\n".join(
-        [
-            "# Pack the samples into large shards once (e.g. WebDataset tar shards of 100 MB-1 GB):",
-            "import webdataset as wds",
-            "with wds.ShardWriter('shards/train-%06d.tar', maxsize=500_000_000) as sink:",
-            "    for i, (x, y) in enumerate(dataset):",
-            "        sink.write({'__key__': f'{i:09d}', 'pt': x, 'cls': y})",
-            "# then train from the shards: reads become large and sequential",
-            "dataset = wds.WebDataset('shards/train-{000000..000099}.tar').decode().to_tuple('pt', 'cls')",
-        ]
-    )
-    return make_card(
-        "small_files",
-        f"Storage reads average {fmt_bytes(size)}: pack small files into shards",
-        f"Reads averaged {fmt_bytes(size)} ({rate:.0f} reads/s) while {fmt_fraction(s.share('data'))} of step "
-        f"time waited for data and the loaders were blocked on storage {fmt_fraction(blocked)} of the time.",
-        fix,
-        {"avg_read_size_bytes": size, "read_ops_per_s": rate, "blocked_share": blocked, "data_s": wait},
-        saving_s=wait * blocked,
-        step_s=s.step_s,
-        model="the share of the data wait spent blocked on storage, which per-request latency dominates",
     )

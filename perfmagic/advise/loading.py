@@ -1,10 +1,10 @@
 """What a data wait is: CPU demand (computing, or queued for a CPU), blocked loaders, or the hand-over.
 
-The training thread's fetches are timed on its CPU clock and its run delay (the
-scheduler's ``schedstat``): the time it ran, the time it was ready but had no CPU,
-and the rest, when it was blocked (storage, network, sleep, a lock, workers that
-have not delivered). Waiting for a CPU is CPU demand, never I/O: a busy machine
-that starves a CPU-bound loader must not read as slow storage.
+The verdict reads the account of the loaders' time (``analyze.loading``): the training
+thread's fetches, or the workers' own, on a CPU, ready but without one (the scheduler's run
+delay), and blocked (disk reads, or asleep: storage over the network, a sleep, a lock).
+Waiting for a CPU is CPU demand, never I/O: a busy machine that starves a CPU-bound loader
+must not read as slow storage.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from perfmagic.analyze import Analysis
+from perfmagic.analyze.loading import LoadingAccount
 from perfmagic.units import fmt_fraction
 
 ON_CPU = 0.5
@@ -24,43 +25,56 @@ Loading = Literal["cpu", "io", "handoff"]
 
 
 def loading_kind(a: Analysis) -> Loading | None:
-    """What the data wait is, from where the loaders' time went while the training thread waited.
+    """What the data wait is, from the account of the loaders' time (``Analysis.loading``).
 
-    ``"cpu"``: building batches takes CPU: the training thread's own, or workers busy, and
-    threads that waited for a CPU (run delay) count as CPU demand, never as I/O;
-    ``"io"``: the loaders are blocked (storage, network, sleep, a lock) more than they
-    compute or queue for a CPU;
+    ``"cpu"``: building batches takes CPU: the loaders computed, or were ready to and waited
+    for a CPU (run delay), at least half of their loading time: CPU demand, never I/O;
+    ``"io"``: the loaders were blocked (storage, network, sleep, a lock) more than that;
     ``"handoff"``: the workers keep up and the training thread spends the wait taking
     each batch over (unpickling it from shared memory).
     None where unmeasured: without the run delay (no schedstat) the CPU-versus-I/O split is unknown.
     """
-    share, waiting = a.loop.data_cpu_share, a.loop.data_wait_share
-    ld = a.config.loader
-    if share is None or waiting is None or ld is None:
+    account, ld = a.loading, a.config.loader
+    if ld is None or account is None:
         return None
-    workers = int(ld.get("num_workers") or 0)
-    if not workers:
-        return "cpu" if share + waiting >= ON_CPU else "io"
-    if share + waiting >= ON_CPU:
-        return "handoff"  # taking each batch over, or ready to and queued for a CPU: the hand-over's work
-    cores, starved = a.steady_mean("host.children_cpu_cores"), a.steady_mean("host.children_wait_cores")
-    if cores is None or starved is None:
+    if account.loaders == "workers":
+        share, waiting = a.loop.data_cpu_share, a.loop.data_wait_share
+        if share is None or waiting is None:
+            return None
+        if share + waiting >= ON_CPU:
+            return "handoff"  # taking each batch over, or ready to and queued for a CPU: the hand-over's work
+    demand = account.cpu_demand
+    if demand is None:
         return None
-    return "cpu" if (cores + starved) / workers >= ON_CPU else "io"
-
-
-_LOADING_SAYS = {
-    "cpu": "loading is CPU-bound: the loaders compute{queued}",
-    "io": "loading is blocked (storage, sleep or a lock): the training thread was on a CPU only {share} of "
-    "the wait and waited for one {waiting}",
-    "handoff": "the wait is the hand-over from the workers",
-}
+    return "cpu" if demand >= ON_CPU else "io"
 
 
 def loading_says(a: Analysis, kind: Loading) -> str:
     """The verdict on the loading, in the words of what was measured."""
-    waiting = a.loop.data_wait_share or 0.0
-    queued = f", and waited for a CPU {fmt_fraction(waiting)} of the time" if waiting >= QUEUED_SAYS else ""
-    return _LOADING_SAYS[kind].format(
-        share=fmt_fraction(a.loop.data_cpu_share), waiting=fmt_fraction(waiting), queued=queued
+    account = a.loading
+    if kind == "handoff" or account is None:
+        return "the wait is the hand-over from the workers"
+    who = "the training thread" if account.loaders == "training thread" else "the workers"
+    if kind == "cpu":
+        queued = account.queued or 0.0
+        waited = f", and waited for a CPU {fmt_fraction(queued)} of the time" if queued >= QUEUED_SAYS else ""
+        return f"loading is CPU-bound: {who} computed{waited}"
+    return f"loading is blocked, not computing: {blocked_says(account)}"
+
+
+def blocked_says(account: LoadingAccount) -> str:
+    """Where blocked loaders spent their time: in disk reads, or asleep (a sleep, a lock, the network)."""
+    who = "the training thread" if account.loaders == "training thread" else "the workers"
+    done = (
+        f"{who} were on a CPU {fmt_fraction(account.cpu)} and waited for one {fmt_fraction(account.queued)}"
+    )
+    if account.disk is None:
+        return f"{done} of their loading time, and blocked (storage, sleep or a lock) the rest"
+    if account.disk >= (account.blocked or 0.0) / 2:
+        return (
+            f"{done} of their loading time, and waited on storage (disk reads) {fmt_fraction(account.disk)}"
+        )
+    return (
+        f"{done} of their loading time, and slept {fmt_fraction(account.sleep)} (a sleep, a lock or the "
+        f"network; disk reads {fmt_fraction(account.disk)})"
     )

@@ -23,6 +23,8 @@ from perfmagic.advise.host import others_cores
 from perfmagic.advise.loading import loading_kind
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
+from perfmagic.schema import CHILDREN_CPU, LOADER_BATCHES, LOADER_BUSY_CPU
+from perfmagic.tuning.loader import IO_WORKERS_PER_CPU, MAX_WORKERS
 
 HANDOFF_S = 7e-4
 """An estimate of the training thread's CPU seconds to take one batch over from a worker (unpickle
@@ -36,10 +38,6 @@ PARALLEL_EFFICIENCY = 0.6
 """An estimate of the share of a CPU that CPU-bound loading gains from each CPU beyond the first
 (shared caches, memory bandwidth, clock boost): two workers loaded 1.6x as fast as the loop on
 this project's 2-core machine. Tuning (``tune=True``) measures the machine's own."""
-IO_WORKERS_PER_CPU = 4
-"""Workers that wait on storage need no CPU each: up to this many per usable CPU…"""
-MAX_WORKERS = 32
-"""…and never more than this."""
 HANDOFF_SHARE = 0.10
 """Data wait that is the hand-over of batches from busy-enough workers worth a card: below it, the
 usual cost of workers (each batch is pickled through shared memory and rebuilt in the training process)."""
@@ -64,11 +62,18 @@ class LoaderModel:
     rest_cpu_s: float  # CPU seconds per step of the rest
     cpus: int  # usable by this rank
     others: float  # cores other processes kept busy
+    batch_s: float | None = None  # one worker's seconds per batch, as the workers timed it
+    worker_cost_s: float = WORKER_BATCH_S  # a worker's cost per batch beyond building it
 
     @property
     def load_s(self) -> float:
-        """One process's seconds per batch: the wait itself without workers, ``w * (wait + rest)`` with them."""
-        return self.wait_s if not self.workers else self.workers * (self.wait_s + self.rest_s)
+        """One process's seconds per batch: without workers the wait itself; with them, as the workers
+        timed it plus their cost per batch, else ``w * (wait + rest)`` (each worker busy all the time)."""
+        if not self.workers:
+            return self.wait_s
+        if self.batch_s is not None:
+            return self.batch_s + self.worker_cost_s
+        return self.workers * (self.wait_s + self.rest_s)
 
     def cpus_for(self, workers: int) -> float:
         """CPUs' worth of work the loop and ``workers`` busy workers get: one each where the CPUs go
@@ -141,11 +146,6 @@ def rank_cpus(a: Analysis) -> int | None:
     return max(1, cpus // ranks)
 
 
-def worker_cap(a: Analysis) -> int | None:
-    """CPU-bound workers this machine affords each rank: one per CPU (the model says how many pay)."""
-    return rank_cpus(a)
-
-
 def io_worker_cap(a: Analysis) -> int | None:
     """Workers that wait on storage this machine affords: several per CPU, as far as memory allows.
 
@@ -183,7 +183,23 @@ def loader_model(a: Analysis, s: Steady) -> LoaderModel:
     else:
         load_cpu = wait * on_cpu if on_cpu is not None else wait
         rest_cpu = min(rest, max(0.0, loop_cpu - load_cpu)) if loop_cpu is not None else rest
-    return LoaderModel(wait, rest, workers, load_cpu, rest_cpu, rank_cpus(a) or 1, others_cores(a) or 0.0)
+    batch_s, cost = _timed_batch(a)
+    return LoaderModel(
+        wait, rest, workers, load_cpu, rest_cpu, rank_cpus(a) or 1, others_cores(a) or 0.0, batch_s, cost
+    )
+
+
+def _timed_batch(a: Analysis) -> tuple[float | None, float]:
+    """(one worker's seconds per batch, its cost per batch beyond that) as the workers timed them: the
+    cost is the workers' CPU outside their fetches (pickling, queues), per batch; else the estimates."""
+    account = a.loading
+    if account is None or account.batch_s is None:
+        return None, WORKER_BATCH_S
+    children, fetching = a.steady_mean(CHILDREN_CPU), a.steady_mean(LOADER_BUSY_CPU)
+    batches = a.steady_mean(LOADER_BATCHES)
+    if children is None or fetching is None or not batches:
+        return account.batch_s, WORKER_BATCH_S
+    return account.batch_s, max(0.0, children - fetching) / batches
 
 
 def more_workers(a: Analysis, s: Steady) -> MoreWorkers | None:
@@ -194,7 +210,7 @@ def more_workers(a: Analysis, s: Steady) -> MoreWorkers | None:
     ld = a.config.loader
     if kind == "io" and ld and ld.get("num_workers") and s.share("data") < HANDOFF_SHARE:
         return None  # idle workers and a small wait: hand-over cost and slow reads look the same here
-    cap = io_worker_cap(a) if kind == "io" else worker_cap(a)
+    cap = io_worker_cap(a) if kind == "io" else rank_cpus(a)
     if ld is None or cap is None:
         return None
     m = loader_model(a, s)

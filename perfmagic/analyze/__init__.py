@@ -16,6 +16,7 @@ import numpy as np
 from perfmagic.analyze.devices import devices_summary
 from perfmagic.analyze.evaluation import EvaluationStats, evaluation_stats
 from perfmagic.analyze.host import host_summary
+from perfmagic.analyze.loading import LoadingAccount, loading_account
 from perfmagic.analyze.loop import LoopFacts, loop_facts
 from perfmagic.analyze.ranks import Straggler, find_straggler
 from perfmagic.analyze.samples import window_means
@@ -160,6 +161,7 @@ class Analysis:
     steady_means: dict[str, float] = field(default_factory=dict)  # sampled metrics over the steady steps
     evaluation: EvaluationStats = field(default_factory=lambda: EvaluationStats(0.0, 0.0, 0, None))
     loop: LoopFacts = field(default_factory=LoopFacts)
+    loading: LoadingAccount | None = None  # where the loaders' time went (None: no loading measured)
     whole_process: bool = False  # the window starts with the interpreter (perfmagic run)
     ready_s: float = 0.0  # when perfmagic had started, into the window: its own set-up is not the user's
     argv: list[str] | None = None  # the primary process's command line, where known
@@ -226,6 +228,8 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
     argv = tl.meta.get("argv")
     config = training_config(tl)
     wall_s = max(_wall(t) for t in timelines)
+    means, loop = window_means(sampled, *window), loop_facts(tl, primary.breakdown, steady)
+    workers = int(config.loader.get("num_workers") or 0) if config.loader else 0
     return Analysis(
         wall_s=wall_s,
         framework=next((t.meta["framework"] for t in timelines if t.meta.get("framework")), None),
@@ -242,9 +246,10 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         ranks=sorted(ranks, key=lambda r: r.rank),
         config=config,
         warnings=warnings,
-        steady_means=window_means(sampled, *window),
+        steady_means=means,
         evaluation=evaluation_stats(tl, primary.breakdown, wall_s),
-        loop=loop_facts(tl, primary.breakdown, steady),
+        loop=loop,
+        loading=loading_account(loop, means, workers) if config.loader else None,
         whole_process=tl.meta.get("source") == "run",
         ready_s=float(tl.meta.get("ready_s") or 0.0),
         argv=list(argv) if argv else None,

@@ -130,6 +130,19 @@ class Evaluation(TypedDict):
     every_steps: float | None  # training steps between two passes (median)
 
 
+class Loading(TypedDict):
+    """``loading``: shares of the loaders' time building batches (``analyze.loading``); None: unmeasured."""
+
+    loaders: Literal["training thread", "workers"]
+    cpu: float | None  # on a CPU
+    queued: float | None  # runnable, waiting for a CPU (run delay): CPU demand
+    blocked: float | None  # neither: ``disk + sleep``
+    disk: float | None  # of it, uninterruptible sleep (sampled): mostly disk reads
+    sleep: float | None  # of it, an interruptible sleep: time.sleep, a lock, the network, the workers
+    busy: float | None  # workers: share of their time building batches (the rest: waiting for work)
+    batch_s: float | None  # workers: seconds one worker takes to build one batch
+
+
 class Series(TypedDict):
     """A sampled metric: times (on the sampling process's clock) and values (``None``: not read)."""
 
@@ -230,6 +243,7 @@ class ReportBody(TypedDict):
     warnings: list[str]
     trainer: str | None  # the framework that drove the loop (schema.TRAINERS)
     evaluation: Evaluation
+    loading: Loading | None  # None: no DataLoader, or its loading unmeasured
     advice_minor: list[MinorCard]
     plan: PlanSection | None  # None: no steady steps to plan on
     timeseries: Timeseries

@@ -14,20 +14,22 @@ from perfmagic.contract import KnobResult, Trial
 from perfmagic.tuning.pairs import confirmed_ratio, described
 from perfmagic.tuning.result import knob_result
 
+IO_WORKERS_PER_CPU = 4
+"""Workers that wait on storage need no CPU each: up to this many per usable CPU…"""
 MAX_WORKERS = 32
-"""Beyond this many workers a loader's hand-over, not its workers, sets the pace."""
+"""…and never more than this: beyond it a loader's hand-over, not its workers, sets the pace."""
 
 MIN_BATCHES = 6
+"""Batches timed per setting, after the ones its workers had ready when timing began."""
 
 SCAN_SHARE = 0.5
 """Of the worker budget, the share that tries every count; the rest times the best against the baseline."""
-"""Batches timed per setting, after the ones its workers had ready when timing began."""
 
 
 def candidate_workers(current: int, cpus: int, worker_bytes: int | None) -> list[int]:
-    """Worker counts worth a try: doubling from 1 up to four per CPU (workers that wait on storage
-    need no CPU each), at most :data:`MAX_WORKERS` and as many as half the available memory holds."""
-    cap = min(MAX_WORKERS, 4 * max(1, cpus))
+    """Worker counts worth a try: doubling from 1 up to :data:`IO_WORKERS_PER_CPU` per CPU, at most
+    :data:`MAX_WORKERS` and as many as half the available memory holds."""
+    cap = min(MAX_WORKERS, IO_WORKERS_PER_CPU * max(1, cpus))
     if worker_bytes:
         cap = min(cap, max(1, int(psutil.virtual_memory().available / 2 // worker_bytes)))
     values = {current}

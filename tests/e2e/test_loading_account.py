@@ -7,7 +7,9 @@ containers) the split is unknown, and the report says nothing of I/O either.
 
 from __future__ import annotations
 
+import mmap
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,3 +96,117 @@ def test_without_schedstat_the_split_is_unknown(tmp_path: Path, monkeypatch: pyt
     assert report.analysis is not None and report.analysis.loop.data_wait_share is None
     text = words(report, "input_bound", "dataloader_workers")
     assert "I/O" not in text and "blocked" not in text and "CPU-bound" not in text, text
+
+
+SLEEP_S = 0.004
+
+
+class Sleeping(Dataset[Any]):
+    """Each sample waits without a CPU, as a read from network storage does."""
+
+    def __len__(self) -> int:
+        return 8 * 40
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        time.sleep(SLEEP_S)
+        return torch.zeros(768), i % 10
+
+
+class InMemory(Dataset[Any]):
+    """Samples already in memory: a worker builds a batch in well under a millisecond of work."""
+
+    def __init__(self) -> None:
+        self.x = torch.randn(8 * 60, 768)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        return self.x[i], i % 10
+
+
+CHUNK = 1 << 20
+
+
+class DirectReads(Dataset[Any]):
+    """Each sample read from a file past the page cache (``O_DIRECT``): the reader waits on the disk, in
+    uninterruptible sleep, as reads of a dataset too large to cache do."""
+
+    def __init__(self, path: Path, chunks: int) -> None:
+        self.path, self.chunks = path, chunks
+
+    def __len__(self) -> int:
+        return 8 * 40
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+        buffer = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT wants
+        try:
+            os.preadv(fd, [buffer], (i * 7919 % self.chunks) * CHUNK)
+        finally:
+            os.close(fd)
+        return torch.frombuffer(bytearray(buffer[: 768 * 4]), dtype=torch.float32), i % 10
+
+
+def trained(tmp_path: Path, dataset: Dataset[Any], workers: int, width: int = 64) -> Report:
+    """A small model trained on ``dataset`` through a DataLoader of ``workers`` workers, profiled."""
+    model = torch.nn.Sequential(torch.nn.Linear(768, width), torch.nn.ReLU(), torch.nn.Linear(width, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(dataset, batch_size=8, num_workers=workers)
+    with perfmagic.profile(outdir=tmp_path, interval=0.02) as session:
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(torch.nan_to_num(x)), y).backward()
+            opt.step()
+    return session.report
+
+
+def test_sleeping_workers_are_blocked_not_computing(tmp_path: Path, one_thread: None) -> None:
+    report = trained(tmp_path, Sleeping(), workers=2)
+    loading = report["loading"]
+    assert loading is not None and loading["loaders"] == "workers", loading
+    # a batch of 8 sleeps at least 8 sleeps; of that time the workers computed little and read no disk
+    assert loading["batch_s"] is not None and loading["batch_s"] >= 8 * SLEEP_S, loading
+    assert loading["sleep"] is not None and loading["cpu"] is not None and loading["queued"] is not None
+    assert loading["sleep"] > loading["cpu"] + loading["queued"] and (loading["disk"] or 0.0) < 0.1, loading
+    if report["stages"]["data"]["fraction"] >= 0.05:  # measured in this run: the step waited for them
+        text = words(report, "input_bound", "dataloader_workers")
+        assert "slept" in text and "CPU-bound" not in text, text
+
+
+def test_workers_waiting_for_work_are_not_called_blocked(tmp_path: Path, one_thread: None) -> None:
+    """Workers that build each batch in a fraction of a step spend the rest waiting for their next index:
+    in the kernel, as a worker asleep in ``__getitem__`` is. Their own clocks tell the two apart."""
+    report = trained(tmp_path, InMemory(), workers=2, width=2048)
+    loading = report["loading"]
+    assert loading is not None and loading["loaders"] == "workers", loading
+    steady = report.analysis.steady if report.analysis is not None else None
+    assert steady is not None and loading["batch_s"] is not None
+    # measured in this run: a batch took a worker less than the step it feeds, so each sat idle
+    assert loading["batch_s"] < steady.step_s and loading["busy"] is not None and loading["busy"] < 0.5, (
+        loading
+    )
+    assert "dataloader_workers" not in {c["id"] for c in report.advice}, str(report)
+    assert "slept" not in words(report, "input_bound"), str(report)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_reads_from_disk_are_disk_waits(tmp_path: Path, workers: int, one_thread: None) -> None:
+    path, chunks = tmp_path / "samples.bin", 32
+    with open(path, "wb") as f:
+        for _ in range(chunks):
+            f.write(os.urandom(CHUNK))
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except OSError as e:
+        pytest.skip(f"this file system has no O_DIRECT ({e})")
+    report = trained(tmp_path, DirectReads(path, chunks), workers=workers)
+    loading = report["loading"]
+    assert loading is not None and loading["loaders"] == ("workers" if workers else "training thread")
+    # the loaders' sampled states found them blocked in disk reads more than anything else blocking them
+    disk, blocked = loading["disk"], loading["blocked"]
+    assert disk is not None and blocked is not None and disk > 0.05 and disk >= 0.5 * blocked, loading
+    if (
+        blocked >= 0.5 and report["stages"]["data"]["fraction"] >= 0.05
+    ):  # measured: blocked loading held the step
+        assert "disk reads" in words(report, "input_bound", "io_bound"), str(report)

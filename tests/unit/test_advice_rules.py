@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from analysis_builder import CUDA_TORCH, HEALTHY, HOST, HOST_SAMPLES, LOADER, MODEL, GiB, build, gpu_static
 
-from perfmagic.advise import Card, advise, data, distributed, gpu, host, loop, pace
+from perfmagic.advise import Card, advise, data, distributed, gpu, host, loop, pace, storage
 from perfmagic.advise.catalog import RULES
 from perfmagic.advise.fixes import nice_interval
 from perfmagic.advise.workers import HANDOFF_S, PARALLEL_EFFICIENCY
@@ -266,21 +266,21 @@ IO = {**HOST_SAMPLES, "host.proc_read_bytes": 500 * 1024**2, "host.read_bytes": 
 
 def test_io_bound() -> None:
     card = check(
-        data.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.1})), "io_bound"
+        storage.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.1})), "io_bound"
     )
     assert card.metrics["blocked_share"] == pytest.approx(0.8)
-    assert data.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.01})) is None
+    assert storage.io_bound(build(stages=stages(data=0.02), samples={**IO, "host.iowait": 0.01})) is None
     # I/O wait while the training itself read nothing is someone else's
     quiet = {**IO, "host.iowait": 0.1, "host.proc_read_bytes": 0.0}
-    assert data.io_bound(build(stages=stages(data=0.02), samples=quiet)) is None
+    assert storage.io_bound(build(stages=stages(data=0.02), samples=quiet)) is None
 
 
 def test_small_files() -> None:
     small = {**IO, "host.iowait": 0.1, "host.read_ops": 10_000.0}  # 1 KiB per read
-    card = check(data.small_files(build(stages=stages(data=0.02), samples=small)), "small_files")
+    card = check(storage.small_files(build(stages=stages(data=0.02), samples=small)), "small_files")
     assert card.metrics["avg_read_size_bytes"] < 64 * 1024
     large = {**small, "host.read_ops": 50.0}  # 200 KiB per read
-    assert data.small_files(build(stages=stages(data=0.02), samples=large)) is None
+    assert storage.small_files(build(stages=stages(data=0.02), samples=large)) is None
 
 
 # -- host --------------------------------------------------------------------

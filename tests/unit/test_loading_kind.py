@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from analysis_builder import HEALTHY, LOADER, build
+from analysis_builder import HEALTHY, LOADER, accounted, build
 
 from perfmagic.advise import data
 from perfmagic.advise.loading import loading_kind
@@ -26,7 +26,7 @@ def measured(on_cpu: float | None, waiting: float | None, workers: int = 0, **me
         host={**build().host, **TWO_CPUS},
     )
     loop = dataclasses.replace(a.loop, data_cpu_share=on_cpu, data_wait_share=waiting)
-    return dataclasses.replace(a, loop=loop, steady_means={**a.steady_means, **means})
+    return accounted(a, loop=loop, steady_means={**a.steady_means, **means})
 
 
 def card_text(a: Analysis, rule: Any) -> str:

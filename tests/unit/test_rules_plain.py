@@ -27,7 +27,7 @@ from analysis_builder import (
 )
 from report_checks import assert_consistent
 
-from perfmagic.advise import Card, advise, catalog, data, distributed, gpu, host, loop, pace
+from perfmagic.advise import Card, advise, catalog, data, distributed, gpu, host, loop, pace, storage
 from perfmagic.advise.catalog import RULES
 from perfmagic.analyze import Analysis
 
@@ -117,12 +117,12 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
         lambda: plain(stages=stages(other=0.01)),
     ),
     "io_bound": (
-        data.io_bound,
+        storage.io_bound,
         lambda: waiting_on_storage(),
         lambda: waiting_on_storage(iowait=0.01),
     ),
     "small_files": (
-        data.small_files,
+        storage.small_files,
         lambda: waiting_on_storage(),
         lambda: waiting_on_storage(avg_read_size_bytes=1024**2),
     ),

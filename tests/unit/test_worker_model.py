@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from analysis_builder import HEALTHY, LOADER, build
+from analysis_builder import HEALTHY, LOADER, accounted, build
 
 from perfmagic.advise import data
 from perfmagic.advise.workers import HANDOFF_S, PARALLEL_EFFICIENCY, WORKER_BATCH_S, LoaderModel
@@ -67,7 +67,7 @@ def _beside(others: float) -> Analysis:
     host = {**a.host, "cpu_count": 2, "affinity": [0, 1]}
     loop = dataclasses.replace(a.loop, data_cpu_share=0.95, data_wait_share=0.03)
     means = {**a.steady_means, "host.cpu_util": (1.0 + others) / 2, "host.proc_cpu_cores": 1.0}
-    return dataclasses.replace(a, host=host, loop=loop, steady_means=means)
+    return accounted(a, host=host, loop=loop, steady_means=means)
 
 
 def test_the_recommendation_is_the_same_on_a_quiet_and_a_busy_machine() -> None:
