@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from perfmagic import __version__
@@ -205,24 +205,36 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold the forwarded signals for :func:`_wait_forwarding` (Linux). Threads inherit the mask they are
+    started with: held before the sampler's thread starts, a signal to perfmagic reaches the main
+    thread's wait, never a thread whose default action would end perfmagic without passing it on."""
+    if not hasattr(signal, "sigtimedwait"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        yield
+    finally:
+        while signal.sigtimedwait(FORWARDED, 0) is not None:
+            pass  # a Ctrl-C that came with the command's end was the command's: not ours to act on
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _wait_forwarding(child: subprocess.Popen[bytes]) -> int:
-    """Wait for the command, passing on every signal sent to perfmagic; its exit code, shell-style."""
+    """Wait for the command, passing on every signal sent to perfmagic; its exit code, shell-style.
+    On Linux the signals must be held (:func:`_signals_held`)."""
     if not hasattr(signal, "sigtimedwait"):  # not Linux: Ctrl-C reaches the command's group; wait for it
         previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             return _exit_code(child.wait())
         finally:
             signal.signal(signal.SIGINT, previous_int)
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-    try:
-        while child.poll() is None:
-            info = signal.sigtimedwait(FORWARDED, 0.2)
-            if info is not None and info.si_code == _SI_USER and child.poll() is None:
-                child.send_signal(info.si_signo)
-        while signal.sigtimedwait(FORWARDED, 0) is not None:
-            pass  # a Ctrl-C that came with the command's end was the command's: not ours to act on
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    while child.poll() is None:
+        info = signal.sigtimedwait(FORWARDED, 0.2)
+        if info is not None and info.si_code == _SI_USER and child.poll() is None:
+            child.send_signal(info.si_signo)
     return _exit_code(child.wait())
 
 
@@ -267,15 +279,16 @@ def run(args: argparse.Namespace) -> int:
         sources=[NvmlSource(), HostSource(root_pid=child.pid)],
         source="run",
     )
-    try:
+    with _signals_held():
         try:
-            sampler.start()
-        except Exception as e:  # the command runs on, profiled by its own processes
-            print(f"perfmagic run: no hardware sampling ({e})", file=sys.stderr)
-        code = _wait_forwarding(child)
-    finally:
-        with contextlib.suppress(RuntimeError):  # "never started" when the start above failed
-            sampler.stop()
+            try:
+                sampler.start()
+            except Exception as e:  # the command runs on, profiled by its own processes
+                print(f"perfmagic run: no hardware sampling ({e})", file=sys.stderr)
+            code = _wait_forwarding(child)
+        finally:
+            with contextlib.suppress(RuntimeError):  # "never started" when the start above failed
+                sampler.stop()
 
     node = read_node(outdir, sampler=sampler.timeline)
     for warning in node.warnings:

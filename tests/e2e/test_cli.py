@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -198,31 +199,55 @@ for _ in range(100_000):  # long enough to be stopped from outside
 """
 
 
-def run_until_it_writes_its_pid(tmp_path: Path, training: str) -> tuple[subprocess.Popen[str], Path, Path]:
-    """``perfmagic run`` on a script that writes its pid to its first argument, once it has; with the
-    pid file and the --json report's path."""
-    script, pid_file, out = tmp_path / "train.py", tmp_path / "pid", tmp_path / "out.json"
-    script.write_text(training)
-    cmd = [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--outdir", str(tmp_path / "run")]
-    proc = subprocess.Popen(
-        [*cmd, "--json", str(out), "--", sys.executable, str(script), str(pid_file)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return proc, pid_file, out
+def _default_signals() -> None:
+    """In the started ``perfmagic run``: the signals' default actions, whatever this test inherited (a
+    job started in the background, or under nohup, ignores SIGINT or SIGHUP, and so would its children)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+Starter = Callable[[str], tuple[subprocess.Popen[str], Path, Path]]
+
+
+@pytest.fixture
+def run_until_it_writes_its_pid(tmp_path: Path) -> Iterator[Starter]:
+    """Starts ``perfmagic run`` on a script that writes its pid to its first argument, and waits until it
+    has; gives the process, the pid file and the --json report's path. Nothing started outlives the test."""
+    started: list[tuple[subprocess.Popen[str], Path]] = []
+
+    def start(training: str) -> tuple[subprocess.Popen[str], Path, Path]:
+        script, pid_file, out = tmp_path / "train.py", tmp_path / "pid", tmp_path / "out.json"
+        script.write_text(training)
+        cmd = [sys.executable, "-m", "perfmagic.cli", "run", "--quiet", "--outdir", str(tmp_path / "run")]
+        proc = subprocess.Popen(
+            [*cmd, "--json", str(out), "--", sys.executable, str(script), str(pid_file)],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_default_signals,
+        )
+        started.append((proc, pid_file))
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return proc, pid_file, out
+
+    yield start
+    for proc, pid_file in started:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signal_to_run_reaches_the_command_and_the_report_is_written(
-    tmp_path: Path, sig: signal.Signals, code: int
+    tmp_path: Path, sig: signal.Signals, code: int, run_until_it_writes_its_pid: Starter
 ) -> None:
     """kill, docker stop, a scheduler's preemption or timeout signal perfmagic, not the training."""
-    proc, pid_file, out = run_until_it_writes_its_pid(tmp_path, LONG_TRAINING)
+    proc, pid_file, out = run_until_it_writes_its_pid(LONG_TRAINING)
     time.sleep(0.5)  # some steps
     os.kill(proc.pid, sig)  # to perfmagic alone, as kill and docker stop do
     _, stderr = proc.communicate(timeout=60)
@@ -250,10 +275,10 @@ libc.pthread_mutex_lock(mutex)  # as a library's destructor joining a thread tha
 """
 
 
-def test_sigterm_ends_a_process_stuck_in_native_code(tmp_path: Path) -> None:
+def test_sigterm_ends_a_process_stuck_in_native_code(run_until_it_writes_its_pid: Starter) -> None:
     """Python runs signal handlers only in the interpreter: before the watchdog, perfmagic's SIGTERM
     handler made a training stuck in native code impossible to end with SIGTERM."""
-    proc, pid_file, out = run_until_it_writes_its_pid(tmp_path, STUCK_IN_NATIVE_CODE)
+    proc, pid_file, out = run_until_it_writes_its_pid(STUCK_IN_NATIVE_CODE)
     os.kill(proc.pid, signal.SIGTERM)
     try:
         _, stderr = proc.communicate(timeout=60)
