@@ -32,7 +32,7 @@ def test_run_profiles_a_keras_script(backend: str, tmp_path: Path) -> None:
     assert f"trained on {backend}" in result.stdout  # the script's own output goes through
     report = json.loads(out.read_text())
     assert report["source"] == "run" and report["framework"] == backend
-    assert report["trainer"] == "keras.Model.fit" and report["steps"]["count"] == 12
+    assert report["trainer"] == "keras.Model.fit" and report["steps"]["count"] == 30
     (trace,) = report["torch_traces"]  # --trace: the backend's own profiler, for 3 steps
     assert trace["profiler"] == backend and trace["steps"] == 3 and Path(trace["path"]).is_file()
     if backend == "tensorflow":  # JAX's Keras may read batches on a thread of its own: see the README
