@@ -88,6 +88,15 @@ class CudaEventClock:
             out.append(max(times) if times else None)
         return out
 
+    def close(self) -> None:
+        """Free the reference events now, in the process that made them (the recorder has closed).
+
+        A finished session lives on in reference cycles until the collector finds them; a child forked
+        before then (a DataLoader worker of the next loop) would find them itself and free the events
+        there, which aborts it. ``devices`` still answers.
+        """
+        self._refs.clear()
+
 
 class AllocatorSource:
     """The PyTorch caching allocator of each device in use: memory allocated and reserved over time,

@@ -52,6 +52,9 @@ class BlockingClock:
     def resolve(self, tokens: list[object]) -> list[float | None]:
         return [t if isinstance(t, float) else None for t in tokens]
 
+    def close(self) -> None:
+        return None  # its marks are times: nothing of the device to free
+
 
 class JaxHooks:
     """Records JAX's profiler annotations as steps and stages; :meth:`uninstall` puts them back."""

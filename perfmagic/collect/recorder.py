@@ -86,11 +86,10 @@ if nvtx_listened():
 class DeviceClock(Protocol):
     """Timestamps of device work: when the device reached a point in its queue.
 
-    ``mark`` is called on the hot path and returns an opaque token (None when it
-    cannot mark now, e.g. while a CUDA graph is captured); ``done``
-    says, without waiting, whether the device got there; ``resolve`` turns
-    tokens into seconds on the timeline's clock (``None`` where unknown), waiting
-    for the device where it has to.
+    ``mark`` is called on the hot path and returns an opaque token (None when it cannot mark now, e.g.
+    while a CUDA graph is captured); ``done`` says, without waiting, whether the device got there;
+    ``resolve`` turns tokens into seconds on the timeline's clock (``None`` where unknown), waiting for
+    the device where it has to; ``close``, once the recorder has closed, frees what it holds of the device.
     """
 
     def mark(self) -> object | None: ...
@@ -98,6 +97,8 @@ class DeviceClock(Protocol):
     def done(self, token: object) -> bool: ...
 
     def resolve(self, tokens: list[object]) -> list[float | None]: ...
+
+    def close(self) -> None: ...
 
 
 _DRAIN_AT = 2048
@@ -348,9 +349,7 @@ class StageRecorder:
         if self._backlog_countdown <= 0:
             self._backlog_countdown = _BACKLOG_CHECK_EVERY
             self._check_backlog()
-        if (
-            self.timeline.pending_fold is not None
-        ):  # old steps' spans folded into rows, cut here between two appends
+        if self.timeline.pending_fold is not None:  # old steps folded into rows: cut here, between appends
             self.timeline.apply_fold()
         on_step = self.on_step
         if on_step is not None and (kind in STEP_ENDS or (kind == "batch" and not self._steps_end_elsewhere)):
@@ -539,11 +538,12 @@ class StageRecorder:
         self.thread_id = _CLOSED
         if self.thread_clock is not None:
             self.thread_clock.close()
-        clock, marks = self.device_clock, self._device_marks
-        self._device_marks = []
+        clock, marks, self._device_marks = self.device_clock, self._device_marks, []
         warnings, self._warnings = self._warnings, []
-        if clock is not None and marks:
-            warnings += self._apply_device_times(clock, marks)
+        if clock is not None:
+            if marks:
+                warnings += self._apply_device_times(clock, marks)
+            clock.close()  # now: a child forked before the collector finds this recorder's cycles frees them
         return warnings
 
     def _apply_device_times(self, clock: DeviceClock, marks: list[tuple[int, object, object]]) -> list[str]:

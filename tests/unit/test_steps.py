@@ -240,6 +240,7 @@ class FakeDeviceClock:
         self.host_times: list[float] = []
         self.reached = float("inf")  # tokens below this one have run on the device
         self.resolved = 0
+        self.closed = False
 
     def mark(self) -> object:
         self.host_times.append(self.clock.now())
@@ -251,6 +252,9 @@ class FakeDeviceClock:
     def resolve(self, tokens: list[object]) -> list[float | None]:
         self.resolved += len(tokens)
         return [self.host_times[int(k)] + self.lag for k in tokens]  # type: ignore[call-overload]
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def test_device_clock_extends_stages_until_the_device_is_done() -> None:
@@ -270,6 +274,27 @@ def test_device_clock_extends_stages_until_the_device_is_done() -> None:
         [5.0, 5.375],
         [5.25, 5.375],
     )  # the step ends on the device too
+
+
+def test_a_closed_recorder_has_its_device_clock_free_what_it_holds(
+    fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished session lives on in reference cycles until the collector runs: a child forked before then
+    would free the clock's CUDA events there (which aborts it). The parent's recorder has the clock free
+    them as it closes; a forked child's copy keeps them."""
+    import perfmagic.collect.recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "_KEPT_BY_FORKED_CHILD", [])  # this process is no forked child
+    forked = StageRecorder(Timeline(), origin=0.0, clock=fake_clock)
+    kept = forked.device_clock = FakeDeviceClock(lag=0.0, clock=fake_clock)
+    forked.stop_recording()
+    assert not kept.closed
+    rec = StageRecorder(Timeline(), origin=0.0, clock=fake_clock)
+    clock = rec.device_clock = FakeDeviceClock(lag=0.0, clock=fake_clock)
+    with rec.stage("forward"):
+        fake_clock.advance(0.25)
+    assert rec.close() == [] and clock.closed and clock.resolved == 2
+    assert rec.device_clock is clock  # still there to say which devices it marked
 
 
 def test_device_times_that_cannot_be_read_leave_host_times(fake_clock: FakeClock) -> None:
@@ -331,6 +356,9 @@ class InOrderDevice:
         last = max((float(t) for t in tokens), default=0.0)  # type: ignore[arg-type]
         self.clock.advance(max(0.0, last - self.clock.now()))
         return [float(t) for t in tokens]  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        pass
 
 
 def test_pending_device_marks_stay_bounded_in_a_gpu_bound_loop(fake_clock: FakeClock) -> None:
