@@ -296,3 +296,26 @@ def test_dataloader_workers_forked_while_device_marks_are_held_live_on(sim: SimC
                 model(x).sum().backward()
                 opt.step()
     assert session.report.to_dict()["steps"]["count"] == 16
+
+
+def test_a_finished_sessions_garbage_frees_no_event_in_a_forked_child(sim: SimCuda) -> None:
+    """A finished session lives on in reference cycles until the collector finds it; a child forked
+    before then (the next loop's DataLoader worker) collects it: it must hold none of the parent's events."""
+    import gc
+    import multiprocessing
+
+    with perfmagic.profile(sample=False) as session:
+        train(sim, 3)
+    assert session.recorder is not None and session.recorder.device_clock is not None
+    enabled = gc.isenabled()
+    gc.collect()  # the session, still referenced, goes to the oldest generation, as a long run's would
+    gc.disable()  # no collection here between the session's end and the fork: the child's finds it
+    try:
+        del session
+        child = multiprocessing.get_context("fork").Process(target=gc.collect)
+        child.start()
+        child.join(timeout=60)
+    finally:
+        if enabled:
+            gc.enable()
+    assert child.exitcode == 0  # 134: the child freed one of the parent's events
