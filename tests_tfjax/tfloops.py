@@ -10,9 +10,10 @@ import numpy as np
 import tensorflow as tf
 
 FEATURES, BATCH, BATCHES = 512, 256, 6
-MAP_WAIT_S = 0.08
+MAP_WAIT_S = 0.2
 """What the slow map waits per batch (I/O, as a network read: no CPU used). tf.data prefetches one
-batch of its own after the last map (``inject_prefetch``): the step waits this less its compute."""
+batch of its own after the last map (``inject_prefetch``): the step waits this less its compute, which
+a busy machine stretches (40-45 ms beside two busy cores): the wait must stay the larger part."""
 
 
 def model() -> Any:
