@@ -205,6 +205,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "trainer": analysis.trainer,
         "evaluation": evaluation_section(analysis.evaluation),
         "loading": loading_section(analysis.loading) if analysis.loading is not None else None,
+        "disk_waits": analysis.disk_waits,
         "advice_minor": [
             {"id": c.id, "saving_s": c.saving_s, "step_s": c.metrics.get("step_s")} for c in advice.minor
         ],

@@ -118,6 +118,10 @@ STACK_SAMPLES: Final = "stack_samples"
 """``timeline.meta`` key: where the training thread was at each sampler tick, ``[{"stage", "where",
 "count"}, ...]`` (``where``: the innermost frame of the user's code, ``function (file:line)``)."""
 
+THREAD_STATES: Final = "thread_states"
+"""``timeline.meta`` key: the training thread's scheduler state at each sampler tick, by stage,
+``[{"stage", "state", "count"}, ...]`` (``state``: ``/proc``'s letter, ``R``, ``S``, ``D``, ...)."""
+
 # -- marks -------------------------------------------------------------------
 
 ALLOCATOR: Final = "cuda_allocator"

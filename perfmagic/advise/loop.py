@@ -96,6 +96,10 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
     ]
     size = f" ({fmt_bytes(float(np.median(sizes)))} each)" if sizes else ""
     group = next(iter(calls.values()), [])
+    waits = a.disk_waits.get("checkpoint")
+    on_disk = (
+        f" Saving waited on storage {fmt_fraction(waits['share'])} of that time (sampled)." if waits else ""
+    )
     fix = checkpoint_interval_code(a, new_interval, every) or "\n".join(
         [
             f"CHECKPOINT_EVERY = {new_interval}  # steps; now {every}",
@@ -110,7 +114,7 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
         f"Checkpoints take {fmt_fraction(s.share('checkpoint'))} of training time: save every {new_interval} steps",
         f"{saves} checkpoints in {s.count} steps after warm-up ({every}), {fmt_seconds(per_save)} each{size}, "
         f"{len(group) or 1} save call{'s' if len(group) > 1 else ''} per checkpoint: "
-        f"{fmt_fraction(s.share('checkpoint'))} of training time.",
+        f"{fmt_fraction(s.share('checkpoint'))} of training time.{on_disk}",
         fix,
         {
             "saves": saves,
@@ -119,6 +123,7 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
             "recommended_interval_steps": new_interval,
             "checkpoint_share": s.share("checkpoint"),
             "bytes_per_checkpoint": float(np.median(sizes)) if sizes else None,
+            "disk_wait_share": waits["share"] if waits else None,
         },
         saving_s=spent - per_save / new_interval,
         step_s=step,

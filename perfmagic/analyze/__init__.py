@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from perfmagic.analyze.devices import devices_summary
+from perfmagic.analyze.disk_waits import disk_waits
 from perfmagic.analyze.evaluation import EvaluationStats, evaluation_stats
 from perfmagic.analyze.host import host_summary
 from perfmagic.analyze.loading import LoadingAccount, loading_account
@@ -27,6 +28,7 @@ from perfmagic.analyze.timeseries import profiler_traces, timeseries
 from perfmagic.contract import (
     CollectiveSkew,
     Device,
+    DiskWait,
     GpuSection,
     Host,
     Hotspot,
@@ -162,6 +164,8 @@ class Analysis:
     evaluation: EvaluationStats = field(default_factory=lambda: EvaluationStats(0.0, 0.0, 0, None))
     loop: LoopFacts = field(default_factory=LoopFacts)
     loading: LoadingAccount | None = None  # where the loaders' time went (None: no loading measured)
+    # per stage, the share of its sampled time the training thread waited on storage (analyze.disk_waits)
+    disk_waits: dict[str, DiskWait] = field(default_factory=dict)
     whole_process: bool = False  # the window starts with the interpreter (perfmagic run)
     ready_s: float = 0.0  # when perfmagic had started, into the window: its own set-up is not the user's
     argv: list[str] | None = None  # the primary process's command line, where known
@@ -255,6 +259,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         argv=list(argv) if argv else None,
         timeseries=timeseries(sampled),
         hotspots=hotspots(tl),
+        disk_waits=disk_waits(tl),
         torch_traces=profiler_traces(timelines),
         tuning=list(tl.meta.get("tuning") or []),
         straggler=straggler,

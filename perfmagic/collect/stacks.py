@@ -8,9 +8,10 @@ Scalene sample), says which code that is. Each tick reads the thread's frame
 not the libraries' (site-packages, the standard library, perfmagic): that is the
 line the user can change or wrap in ``perfmagic.stage``.
 
-Inside ``data``, each tick also reads the thread's scheduler state (``/proc``, Linux): the
-sample ``loader.thread_disk`` is 1 where it was in uninterruptible sleep (``D``: mostly disk
-I/O), else 0, so its mean is the share of the loading that waited on storage.
+Each tick also reads the thread's scheduler state (``/proc``, Linux: ``R`` on a CPU or queued
+for one, ``S`` asleep, ``D`` in uninterruptible sleep, mostly disk I/O), counted by stage
+(``meta[THREAD_STATES]``); inside ``data``, the sample ``loader.thread_disk`` is 1 where it was
+in ``D``, else 0, so its mean over any window is the share of the loading that waited on storage.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from types import FrameType
 
-from perfmagic.schema import LOADER_THREAD_DISK, STACK_SAMPLES
+from perfmagic.schema import LOADER_THREAD_DISK, STACK_SAMPLES, THREAD_STATES
 from perfmagic.timeline import Timeline
 
 _LIBRARY_DIRS = tuple(
@@ -48,6 +49,7 @@ class StackSource:
         self._current_stage = current_stage
         self._counts: Counter[tuple[str, str]] = Counter()
         self._stat: int | None = None  # the thread's /proc stat file
+        self._states: Counter[tuple[str, str]] = Counter()
 
     def open(self, timeline: Timeline) -> None:
         native = next((t.native_id for t in threading.enumerate() if t.ident == self._thread_id), None)
@@ -62,17 +64,25 @@ class StackSource:
             return
         stage = self._current_stage() or "other"
         self._counts[(stage, self._where(frame))] += 1
-        if stage == "data" and self._stat is not None:
-            try:
-                data = os.pread(self._stat, 512, 0)
-            except OSError:  # the thread is gone
-                return
-            timeline.add_sample(LOADER_THREAD_DISK, now, float(data[data.rindex(b")") + 2 :][:1] == b"D"))
+        if self._stat is None:
+            return
+        try:
+            data = os.pread(self._stat, 512, 0)
+        except OSError:  # the thread is gone
+            return
+        state = data[data.rindex(b")") + 2 :][:1].decode()
+        self._states[(stage, state)] += 1
+        if stage == "data":
+            timeline.add_sample(LOADER_THREAD_DISK, now, float(state == "D"))
 
     def close(self, timeline: Timeline) -> None:
         if self._stat is not None:
             os.close(self._stat)
             self._stat = None
+        if self._states:
+            timeline.meta[THREAD_STATES] = [
+                {"stage": stage, "state": state, "count": n} for (stage, state), n in self._states.items()
+            ]
         timeline.meta[STACK_SAMPLES] = [
             {"stage": stage, "where": where, "count": n}
             for (stage, where), n in self._counts.most_common(200)

@@ -118,6 +118,14 @@ class StackSample(TypedDict):
     count: int
 
 
+class ThreadStateSample(TypedDict):
+    """``meta[THREAD_STATES][i]``: how often the training thread was sampled in one state in a stage."""
+
+    stage: str
+    state: str  # /proc's letter: R on a CPU or queued for one, S asleep, D uninterruptible (disk), ...
+    count: int
+
+
 class SamplerMeta(TypedDict):
     """``meta["sampler"]``: the sampler thread's own cost."""
 
@@ -155,5 +163,6 @@ class TimelineMeta(TypedDict, total=False):
     torch: TorchMeta
     cuda_allocator: list[AllocatorMeta]  # schema.ALLOCATOR
     stack_samples: list[StackSample]  # schema.STACK_SAMPLES
+    thread_states: list[ThreadStateSample]  # schema.THREAD_STATES
     sampler: SamplerMeta
     tuning: list[KnobResult]

@@ -143,6 +143,13 @@ class Loading(TypedDict):
     batch_s: float | None  # workers: seconds one worker takes to build one batch
 
 
+class DiskWait(TypedDict):
+    """``disk_waits[stage]``: the share of the stage's sampled time the training thread waited on storage."""
+
+    samples: int  # sampler ticks that found the thread in the stage
+    share: float  # of them, in uninterruptible sleep (D)
+
+
 class Series(TypedDict):
     """A sampled metric: times (on the sampling process's clock) and values (``None``: not read)."""
 
@@ -244,6 +251,7 @@ class ReportBody(TypedDict):
     trainer: str | None  # the framework that drove the loop (schema.TRAINERS)
     evaluation: Evaluation
     loading: Loading | None  # None: no DataLoader, or its loading unmeasured
+    disk_waits: dict[str, DiskWait]  # by stage; {} where the states were not sampled
     advice_minor: list[MinorCard]
     plan: PlanSection | None  # None: no steady steps to plan on
     timeseries: Timeseries

@@ -206,6 +206,8 @@ def test_reads_from_disk_are_disk_waits(tmp_path: Path, workers: int, one_thread
     # the loaders' sampled states found them blocked in disk reads more than anything else blocking them
     disk, blocked = loading["disk"], loading["blocked"]
     assert disk is not None and blocked is not None and disk > 0.05 and disk >= 0.5 * blocked, loading
+    if not workers:  # the training thread read them: its data stage waited on storage, by stage too
+        assert report["disk_waits"]["data"]["share"] > 0.05, report["disk_waits"]
     if (
         blocked >= 0.5 and report["stages"]["data"]["fraction"] >= 0.05
     ):  # measured: blocked loading held the step

@@ -200,3 +200,38 @@ def source_totals(source: Any) -> list[float]:
     rows = source._rows
     assert rows is not None
     return [float(x) for x in rows.sum(axis=0)]
+
+
+def test_disk_waits_are_the_sampled_share_of_each_stage_in_uninterruptible_sleep() -> None:
+    from perfmagic.analyze.disk_waits import disk_waits
+    from perfmagic.schema import THREAD_STATES
+
+    timeline = Timeline()
+    timeline.meta[THREAD_STATES] = [
+        {"stage": "checkpoint", "state": "D", "count": 6},
+        {"stage": "checkpoint", "state": "R", "count": 2},
+        {"stage": "checkpoint", "state": "S", "count": 2},
+        {"stage": "forward", "state": "R", "count": 40},
+        {"stage": "logging", "state": "D", "count": 3},  # too few ticks to say anything
+    ]
+    assert disk_waits(timeline) == {
+        "checkpoint": {"samples": 10, "share": 0.6},
+        "forward": {"samples": 40, "share": 0.0},
+    }
+
+
+def test_a_checkpoint_card_says_how_much_of_saving_waited_on_storage() -> None:
+    from perfmagic.advise import loop
+
+    stages = {**HEALTHY, "checkpoint": [0.05 if i % 2 else 0.0 for i in range(40)]}
+    a = build(stages=stages, steps=40)
+    card = loop.checkpoint_frequency(
+        dataclasses.replace(a, disk_waits={"checkpoint": {"samples": 20, "share": 0.7}})
+    )
+    assert (
+        card is not None
+        and "waited on storage 70%" in card.evidence
+        and card.metrics["disk_wait_share"] == 0.7
+    )
+    quiet = loop.checkpoint_frequency(a)  # states not sampled: nothing said of storage
+    assert quiet is not None and "storage" not in quiet.evidence and quiet.metrics["disk_wait_share"] is None
