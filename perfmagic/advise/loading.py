@@ -54,27 +54,32 @@ def loading_says(a: Analysis, kind: Loading) -> str:
     account = a.loading
     if kind == "handoff" or account is None:
         return "the wait is the hand-over from the workers"
-    who = "the training thread" if account.loaders == "training thread" else "the workers"
     if kind == "cpu":
         queued = account.queued or 0.0
         waited = f", and waited for a CPU {fmt_fraction(queued)} of the time" if queued >= QUEUED_SAYS else ""
-        return f"loading is CPU-bound: {who} computed{waited}"
+        return f"loading is CPU-bound: {_loaders(account)[0]} computed{waited}"
     return f"loading is blocked, not computing: {blocked_says(account)}"
 
 
 def blocked_says(account: LoadingAccount) -> str:
     """Where blocked loaders spent their time: in disk reads, or asleep (a sleep, a lock, the network)."""
-    who = "the training thread" if account.loaders == "training thread" else "the workers"
+    who, was, its = _loaders(account)
     done = (
-        f"{who} were on a CPU {fmt_fraction(account.cpu)} and waited for one {fmt_fraction(account.queued)}"
+        f"{who} {was} on a CPU {fmt_fraction(account.cpu)} of {its} loading time and waited for one "
+        f"{fmt_fraction(account.queued)}"
     )
     if account.disk is None:
-        return f"{done} of their loading time, and blocked (storage, sleep or a lock) the rest"
+        return f"{done}, and blocked (storage, sleep or a lock) the rest"
     if account.disk >= (account.blocked or 0.0) / 2:
-        return (
-            f"{done} of their loading time, and waited on storage (disk reads) {fmt_fraction(account.disk)}"
-        )
+        return f"{done}, and waited on storage (disk reads) {fmt_fraction(account.disk)}"
     return (
-        f"{done} of their loading time, and slept {fmt_fraction(account.sleep)} (a sleep, a lock or the "
-        f"network; disk reads {fmt_fraction(account.disk)})"
+        f"{done}, and slept {fmt_fraction(account.sleep)} (a sleep, a lock or the network; disk reads "
+        f"{fmt_fraction(account.disk)})"
     )
+
+
+def _loaders(account: LoadingAccount) -> tuple[str, str, str]:
+    """Who loaded, with the verb and possessive that go with it."""
+    if account.loaders == "training thread":
+        return "the training thread", "was", "its"
+    return "the workers", "were", "their"
