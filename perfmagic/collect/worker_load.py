@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from perfmagic.collect.patching import Patcher
 from perfmagic.schema import LOADER_BATCHES, LOADER_BUSY, LOADER_BUSY_CPU, LOADER_BUSY_QUEUED
 from perfmagic.timeline import Timeline
 
@@ -42,29 +41,28 @@ METRICS = (LOADER_BATCHES, LOADER_BUSY, LOADER_BUSY_CPU, LOADER_BUSY_QUEUED)
 
 
 class WorkerLoadSource:
-    """A sampler source that patches torch's batch fetchers while it is open, and reads what the
-    workers forked meanwhile counted."""
+    """A sampler source that reads what the DataLoader workers forked while it is open counted."""
 
     name = "loader"
 
     def __init__(self) -> None:
         self.warnings: list[str] = []
-        self._patcher = Patcher()
         self._map: mmap.mmap | None = None
         self._rows: np.ndarray | None = None
-        self._parent = os.getpid()
+        self._fetchers: list[tuple[type, Callable[[Any, Any], Any]]] = []  # each class and its own fetch
         self._last: tuple[float, np.ndarray] | None = None
-        self._mine: _WorkerRow | None = None  # in a worker: its row and run-delay file
 
     def open(self, timeline: Timeline) -> None:
+        global _open_source
         fetch = sys.modules.get("torch.utils.data._utils.fetch")
         if fetch is None:  # torch was not imported by the hooks: no DataLoader to time
             return
         self._map = mmap.mmap(-1, SLOTS * 4 * 8)
         self._rows = np.frombuffer(self._map, dtype=np.float64).reshape(SLOTS, 4)
-        self._parent = os.getpid()
-        for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
-            self._patcher.set(cls, "fetch", self._timed(cls.fetch))
+        self._fetchers = [
+            (cls, cls.fetch) for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher)
+        ]
+        _open_source = self
 
     def poll(self, now: float, timeline: Timeline) -> None:
         rows = self._rows
@@ -81,35 +79,46 @@ class WorkerLoadSource:
             timeline.add_sample(metric, now, max(0.0, float(rate)) if math.isfinite(rate) else math.nan)
 
     def close(self, timeline: Timeline) -> None:
-        self.warnings.extend(self._patcher.restore())
+        global _open_source
+        if _open_source is self:
+            _open_source = None
         self._rows = None  # the view goes before the mapping it points into
         if self._map is not None:
             self._map.close()
             self._map = None
 
-    def _timed(self, fetch: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-        def timed_fetch(fetcher: Any, index: Any) -> Any:
-            row = self._row()
-            if row is None:  # the training process's own loading is the ``data`` stage
-                return fetch(fetcher, index)
-            began, cpu, queued = time.perf_counter(), time.thread_time(), row.queued()
-            try:
-                return fetch(fetcher, index)
-            finally:
-                row.add(time.perf_counter() - began, time.thread_time() - cpu, row.queued() - queued)
-
-        return timed_fetch
-
-    def _row(self) -> _WorkerRow | None:
-        """This worker's row (claimed on its first fetch); None in the process that patched."""
+    def time_this_child(self) -> None:
+        """In a child just forked: its fetchers time each batch into the child's row. The training
+        process itself is never patched: its own loading is the ``data`` stage, and costs nothing more."""
+        if self._rows is None:
+            return
         pid = os.getpid()
-        mine = self._mine
-        if mine is not None and mine.pid == pid:
-            return mine
-        if pid == self._parent or self._rows is None:
-            return None
-        self._mine = _WorkerRow(pid, self._rows[pid % SLOTS])
-        return self._mine
+        row = _WorkerRow(pid, self._rows[pid % SLOTS])
+        for cls, fetch in self._fetchers:  # the originals: a worker's own fork is timed once
+            cls.fetch = _timed(fetch, row)  # type: ignore[attr-defined]
+
+
+def _timed(fetch: Callable[[Any, Any], Any], row: _WorkerRow) -> Callable[[Any, Any], Any]:
+    def timed_fetch(fetcher: Any, index: Any) -> Any:
+        began, cpu, queued = time.perf_counter(), time.thread_time(), row.queued()
+        try:
+            return fetch(fetcher, index)
+        finally:
+            row.add(time.perf_counter() - began, time.thread_time() - cpu, row.queued() - queued)
+
+    return timed_fetch
+
+
+_open_source: WorkerLoadSource | None = None
+"""The source open in this process, if any: a child forked meanwhile times its fetches for it."""
+
+
+def _after_fork_in_child() -> None:
+    if _open_source is not None:
+        _open_source.time_this_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _WorkerRow:

@@ -141,7 +141,7 @@ def test_a_run_without_a_dataloader_has_no_loading_account() -> None:
 torch = pytest.importorskip("torch")
 
 
-def test_forked_workers_count_their_fetches_and_the_patch_goes_at_close() -> None:
+def test_forked_workers_count_their_fetches_and_the_training_process_is_never_patched() -> None:
     from torch.utils.data._utils import fetch
 
     from perfmagic.collect.worker_load import WorkerLoadSource
@@ -150,16 +150,18 @@ def test_forked_workers_count_their_fetches_and_the_patch_goes_at_close() -> Non
     source, timeline = WorkerLoadSource(), Timeline()
     source.open(timeline)
     fetcher = fetch._MapDatasetFetcher(list(range(100)), True, lambda batch: batch, False)
-    assert fetcher.fetch([1, 2]) == [1, 2]  # the training process's own fetch: no worker row
+    assert fetcher.fetch([1, 2]) == [1, 2] and fetch._MapDatasetFetcher.fetch is original
     source.poll(1.0, timeline)
-    assert LOADER_BUSY not in timeline.metrics
-    assert os.waitpid(forked(lambda: all(fetcher.fetch([i]) == [i] for i in range(3))), 0)[1] == 0
+    assert LOADER_BUSY not in timeline.metrics  # the training process's own fetch: no worker row
+    child = forked(lambda: fetch._MapDatasetFetcher.fetch is not original and fetcher.fetch([3]) == [3])
+    assert os.waitpid(child, 0)[1] == 0
     source.poll(2.0, timeline)
     source.poll(3.0, timeline)
     t, batches = timeline.series(LOADER_BATCHES)
     assert t.tolist() == [3.0] and batches.tolist() == [0.0]  # rates from the first tick after a worker wrote
     source.close(timeline)
-    assert fetch._MapDatasetFetcher.fetch is original and not source.warnings
+    after = forked(lambda: fetch._MapDatasetFetcher.fetch is original)  # closed: a child times nothing
+    assert os.waitpid(after, 0)[1] == 0 and fetch._MapDatasetFetcher.fetch is original
 
 
 def test_worker_rows_add_up_each_workers_batches() -> None:
