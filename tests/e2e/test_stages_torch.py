@@ -480,7 +480,12 @@ def test_an_evaluation_pass_is_no_training_step(tmp_path: Path) -> None:
     report, _ = profiled(tmp_path, loop)
     assert report.steps["count"] == 12
     assert report.analysis is not None
-    assert report.analysis.breakdown.durations.max() < 0.04  # no step holds a 60 ms evaluation pass
+    # no step holds an evaluation pass (3 forwards of at least 20 ms): each is the loop's own step, which
+    # a busy machine may stretch, and nothing like a pass more
+    assert report.analysis.breakdown.durations.max() < max(step_s) + 0.03, (
+        report.analysis.breakdown.durations,
+        step_s,
+    )
     assert abs(step_total_s(report) - sum(step_s)) < 0.1 * sum(step_s)
     evaluation = report["evaluation"]
     assert evaluation["passes"] == 4 and evaluation["every_steps"] == 3  # after steps 3, 6, 9 and 12
