@@ -49,10 +49,10 @@ def test_run_profiles_an_unchanged_script(tmp_path: Path) -> None:
     assert report["steps"]["count"] == 30
     assert set(report["stages"]) >= {"data", "forward", "backward", "optimizer", "other"}
     assert sum(s["fraction"] for s in report["stages"].values()) == pytest.approx(1.0)
-    # 15 ms of sleep per step is invisible to the hooks: "other" must be the largest per-step stage.
+    # 40 ms of sleep per step is invisible to the hooks: "other" must be the largest per-step stage.
     medians = {name: stage["median_s"] for name, stage in report["stages"].items()}
     assert max(medians, key=lambda name: medians[name]) == "other"
-    assert medians["other"] >= 0.014
+    assert medians["other"] >= 0.039
     # The run process sampled the host for the whole tree.
     assert report["host"]["cpu_count"] == os.cpu_count()
 

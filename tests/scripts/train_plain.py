@@ -14,6 +14,6 @@ for x, y in DataLoader(data, batch_size=16):
     optimizer.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
     optimizer.step()
-    time.sleep(0.015)  # stands for work the hooks don't see: it must come out as "other"
+    time.sleep(0.04)  # stands for work the hooks don't see: it must come out as "other", any load
 print("trained", steps, "steps")
 sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
