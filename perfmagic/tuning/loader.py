@@ -161,7 +161,12 @@ def tune_workers(
             begin + budget_s - time.perf_counter(),
             None if work is None else lambda batch: work(),
         )
-        if confirmed is not None:
+        if confirmed is None:
+            notes.append(
+                f"{best['value']} workers not timed against {baseline['value']} in pairs: tuning's budget was "
+                "spent (the scan alone found them faster)"
+            )
+        else:
             notes.append(described(confirmed, best["value"], baseline["value"]))
             if confirmed["ratio"] > 1 / 1.05:  # the scan's lead was the machine's pace, not the count
                 notes.append(f"timed in pairs, {best['value']} workers are no faster: the count is kept")

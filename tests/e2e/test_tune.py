@@ -118,12 +118,15 @@ def test_the_measured_worker_count_gives_the_predicted_step(dataset: Dataset[Any
         assert card["metrics"]["recommended_workers"] == best
         # the count chosen was timed again beside the loop's own, in alternating pairs: the promise is
         # their median ratio, its interval their spread
-        pairs = workers["confirmed"]
-        assert (
-            pairs["pairs"] >= 3 and pairs["low"] <= pairs["ratio"] <= pairs["high"] and pairs["ratio"] < 1
-        ), pairs
-        low_s, high_s = step["interval_s"]
-        assert low_s <= step["best"]["seconds"] <= high_s, step
+        pairs = workers.get("confirmed")
+        if pairs is None:  # a machine so busy that the budget ran out first: the report says so
+            assert any("not timed against" in note for note in workers["notes"]), workers
+        else:
+            assert (
+                pairs["pairs"] >= 3 and pairs["low"] <= pairs["ratio"] <= pairs["high"] and pairs["ratio"] < 1
+            ), pairs
+            low_s, high_s = step["interval_s"]
+            assert low_s <= step["best"]["seconds"] <= high_s, step
     else:  # measured: more workers load no faster here (a CPU-bound loader on a busy 2-CPU machine)
         assert card is None
     if isinstance(dataset, Sleepy):  # waiting on storage: workers overlap the waits, CPUs or not
