@@ -98,7 +98,9 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
     group = next(iter(calls.values()), [])
     waits = a.disk_waits.get("checkpoint")
     on_disk = (
-        f" Saving waited on storage {fmt_fraction(waits['share'])} of that time (sampled)." if waits else ""
+        f" Saving waited on storage up to {fmt_fraction(waits['share'])} of that time (sampled)."
+        if waits
+        else ""
     )
     fix = checkpoint_interval_code(a, new_interval, every) or "\n".join(
         [

@@ -6,8 +6,11 @@ on storage: reading a dataset, writing a checkpoint, paging. Only that state is 
 read it the sampler must hold the GIL, so a thread running Python code is asleep on the GIL
 (``S``) at every reading, and running-versus-asleep is what the sampler makes it; ``D`` is not.
 
-A stage's share is of its samples: ticks are regular, so it is a share of the stage's time
-(over the whole window, as ``hotspots`` are). A stage seen in fewer than ``MIN_SAMPLES`` ticks
+A stage's share is of its samples, over the whole window (as ``hotspots`` are). It is an upper
+bound: a tick runs when the sampler gets the GIL, and a thread reading or writing a file has let
+it go, so ticks fall in disk waits more often than their share of the time (a loader whose clocks
+left 25% of its loading blocked was sampled in ``D`` 58% of the time). The loading account holds
+its own share to what the clocks left blocked (``analyze.loading``). A stage seen in fewer than ``MIN_SAMPLES`` ticks
 is left out: its share would say little.
 """
 

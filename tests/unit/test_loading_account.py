@@ -232,7 +232,7 @@ def test_a_checkpoint_card_says_how_much_of_saving_waited_on_storage() -> None:
     )
     assert (
         card is not None
-        and "waited on storage 70%" in card.evidence
+        and "waited on storage up to 70%" in card.evidence
         and card.metrics["disk_wait_share"] == 0.7
     )
     quiet = loop.checkpoint_frequency(a)  # states not sampled: nothing said of storage
