@@ -18,6 +18,11 @@ from perfmagic.units import fmt_fraction
 ON_CPU = 0.5
 """Share of its time a loader spends on a CPU above which loading is CPU-bound (below: it waits)."""
 
+SATURATED = 0.8
+"""Share of their time workers build batches from which they do not keep up: the step waits for their
+loading, whatever the training thread spends taking each batch over; below it, they wait for work,
+and the step waits for the hand-over."""
+
 QUEUED_SAYS = 0.05
 """Share of the wait the training thread spent ready but without a CPU worth saying in a CPU-bound verdict."""
 
@@ -30,14 +35,19 @@ def loading_kind(a: Analysis) -> Loading | None:
     ``"cpu"``: building batches takes CPU: the loaders computed, or were ready to and waited
     for a CPU (run delay), at least half of their loading time: CPU demand, never I/O;
     ``"io"``: the loaders were blocked (storage, network, sleep, a lock) more than that;
-    ``"handoff"``: the workers keep up and the training thread spends the wait taking
-    each batch over (unpickling it from shared memory).
+    ``"handoff"``: the workers keep up and the wait is each batch's way over (the training thread
+    unpickling it from shared memory, or queued for a CPU to): where the workers timed
+    themselves, they were busy under :data:`SATURATED` of their time; else the training thread
+    spent at least half its wait on a CPU or queued for one.
     None where unmeasured: without the run delay (no schedstat) the CPU-versus-I/O split is unknown.
     """
     account, ld = a.loading, a.config.loader
     if ld is None or account is None:
         return None
-    if account.loaders == "workers":
+    if account.loaders == "workers" and account.busy is not None:  # the workers timed themselves
+        if account.busy < SATURATED:
+            return "handoff"  # they keep up: what the step waits for is each batch's way over
+    elif account.loaders == "workers":  # else the training thread's wait says it
         share, waiting = a.loop.data_cpu_share, a.loop.data_wait_share
         if share is None or waiting is None:
             return None

@@ -62,7 +62,8 @@ def test_the_training_threads_blocked_time_splits_into_disk_reads_and_sleep() ->
 def test_workers_waiting_for_work_are_not_blocked_loaders() -> None:
     """Two workers that compute each batch in 6 ms and then wait for their next index: busy 30% of the
     time. Counted over their whole time they looked blocked (CPU 27% per worker), so loading read as
-    I/O and the machine seemed to afford 8 workers; over their fetches they compute 90% of the time."""
+    I/O and the machine seemed to afford 8 workers; over their fetches they compute 90% of the time,
+    and the rest of it they wait for work: they keep up."""
     means = {
         CHILDREN_CPU: 0.55,
         CHILDREN_QUEUED: 0.0,
@@ -75,7 +76,7 @@ def test_workers_waiting_for_work_are_not_blocked_loaders() -> None:
     assert a.loading == LoadingAccount(
         "workers", pytest.approx(0.9), 0.0, pytest.approx(0.1), None, 0.3, pytest.approx(0.006)
     )
-    assert loading_kind(a) == "cpu"
+    assert loading_kind(a) == "handoff"  # they keep up: the step waits for each batch's way over
     untimed = run(0.004, 2, 0.05, 0.0, **{CHILDREN_CPU: 0.55, CHILDREN_QUEUED: 0.0})
     assert loading_kind(untimed) == "io"  # what the process tree alone says
     # the model's batch is what the workers timed, plus their CPU outside the fetch per batch
@@ -89,8 +90,10 @@ def test_a_slow_pass_of_a_healthy_loop_with_idle_workers_asks_for_no_more_worker
     sat idle the rest. Read as blocked loaders, it asked for 3 workers; timed, they keep up."""
     means = {CHILDREN_CPU: 0.1, CHILDREN_QUEUED: 0.0, LOADER_BUSY: 0.08, LOADER_BUSY_CPU: 0.07}
     a = run(0.0018, 2, 0.05, 0.0, **means, **{LOADER_BUSY_QUEUED: 0.0, LOADER_BATCHES: 40.0})
-    assert loading_kind(a) == "cpu"
+    assert loading_kind(a) == "handoff"
     assert data.dataloader_workers(a) is None
+    # nor is a 5% wait for idle workers called input-bound loading (a loaded run's healthy loop)
+    assert data.input_bound(run(0.0008, 2, 0.05, 0.0, **means, **{LOADER_BUSY_QUEUED: 0.0})) is None
 
 
 def test_sleeping_workers_are_blocked_and_the_card_says_they_slept() -> None:
@@ -110,6 +113,29 @@ def test_sleeping_workers_are_blocked_and_the_card_says_they_slept() -> None:
     assert card is not None and "slept" in card.evidence and "disk reads 0%" in card.evidence, card.evidence
     more = data.dataloader_workers(a)
     assert more is not None and more.metrics["recommended_workers"] > 2
+
+
+def test_workers_that_never_stop_are_not_the_hand_over_whatever_the_training_thread_does() -> None:
+    """Seen beside busy cores: two workers asleep in __getitem__ 96% of their time, and the training
+    thread on a CPU 22% of its wait and queued for one 30% as each batch arrived: "the workers keep up,
+    the wait is the hand-over". Workers busy all the time do not keep up."""
+    means = {
+        CHILDREN_CPU: 0.1,
+        CHILDREN_QUEUED: 0.05,
+        CHILDREN_DISK: 0.0,
+        LOADER_BUSY: 1.92,
+        LOADER_BUSY_CPU: 0.06,
+        LOADER_BUSY_QUEUED: 0.2,
+        LOADER_BATCHES: 50.0,
+    }
+    a = run(0.03, 2, 0.22, 0.3, **means)
+    assert loading_kind(a) == "io"
+    card = data.input_bound(a)
+    assert card is not None and "slept" in card.evidence and "hand" not in card.title.lower(), card
+    idle = run(
+        0.03, 2, 0.22, 0.3, **{**means, LOADER_BUSY: 0.4, LOADER_BUSY_CPU: 0.35, LOADER_BUSY_QUEUED: 0.0}
+    )
+    assert loading_kind(idle) == "handoff"  # workers with time to spare: the wait is taking batches over
 
 
 def test_loaders_in_disk_reads_make_the_io_card_say_storage() -> None:
