@@ -92,8 +92,7 @@ class WorkerLoadSource:
         process itself is never patched: its own loading is the ``data`` stage, and costs nothing more."""
         if self._rows is None:
             return
-        pid = os.getpid()
-        row = _WorkerRow(pid, self._rows[pid % SLOTS])
+        row = _WorkerRow(self._rows[os.getpid() % SLOTS])
         for cls, fetch in self._fetchers:  # the originals: a worker's own fork is timed once
             cls.fetch = _timed(fetch, row)  # type: ignore[attr-defined]
 
@@ -124,8 +123,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class _WorkerRow:
     """One worker's row of the mapping, and its thread's run delay."""
 
-    def __init__(self, pid: int, row: np.ndarray) -> None:
-        self.pid, self._row = pid, row
+    def __init__(self, row: np.ndarray) -> None:
+        self._row = row
         try:
             self._schedstat: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
