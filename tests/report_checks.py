@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
+import linecache
 import re
+import textwrap
 from typing import Any
 
 from perfmagic.advise.plan import knob_changes
 
-SHELL = re.compile(
-    r"^([A-Z_]+=\S+ )*(ps|numactl|python|renice|py-spy|nsys|nvidia-smi|torchrun|perfmagic|pip)\s"
-)
-"""Fix lines that are shell commands; every other line of a fix is Python and must compile."""
 PLACEHOLDER = re.compile(r"\?|<[a-z][a-z ]*>|\bNone\b|\bnan\b")
 """What a fix must never show: an unknown (``?``, ``<cpus of node>``), or a value nobody measured."""
 
@@ -54,13 +54,7 @@ def assert_consistent(report: dict[str, Any]) -> None:
         comments = "\n".join(line.partition("#")[2] for line in (card.get("fix") or "").splitlines())
         assert not PLACEHOLDER.search(code), f"{card['id']}: placeholder in the fix code:\n{card['fix']}"
         assert "?" not in comments, f"{card['id']}: unknown in the fix's comments:\n{card['fix']}"
-        python = "\n".join(
-            line for line in (card.get("fix") or "").splitlines() if not SHELL.match(line.strip())
-        )
-        try:
-            compile(python, f"<fix of {card['id']}>", "exec")
-        except SyntaxError as e:
-            raise AssertionError(f"{card['id']}: the fix is not Python ({e.msg}):\n{card['fix']}") from e
+        assert_fix_pastes(card)
     stages = report.get("stages") or {}
     if stages and sum(s["total_s"] for s in stages.values()) > 0:  # steps of no length have no shares
         assert abs(sum(s["fraction"] for s in stages.values()) - 1) < 1e-6, stages
@@ -72,3 +66,83 @@ def assert_consistent(report: dict[str, Any]) -> None:
             or (straggler is not None and bottleneck == straggler["stage"])
             or stages[bottleneck]["total_s"] == stages[biggest]["total_s"]
         ), f"headline {bottleneck} but the largest stage is {biggest}"
+
+
+def assert_fix_pastes(card: dict[str, Any]) -> None:
+    """The fix is Python as it stands (shell commands are comments); where it takes the place of the
+    user's statement, pasted there the file still compiles, every name it reads is bound in that file
+    (or by the fix, or a builtin), and every argument the user passed is still passed, as written
+    unless the fix says what it was (nothing else added)."""
+    fix = card.get("fix") or ""
+    try:  # as a function's body: a rewritten `return DataLoader(...)` is Python too
+        compile("def fix():\n" + textwrap.indent(fix + "\npass", "    "), f"<fix of {card['id']}>", "exec")
+    except SyntaxError as e:
+        raise AssertionError(f"{card['id']}: the fix is not Python ({e.msg}):\n{fix}") from e
+    site = card.get("replaces")
+    lines = linecache.getlines(site["file"]) if site else []
+    if not lines:  # no statement replaced, or its source is elsewhere (a notebook's kernel)
+        return
+    first = lines[site["line"] - 1]
+    indent = first[: len(first) - len(first.lstrip())]
+    pasted = [*lines[: site["line"] - 1], textwrap.indent(fix, indent) + "\n", *lines[site["end_line"] :]]
+    try:
+        module = ast.parse("".join(pasted))
+    except SyntaxError as e:
+        raise AssertionError(f"{card['id']}: pasted at {site}, the file does not compile ({e.msg})") from e
+    unbound = _read_names(fix) - _bound_names(module) - set(dir(builtins))
+    assert not unbound, f"{card['id']}: the fix reads {sorted(unbound)}, which {site['file']} never binds"
+    original = "".join(lines[site["line"] - 1 : site["end_line"]])
+    _assert_arguments_kept(card["id"], textwrap.dedent(original), fix)
+
+
+def _read_names(code: str) -> set[str]:
+    tree = ast.parse(textwrap.dedent(code))
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return read - _bound_names(tree)
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Every name the code binds anywhere: assignments, imports, definitions, parameters."""
+    bound: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            bound.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.alias):
+            bound.add(n.asname or n.name.split(".")[0])
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    return bound
+
+
+def _assert_arguments_kept(card_id: str, original: str, fix: str) -> None:
+    """The fix's call of the user's callable keeps each of their arguments; only changes are added."""
+    before = _outer_call(ast.parse(original))
+    if before is None:
+        return
+    func = ast.unparse(before.func)
+    after = next(
+        (c for c in ast.walk(ast.parse(fix)) if isinstance(c, ast.Call) and ast.unparse(c.func) == func), None
+    )
+    assert after is not None, f"{card_id}: the fix does not call {func} as the user did:\n{fix}"
+    changed = set(knob_changes(fix))
+    removed = set(re.findall(r"#\s*(\w+)=.*\bremoved\b", fix))
+    kept = {k.arg: ast.unparse(k.value) for k in after.keywords}
+    for k in before.keywords:
+        name = k.arg or f"**{ast.unparse(k.value)}"
+        if k.arg is None:
+            assert any(
+                x.arg is None and ast.unparse(x.value) == ast.unparse(k.value) for x in after.keywords
+            ), name
+        elif k.arg not in changed | removed:
+            assert kept.get(k.arg) == ast.unparse(k.value), f"{card_id}: {name} not kept as written:\n{fix}"
+    added = set(kept) - {k.arg for k in before.keywords}
+    assert added <= changed, f"{card_id}: adds {sorted(added - changed)} the user did not set:\n{fix}"
+    assert len(after.args) == len(before.args), f"{card_id}: positional arguments lost:\n{fix}"
+
+
+def _outer_call(tree: ast.AST) -> ast.Call | None:
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.Call)), None)

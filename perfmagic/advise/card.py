@@ -13,6 +13,7 @@ from typing import Any
 
 from perfmagic.contract import Card as CardData
 from perfmagic.contract import Severity
+from perfmagic.contract.code import FixSite
 
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low", "info")
 
@@ -28,7 +29,8 @@ class Card:
 
     ``saving_s`` is the estimated seconds saved per step; ``speedup`` the
     estimated step-time ratio before/after the fix (both ``None`` when the
-    rule cannot estimate them).
+    rule cannot estimate them). ``replaces`` is the user's statement the fix takes the place of,
+    where it is their own call rewritten.
     """
 
     id: str
@@ -39,6 +41,7 @@ class Card:
     metrics: dict[str, Any] = field(default_factory=dict)
     saving_s: float | None = None
     speedup: float | None = None
+    replaces: FixSite | None = None
 
     def to_dict(self) -> CardData:
         return {
@@ -50,6 +53,7 @@ class Card:
             "metrics": copy.deepcopy(self.metrics),
             "saving_s": self.saving_s,
             "speedup": self.speedup,
+            "replaces": FixSite(**self.replaces) if self.replaces else None,
         }
 
 
@@ -73,6 +77,7 @@ def make_card(
     step_s: float | None,
     model: str | None,
     severity: Severity | None = None,
+    replaces: FixSite | None = None,
 ) -> Card:
     """A card whose severity (unless given) and speedup follow from its saving."""
     speedup = None
@@ -85,4 +90,4 @@ def make_card(
         full["step_s"] = step_s
     if model is not None:
         full["saving_model"] = model
-    return Card(id, severity, title, evidence, fix, full, saving_s, speedup)
+    return Card(id, severity, title, evidence, fix, full, saving_s, speedup, replaces)

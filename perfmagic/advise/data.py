@@ -8,7 +8,7 @@ from perfmagic.advise.card import Card, make_card, severity_for
 from perfmagic.advise.host import contention
 from perfmagic.advise.loading import loading_kind, loading_says
 from perfmagic.advise.tf_fixes import tf_data_code
-from perfmagic.advise.trainer_fixes import loader_code, trainer_name
+from perfmagic.advise.trainer_fixes import loader_code, loader_fix_site, trainer_name
 from perfmagic.advise.workers import (
     HANDOFF_SHARE,
     STEP_MODEL,
@@ -193,6 +193,7 @@ def _handoff(a: Analysis, s: Steady) -> Card:
         step_s=step,
         model=None,
         severity=severity_for(wait, step),
+        replaces=loader_fix_site(a, ld) if ld else None,
     )
 
 
@@ -275,6 +276,7 @@ def dataloader_workers(a: Analysis) -> Card | None:
         saving_s=step - plan.step_s,
         step_s=step,
         model=f"{STEP_MODEL}, with {workers} workers",
+        replaces=loader_fix_site(a, ld),
     )
 
 
@@ -306,6 +308,7 @@ def _measured_workers(a: Analysis, s: Steady, tried: KnobResult) -> Card | None:
         saving_s=max(0.0, s.step_s - predicted),
         step_s=s.step_s,
         model="measured",
+        replaces=loader_fix_site(a, ld),
     )
 
 
@@ -338,9 +341,10 @@ def pin_memory(a: Analysis) -> Card | None:
     if best is not None and best["value"] is not True:
         return None  # tried on this loader after the window: pinned batches copied no faster here
     ld = a.config.loader
-    fix = loader_code(a, ld, pin_memory=True) + "\n" if ld and not ld.get("pin_memory") else ""
+    rewrites = ld is not None and not ld.get("pin_memory")
+    fix = loader_code(a, ld, pin_memory=True) + "\n" if ld and rewrites else ""
     if trainer_name(a) is None:  # a framework copies batches itself, non-blocking from pinned memory
-        fix += "x = x.to(device, non_blocking=True)  # copies overlap with compute from pinned memory"
+        fix += "# and in the loop, copy with .to(device, non_blocking=True): copies overlap with compute"
     return make_card(
         "pin_memory",
         "Copy batches from pinned memory, without blocking",
@@ -367,6 +371,7 @@ def pin_memory(a: Analysis) -> Card | None:
         model="measured"
         if tried
         else "half the copy time: pinned copies run about twice as fast and non_blocking ones overlap compute",
+        replaces=loader_fix_site(a, ld) if rewrites else None,
     )
 
 

@@ -126,7 +126,7 @@ def rank_straggler(a: Analysis) -> Card | None:
     elif where in ("forward", "backward", "optimizer", "h2d"):
         fix = (
             f"# rank {st.rank} computes slower: check its GPU's clocks and throttling on that host\n"
-            "nvidia-smi -q -d PERFORMANCE,CLOCK\n"
+            "# $ nvidia-smi -q -d PERFORMANCE,CLOCK  (in a shell, on that host)\n"
             "# and that every rank gets the same batch size and sequence lengths (DistributedSampler, drop_last=True)"
         )
     else:

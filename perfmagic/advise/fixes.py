@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfmagic.advise.calls import DROP, UserCall, find_call
+from perfmagic.contract.code import FixSite
+
 
 def nice_interval(steps: float) -> int:
     """The smallest of 1, 2, 5, 10, 20, 50, ... that is at least ``steps``."""
@@ -13,8 +16,32 @@ def nice_interval(steps: float) -> int:
     return k
 
 
+def loader_call(ld: dict[str, Any] | None) -> UserCall | None:
+    """The user's statement that built the DataLoader (None: not found for certain)."""
+    return find_call(ld.get("call")) if ld else None
+
+
+def dataset_name(ld: dict[str, Any] | None) -> str:
+    """The user's own expression for the loader's dataset, where it is a name (``train_set``,
+    ``self.data``); else ``dataset``."""
+    call = loader_call(ld)
+    text = call.passed().get("dataset") if call else None
+    return text if text and text.replace(".", "").replace("_", "").isalnum() else "dataset"
+
+
+def loader_site(ld: dict[str, Any] | None) -> FixSite | None:
+    call = loader_call(ld)
+    return call.site if call else None
+
+
 def dataloader_code(ld: dict[str, Any], **changes: Any) -> str:
-    """The user's DataLoader call with ``changes`` applied, each change commented with the old value."""
+    """The user's DataLoader call with ``changes`` applied, each change commented with the old value:
+    their own statement where it was found, else a call of the settings perfmagic saw."""
+    call = loader_call(ld)
+    if call is not None:
+        if not changes.get("num_workers", ld.get("num_workers")):  # DataLoader rejects these without workers
+            changes = {**changes, "persistent_workers": DROP, "prefetch_factor": DROP}
+        return call.rewritten(changes, ld["call"]["values"])
     observed: dict[str, Any] = {
         "batch_size": ld.get("batch_size"),
         "num_workers": ld.get("num_workers") or 0,

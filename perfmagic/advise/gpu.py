@@ -245,7 +245,10 @@ def jit_compile(a: Analysis) -> Card | None:
         if ld and partial
         else ""
     )
-    lines = ["# see what triggers each recompilation:", "TORCH_LOGS=recompiles python train.py"]
+    lines = [
+        "# see what triggers each recompilation:",
+        "# $ TORCH_LOGS=recompiles python train.py  (in a shell)",
+    ]
     if partial:
         lines.append("loader = DataLoader(dataset, ..., drop_last=True)  # every batch the same shape")
     lines.append("model = torch.compile(model, dynamic=True)  # or: compile once for varying shapes")

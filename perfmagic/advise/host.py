@@ -179,7 +179,7 @@ def cpu_contention(a: Analysis) -> Card | None:
     evidence = f"{waited}: {'; '.join(causes)}."
     if c.wait_s is not None and c.util is not None:
         evidence += f" The machine's CPUs were {fmt_fraction(c.util)} busy."
-    fix = _contention_fix(c)
+    fix = contention_fix(c)
     title = (
         f"{c.demand} busy threads on {c.free} free CPU{'s' if c.free != 1 else ''}: the training waits for a CPU"
         if c.oversubscribed
@@ -209,7 +209,8 @@ def cpu_contention(a: Analysis) -> Card | None:
     )
 
 
-def _contention_fix(c: Contention) -> str:
+def contention_fix(c: Contention) -> str:
+    """Fewer busy threads than free CPUs where that is the cause; else how to find who takes them."""
     lines: list[str] = []
     if c.oversubscribed and c.free is not None:
         threads = max(1, c.free - c.busy_workers)
@@ -224,7 +225,7 @@ def _contention_fix(c: Contention) -> str:
     if c.crowded or not lines:
         lines += [
             "# Find the processes that compete with the training while it runs:",
-            "ps -eo pid,pcpu,etime,comm --sort=-pcpu | head",
+            "# $ ps -eo pid,pcpu,etime,comm --sort=-pcpu | head  (in a shell)",
             "# then stop them, lower their priority (renice -n 19 -p PID), or train on an idle machine.",
         ]
     return "\n".join(lines)
@@ -303,7 +304,7 @@ def numa_affinity(a: Analysis) -> Card | None:
         line
         for line in [
             f"# Run on GPU {gpu}'s NUMA node {node}, memory included:",
-            f"numactl --cpunodebind={node} --membind={node} python train.py",
+            f"# $ numactl --cpunodebind={node} --membind={node} python train.py  (in a shell)",
             "# or, at the top of the script (DataLoader workers inherit it):",
             f"os.sched_setaffinity(0, {{{', '.join(map(str, local_cpus))}}})" if local_cpus else "",
         ]

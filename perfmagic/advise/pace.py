@@ -7,7 +7,8 @@ import shlex
 import numpy as np
 
 from perfmagic.advise.card import Card, make_card
-from perfmagic.advise.host import contention, free_cpus
+from perfmagic.advise.fixes import dataset_name
+from perfmagic.advise.host import contention, contention_fix, free_cpus
 from perfmagic.advise.trainer_fixes import compile_code, loader_code, mixed_precision_code
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
@@ -125,8 +126,8 @@ def _startup_fix(a: Analysis, where: str, interpreter: bool) -> str:
             [
                 "# The time before the first step includes starting Python and importing torch (1-3 s that",
                 "# no change to the script removes). To find what takes the rest:",
-                f"python -X importtime {script} 2> imports.log  # import time per module",
-                f"python -m cProfile -s cumtime {script} | head -40  # set-up: dataset indexing, model build",
+                f"# $ python -X importtime {script} 2> imports.log  (in a shell: import time per module)",
+                f"# $ python -m cProfile -s cumtime {script} | head -40  (the set-up: dataset indexing, model build)",
             ]
         )
     if where in ("forward", "backward") and md and md.get("compiled"):
@@ -204,13 +205,15 @@ def step_outliers(a: Analysis) -> Card | None:
         fix = loader_code(a, ld, persistent_workers=True)
     elif where == "data":
         why = "some batches are much slower to load"
+        dataset = dataset_name(ld)
         fix = "\n".join(
             [
                 "# find the slow samples:",
+                "import time",
                 "times = []",
-                "for i in range(len(dataset)):",
-                "    t = time.perf_counter(); dataset[i]; times.append((time.perf_counter() - t, i))",
-                "print(sorted(times)[-10:])",
+                f"for i in range(len({dataset})):",
+                f"    t = time.perf_counter(); {dataset}[i]; times.append((time.perf_counter() - t, i))",
+                "print(sorted(times)[-10:])  # the ten slowest: (seconds, index)",
             ]
         )
     elif cause == "gc":
@@ -227,12 +230,11 @@ def step_outliers(a: Analysis) -> Card | None:
             "the training thread waited for a CPU in them (runnable, not running): other processes or more "
             "busy threads than CPUs"
         )
-        fix = "\n".join(
-            [
-                "# The slow steps waited for a CPU: give the training the CPUs it uses",
-                "ps -eo pid,pcpu,etime,comm --sort=-pcpu | head  # who else runs",
-                "torch.set_num_threads(os.cpu_count() - num_workers)  # no more busy threads than CPUs",
-            ]
+        c = contention(a)
+        fix = "# The slow steps waited for a CPU: give the training the CPUs it uses\n" + (
+            contention_fix(c)
+            if c
+            else "# $ ps -eo pid,pcpu,etime,comm --sort=-pcpu | head  (in a shell: who else runs)"
         )
     elif cause == "off_cpu":
         why = (
@@ -242,9 +244,10 @@ def step_outliers(a: Analysis) -> Card | None:
         fix = "\n".join(
             [
                 "# Find what the slow steps wait on: time the suspect calls, or sample the thread's stack",
+                "import perfmagic",
                 f"with perfmagic.stage('suspect'):  # inside {where}, around the call you suspect",
                 "    ...",
-                "# py-spy dump --pid PID  # run while a slow step is in progress",
+                "# $ py-spy dump --pid PID  (in a shell, while a slow step is in progress)",
             ]
         )
     elif period:
@@ -252,8 +255,7 @@ def step_outliers(a: Analysis) -> Card | None:
         fix = "\n".join(
             [
                 f"# the loop does extra work every {period} steps: do it less often, or off the critical path",
-                f"if step % {period * 10} == 0:  # was every {period} steps",
-                "    evaluate()  # your periodic work",
+                f"# in your loop: `if step % {period * 10} == 0:` before that work (it runs every {period} steps now)",
                 "# if it is Python's garbage collector: gc.freeze() after set-up keeps long-lived objects out",
             ]
         )
@@ -266,6 +268,7 @@ def step_outliers(a: Analysis) -> Card | None:
         fix = "\n".join(
             [
                 "# Find the irregular work: name the parts of the step and compare slow steps with the rest",
+                "import perfmagic",
                 f"with perfmagic.stage('suspect'):  # inside {where}",
                 "    ...",
                 "import gc; gc.freeze()  # after set-up: long-lived objects leave the garbage collector's scans",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from perfmagic.advise.card import Card, make_card
 from perfmagic.advise.loading import blocked_says
-from perfmagic.advise.trainer_fixes import loader_code
+from perfmagic.advise.trainer_fixes import loader_code, loader_fix_site
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.units import KiB, MiB, fmt_bytes, fmt_fraction
@@ -66,6 +66,7 @@ def io_bound(a: Analysis) -> Card | None:
         saving_s=wait * blocked,
         step_s=s.step_s,
         model="the share of the data wait that the loaders spent blocked on storage",
+        replaces=loader_fix_site(a, ld) if ld else None,
     )
 
 

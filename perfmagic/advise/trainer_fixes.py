@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfmagic.advise.fixes import dataloader_code
+from perfmagic.advise.calls import UserCall, find_call
+from perfmagic.advise.fixes import dataloader_code, loader_site
 from perfmagic.advise.tf_fixes import jax_jit_code, keras_jit_compile_code, keras_mixed_precision_code
 from perfmagic.analyze import Analysis
+from perfmagic.contract.code import FixSite
 
 HF = "transformers.Trainer"
 LIGHTNING = "lightning.Trainer"
@@ -38,8 +40,13 @@ def trainer_name(a: Analysis) -> str | None:
 
 
 def training_arguments_code(a: Analysis, changes: dict[str, Any]) -> str:
-    """The user's ``TrainingArguments`` with ``changes``, each change commented with the old value."""
+    """The user's ``TrainingArguments(...)`` statement with ``changes``, each commented with the old
+    value; where their statement was not found, a call with the arguments that differ from the
+    defaults (those :mod:`perfmagic.collect.frameworks` read)."""
     settings = (a.config.trainer or {}).get("settings") or {}
+    call = user_call(a)
+    if call is not None:
+        return call.rewritten(changes, settings["call"]["values"])
     current: dict[str, Any] = dict(settings.get("training_args") or {})
     cls = str(settings.get("training_args_class") or "TrainingArguments")
     lines = [f"args = {cls}("]
@@ -55,6 +62,29 @@ def training_arguments_code(a: Analysis, changes: dict[str, Any]) -> str:
         "trainer = Trainer(model=model, args=args)  # and the rest of your Trainer call, unchanged",
     ]
     return "\n".join(lines)
+
+
+def user_call(a: Analysis, key: str = "call") -> UserCall | None:
+    """The user's statement that built the trainer's settings object (``TrainingArguments``, Lightning's
+    ``Trainer``, ...), or its checkpoint callback (``key="checkpoint_call"``)."""
+    settings = (a.config.trainer or {}).get("settings") or {}
+    return find_call(settings.get(key))
+
+
+def loader_fix_site(a: Analysis, ld: dict[str, Any] | None) -> FixSite | None:
+    """The user's statement :func:`loader_code` rewrites: their ``TrainingArguments`` under the HF
+    Trainer, else their DataLoader call."""
+    if trainer_name(a) == HF:
+        call = user_call(a)
+        return call.site if call else None
+    return loader_site(ld)
+
+
+def run_steps(a: Analysis) -> int | None:
+    """The steps the whole run trains for, where the trainer was told (``max_steps``)."""
+    settings = (a.config.trainer or {}).get("settings") or {}
+    known = settings.get("max_steps") or (settings.get("training_args") or {}).get("max_steps")
+    return int(known) if isinstance(known, int) and known > 0 else None
 
 
 def loader_code(a: Analysis, ld: dict[str, Any], **changes: Any) -> str:
@@ -79,11 +109,24 @@ def checkpoint_interval_code(a: Analysis, every: int, now: str) -> str | None:
     """Save every ``every`` steps with the framework's own setting (None: a plain loop)."""
     name = trainer_name(a)
     if name == HF:
+        total = run_steps(a)
+        if total is not None and every >= total:  # fewer saves than one: save once, at the end
+            return "\n".join(
+                [
+                    f"# checkpoints now {now}, in a {total}-step run: save once, after training",
+                    training_arguments_code(a, {"save_strategy": "no"}),
+                    "trainer.save_model()  # after trainer.train()",
+                ]
+            )
         return f"# checkpoints now {now}\n" + training_arguments_code(
             a, {"save_strategy": "steps", "save_steps": every}
         )
     if name == LIGHTNING:
         settings = (a.config.trainer or {}).get("settings") or {}
+        checkpoint = user_call(a, "checkpoint_call")
+        if checkpoint is not None:
+            values = settings["checkpoint_call"]["values"]
+            return f"# checkpoints now {now}\n" + checkpoint.rewritten({"every_n_train_steps": every}, values)
         dirpath = settings.get("checkpoint_dirpath")
         where = f"dirpath={dirpath!r}, " if dirpath else ""
         return "\n".join(
@@ -110,6 +153,11 @@ def mixed_precision_code(a: Analysis, bf16: bool) -> str | None:
     if name == HF:
         return training_arguments_code(a, {"bf16": True} if bf16 else {"fp16": True})
     precision = "bf16-mixed" if bf16 else "16-mixed"
+    call = user_call(a) if name in (LIGHTNING, FABRIC) else None
+    if call is not None:
+        return call.rewritten(
+            {"precision": precision}, (a.config.trainer or {})["settings"]["call"]["values"]
+        )
     if name == LIGHTNING:
         return f"trainer = Trainer(precision={precision!r})  # with your other Trainer arguments"
     if name == FABRIC:

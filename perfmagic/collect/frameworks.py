@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
+from perfmagic.collect.call_hints import call_hint
 from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.patching import Patcher
 from perfmagic.schema import TRAINER_MARK
@@ -200,6 +201,13 @@ class FrameworkHooks:
     def _record_trainer(self, obj: Any, name: str) -> None:
         try:
             settings = _SETTINGS[name](obj)
+            frame = sys._getframe(1)  # the fit/train call, or above it: where the user's variables are
+            settings["call"] = call_hint(
+                getattr(obj, "args", obj) if name == "transformers.Trainer" else obj, frame
+            )
+            checkpoint = getattr(obj, "checkpoint_callback", None) if name == "lightning.Trainer" else None
+            if checkpoint is not None:
+                settings["checkpoint_call"] = call_hint(checkpoint, frame)
         except Exception as e:  # what we note of the user's trainer never raises into their code
             self.warnings.append(f"could not read the settings of {name} ({e!r})")
             settings = {}

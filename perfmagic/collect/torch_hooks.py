@@ -46,6 +46,7 @@ from typing import Any
 from perfmagic.collect.cuda import CudaEventClock
 from perfmagic.collect.ddp import ReducerWait
 from perfmagic.collect.evaluation import EvaluationPasses
+from perfmagic.collect.loaders import loader_settings
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.stacks import call_site
@@ -337,24 +338,8 @@ class TorchStages:
         p.set(dl.DataLoader, "__iter__", start_iter)
 
     def _record_loader(self, loader: Any) -> None:
-        try:
-            length: int | None = len(loader.dataset)
-        except Exception:  # no __len__ (TypeError), or one that raises whatever its author chose
-            length = None
-        self.recorder.timeline.add_mark(
-            self._now(),
-            "dataloader",
-            num_workers=loader.num_workers,
-            pin_memory=bool(loader.pin_memory),
-            prefetch_factor=getattr(loader, "prefetch_factor", None),  # torch >= 1.7
-            persistent_workers=bool(getattr(loader, "persistent_workers", False)),  # torch >= 1.7
-            batch_size=loader.batch_size,
-            drop_last=bool(loader.drop_last),
-            dataset=type(loader.dataset).__name__,
-            dataset_len=length,
-            iterable=isinstance(loader.dataset, self._torch.utils.data.IterableDataset),
-            cpu_count=os.cpu_count(),
-        )
+        settings = loader_settings(loader, self._torch, sys._getframe(2))  # 2: the loop's `for`, or above
+        self.recorder.timeline.add_mark(self._now(), "dataloader", **settings)
 
     # -- forward ---------------------------------------------------------
 

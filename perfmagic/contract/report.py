@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
+from perfmagic.contract.code import FixSite
 from perfmagic.contract.gpu import GpuSection
 from perfmagic.contract.machine import Device, Host
 from perfmagic.contract.meta import Source
@@ -86,6 +87,7 @@ class Card(TypedDict):
     metrics: dict[str, Any]
     saving_s: float | None  # per steady step
     speedup: float | None  # step / (step - saving)
+    replaces: FixSite | None  # the user's statement the fix takes the place of (their call, rewritten)
 
 
 class MinorCard(TypedDict):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import linecache
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,7 +52,12 @@ def test_a_fix_that_is_not_python_is_caught() -> None:
     with pytest.raises(AssertionError, match="not Python"):
         assert_consistent(report)
     report["advice"][0]["fix"] = "ps -eo pid,pcpu --sort=-pcpu | head\ntorch.set_num_threads(1)"
-    assert_consistent(report)  # shell lines are shell
+    with pytest.raises(AssertionError, match="not Python"):
+        assert_consistent(report)  # pasted into a notebook or a script, a shell line is a SyntaxError
+    report["advice"][0]["fix"] = (
+        "# $ ps -eo pid,pcpu --sort=-pcpu | head  (in a shell)\ntorch.set_num_threads(1)"
+    )
+    assert_consistent(report)
 
 
 def test_a_fix_that_sets_what_already_is_is_caught() -> None:
@@ -72,3 +79,37 @@ def test_two_cards_that_set_one_knob_differently_are_caught() -> None:
         assert_consistent(report)
     second["fix"] = "# more workers: num_workers=3  # was 0"
     assert_consistent(report)  # the same change twice is one plan
+
+
+USER_LOOP = """import torch
+
+def train(train_set, epochs):
+    loader = torch.utils.data.DataLoader(train_set, batch_size=64, shuffle=True)
+    for epoch in range(epochs):
+        for x, y in loader:
+            pass
+"""
+
+
+def _pasted_at(tmp_path: Path, fix: str) -> dict[str, Any]:
+    script = tmp_path / "train.py"
+    script.write_text(USER_LOOP)
+    linecache.checkcache(str(script))
+    report = _report()
+    report["advice"][0]["fix"] = fix
+    report["advice"][0]["replaces"] = {"file": str(script), "line": 4, "end_line": 4}
+    return report
+
+
+def test_a_fix_in_place_of_the_users_call_keeps_their_names_and_arguments(tmp_path: Path) -> None:
+    good = "loader = torch.utils.data.DataLoader(\n    train_set,\n    batch_size=64,\n    shuffle=True,\n    num_workers=2,  # was 0\n)"
+    assert_consistent(_pasted_at(tmp_path, good))
+    bare = good.replace("torch.utils.data.DataLoader", "DataLoader")
+    with pytest.raises(AssertionError, match="never binds"):  # NameError when pasted
+        assert_consistent(_pasted_at(tmp_path, bare))
+    dropped = good.replace("    shuffle=True,\n", "")
+    with pytest.raises(AssertionError, match="shuffle not kept"):
+        assert_consistent(_pasted_at(tmp_path, dropped))
+    added = good.replace("    shuffle=True,\n", "    shuffle=True,\n    pin_memory=False,\n")
+    with pytest.raises(AssertionError, match="the user did not set"):
+        assert_consistent(_pasted_at(tmp_path, added))
