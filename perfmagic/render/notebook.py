@@ -11,9 +11,10 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from perfmagic.advise.headline import headline
 from perfmagic.compare import saving_change, speed_words
 from perfmagic.contract import ReportData
-from perfmagic.render.html import CSS, cards_html, charts_html, headline, report_fragment
+from perfmagic.render.html import CSS, cards_html, charts_html, report_fragment
 from perfmagic.render.text import render_text
 from perfmagic.units import fmt_seconds
 
