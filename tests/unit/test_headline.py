@@ -46,3 +46,13 @@ def test_an_input_wait_whose_card_another_names_says_its_cause() -> None:
     quiet = tf_data(0.3)
     assert [c["id"] for c in quiet["advice"]] == ["input_bound"]
     assert headline(quiet) == "Input-bound: waiting for the next batch takes 43% of each step"
+
+
+def test_logging_without_a_device_names_no_host_device_syncs() -> None:
+    cpu = report(stages={**HEALTHY, "logging": 0.02})  # print() on the CPU: nothing to sync with
+    assert headline(cpu).startswith("Logging-bound: logging and printing take 60%")
+    card = cpu["advice"][0]
+    assert card["id"] == "sync_logging" and "sync" not in card["evidence"]
+    synced = report(stages={**HEALTHY, "logging": 0.02}, counters={"syncs": 60})  # loss.item() each step
+    assert headline(synced).startswith("Sync-bound: logging and host-device syncs take 60%")
+    assert "host-device syncs per step" in synced["advice"][0]["evidence"]
