@@ -68,6 +68,8 @@ CSS = """
 .pm-links a{margin-right:14px}
 .pm-cmp td,.pm-cmp th{padding:2px 10px;text-align:right}
 .pm-cmp td:first-child,.pm-cmp th:first-child{text-align:left}
+.pm-problems{list-style:none;padding:0;margin:4px 0 10px}
+.pm-problem{border-left:4px solid;padding:2px 8px;margin:4px 0}
 """
 
 # Fix code wraps rather than scrolls: cards are narrow, and a horizontal scrollbar is invisible
