@@ -46,6 +46,7 @@ def assert_consistent(report: dict[str, Any]) -> None:
     and the cards' fixes one plan (:func:`assert_one_plan`, :func:`assert_plan_adds_up`)."""
     assert_one_plan(report.get("advice") or [])
     assert_plan_adds_up(report)
+    assert_headline_agrees(report)
     for card in report.get("advice") or []:
         saving, step = card.get("saving_s"), (card.get("metrics") or {}).get("step_s")
         if saving is not None and step:
@@ -146,3 +147,51 @@ def _assert_arguments_kept(card_id: str, original: str, fix: str) -> None:
 
 def _outer_call(tree: ast.AST) -> ast.Call | None:
     return next((n for n in ast.walk(tree) if isinstance(n, ast.Call)), None)
+
+
+COMPUTE_STAGES = frozenset({"forward", "backward", "optimizer"})
+"""The step's own work: a compute-bound headline names where a tuned step's time goes, not a fault,
+and compute_bound's card is dropped beside any medium or high card by design."""
+
+
+def assert_headline_agrees(report: dict[str, Any]) -> None:
+    """The stage the headline names as bound is addressed, and no card about it says otherwise.
+
+    Addressed: a card or minor card about that stage (``advise.about.addresses``: the catalog's
+    stages, the straggler's stage), the stage's code listed (a hotspot line), a rule that failed (a
+    warning says its card is missing), or the headline naming the card of its cause.
+    """
+    from perfmagic.advise.about import addresses
+    from perfmagic.advise.headline import BOUND, headline
+    from perfmagic.render.text import hotspot_lines
+
+    name = report.get("bottleneck")
+    if (
+        not name
+        or not (report.get("steps") or {}).get("count")
+        or name in COMPUTE_STAGES
+        or name not in BOUND
+    ):
+        return  # no verdict, the step's own work, or no bound named (untracked work, the user's own stage)
+    cards = report.get("advice") or []
+    fired = [*cards, *(report.get("advice_minor") or [])]
+    about = [c for c in fired if addresses(c, name)]
+    said = headline(report)  # type: ignore[arg-type]
+    addressed = (
+        about
+        or any(line.startswith(f"{name} (") for line in hotspot_lines(report))  # type: ignore[arg-type]
+        or any(c["title"] in said for c in cards)
+        or any(w.startswith("advice rule ") and "failed" in w for w in report.get("warnings") or [])
+    )
+    ids = [c["id"] for c in fired]
+    assert addressed, (
+        f"headline {said!r}, but no card, minor card or listed explanation addresses {name}: {ids}"
+    )
+    if len(report.get("ranks") or []) > 1:
+        return  # a job's cards weigh every rank; the headline's share is one rank's
+    share = report["stages"][name]["fraction"]
+    for card in (c for c in cards if addresses(c, name)):
+        measured = (card.get("metrics") or {}).get(f"{name}_share")
+        assert measured is None or abs(measured - share) < 5e-3, (
+            f"headline {said!r}, but {card['id']} says {name} takes {measured:.1%} of the step"
+        )

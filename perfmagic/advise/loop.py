@@ -56,9 +56,11 @@ def sync_logging(a: Analysis) -> Card | None:
     return make_card(
         "sync_logging",
         f"Logging takes {fmt_fraction(s.share('logging'))} of each step: log less often",
-        f"Printing, logging, metric writers and syncs take {fmt_seconds(spent)} of a {fmt_seconds(step)} step "
-        f"({fmt_fraction(s.share('logging'))}, {calls:.1f} calls per step{sync_txt}). Each one holds up the "
-        "training loop, and a sync also drains the GPU's queue.",
+        # syncs named only where counted: a run with no device has none to drain
+        f"Printing, logging{', metric writers and syncs' if syncs else ' and metric writers'} take "
+        f"{fmt_seconds(spent)} of a {fmt_seconds(step)} step ({fmt_fraction(s.share('logging'))}, {calls:.1f} calls "
+        f"per step{sync_txt}). Each one holds up the training loop"
+        + (", and a sync also drains the GPU's queue." if syncs else "."),
         "\n".join(lines),
         {
             "logging_s": spent,

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from perfmagic.advise.headline import headline
 from perfmagic.contract import Card, ReportData
 from perfmagic.render.kernels import gpu_html
 from perfmagic.render.text import (
@@ -32,18 +33,6 @@ from perfmagic.render.text import (
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
-
-_STAGE_WORDS = {
-    "data": "Input-bound: waiting for the next batch takes {share} of each step",
-    "h2d": "Copy-bound: host-to-device copies take {share} of each step",
-    "forward": "Compute-bound: the forward pass takes {share} of each step",
-    "backward": "Compute-bound: the backward pass takes {share} of each step",
-    "optimizer": "Optimizer-bound: the optimizer takes {share} of each step",
-    "checkpoint": "Checkpoint-bound: saving checkpoints takes {share} of each step",
-    "logging": "Sync-bound: logging and host-device syncs take {share} of each step",
-    "comm": "Communication-bound: waiting for collectives takes {share} of each step",
-    "other": "Untracked work (outside the known stages) takes {share} of each step",
-}
 
 CSS = """
 .pm-report{font-family:var(--jp-ui-font-family,system-ui,-apple-system,Segoe UI,sans-serif);
@@ -79,6 +68,8 @@ CSS = """
 .pm-links a{margin-right:14px}
 .pm-cmp td,.pm-cmp th{padding:2px 10px;text-align:right}
 .pm-cmp td:first-child,.pm-cmp th:first-child{text-align:left}
+.pm-problems{list-style:none;padding:0;margin:4px 0 10px}
+.pm-problem{border-left:4px solid;padding:2px 8px;margin:4px 0}
 """
 
 # Fix code wraps rather than scrolls: cards are narrow, and a horizontal scrollbar is invisible
@@ -213,18 +204,6 @@ def write_html(report: ReportData, path: str | os.PathLike[str]) -> Path:
         encoding="utf-8",
     )
     return p
-
-
-def headline(report: ReportData) -> str:
-    """The bottleneck in words (or why there is none)."""
-    name = report.get("bottleneck")
-    if not name:
-        return "no training steps were seen" if not report["steps"].get("count") else "no bottleneck found"
-    stage = report["stages"].get(name)
-    share = fmt_fraction(stage["fraction"] if stage else None)
-    if name in _STAGE_WORDS:
-        return _STAGE_WORDS[name].format(share=share)
-    return f"your stage “{name}” takes {share} of each step"
 
 
 def gpu_busy(report: ReportData) -> float | None:

@@ -11,9 +11,10 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from perfmagic.compare import saving_change, speed_words
+from perfmagic.advise.headline import headline
+from perfmagic.compare import SECTIONS, speed_words
 from perfmagic.contract import ReportData
-from perfmagic.render.html import CSS, cards_html, charts_html, headline, report_fragment
+from perfmagic.render.html import CSS, SEVERITY_COLORS, charts_html, report_fragment
 from perfmagic.render.text import render_text
 from perfmagic.units import fmt_seconds
 
@@ -55,7 +56,8 @@ def finished_bundle(report: ReportData | None, error: str | None = None) -> Bund
 def comparison_bundle(
     comparison: dict[str, Any], text: str, labels: tuple[str, str] = ("before", "after")
 ) -> Bundle:
-    """Two runs side by side (``Comparison.to_dict()``): stage times, speedup, resolved advice."""
+    """Two runs side by side (``Comparison.to_dict()``): the headline, stage times, speed-up, and the
+    problems resolved, still open and new, each in the words the text says (``said``)."""
     from perfmagic.render.waterfall import comparison_figure
 
     stages = comparison.get("stages") or []
@@ -81,30 +83,27 @@ def comparison_bundle(
         f'<table class="pm-cmp"><tr><th>stage (mean per step)</th><th>{a}</th><th>{b}</th><th>change</th></tr>'
         f"{rows}</table>"
     )
-    advice = dict(comparison.get("advice") or {})
-    advice["remaining"] = [  # a still-open card with its saving before and after, as the text says it
-        {
-            **c,
-            "title": f"{c.get('title')} ({change})"
-            if (change := saving_change(c, {"saving_s": c.get("saving_after_s")}))
-            else c.get("title"),
-        }
-        for c in advice.get("remaining") or []
-    ]
+    problems = comparison.get("problems") or {}
     sections = "".join(
-        f"<h4>{title} ({len(advice.get(key) or [])})</h4>{cards_html(advice.get(key) or [], note=empty)}"
-        for key, title, empty in (
-            ("resolved", "Resolved advice", "No advice card was resolved."),
-            ("remaining", "Still open", "No advice left open."),
-            ("new", "New advice", "No new advice."),
-        )
+        _problems_html(title, problems.get(status) or []) for status, title in SECTIONS.items()
     )
     body = (
         f'<style>{CSS}</style><div class="pm-report"><h3>perfmagic comparison: {a} → {b}</h3>'
+        f'<div class="pm-bottleneck">{html.escape(comparison.get("headline") or "")}</div>'
         f'<div class="pm-kpis">{boxes}</div>{charts_html(comparison_figure(before, after, labels))}'
         f"{table}{sections}</div>"
     )
     return {"text/plain": text, "text/html": body}
+
+
+def _problems_html(title: str, matches: list[dict[str, Any]]) -> str:
+    """One status's problems: each the line the text says, colored by its severity."""
+    items = "".join(
+        f'<li class="pm-problem" style="border-left-color:{SEVERITY_COLORS.get(m.get("severity") or "", "#bab0ac")}">'
+        f"{html.escape(str(m.get('said')))}</li>"
+        for m in matches
+    )
+    return f"<h4>{title} ({len(matches)})</h4>" + (f'<ul class="pm-problems">{items}</ul>' if items else "")
 
 
 def _change(before: float | None, after: float | None) -> str:

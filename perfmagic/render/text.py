@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from perfmagic.advise.headline import cause_card_title, caused
 from perfmagic.contract import Card, Host, Rank, ReportData, Steps
 from perfmagic.schema import STAGES
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
@@ -17,8 +18,11 @@ def most_to_gain(report: ReportData) -> str | None:
     if not advice or not bottleneck or not advice[0].get("saving_s"):
         return None
     top = advice[0]
-    if bottleneck in STAGE_OF.get(str(top.get("id")), "").split():
-        return None
+    if (
+        bottleneck in STAGE_OF.get(str(top.get("id")), "").split()
+        or cause_card_title(report, bottleneck) == top["title"]
+    ):
+        return None  # about the bottleneck, or the bottleneck's cause the headline names
     return f"most to gain elsewhere: {top.get('title')} (saves ~{fmt_seconds(top['saving_s'])} per step)"
 
 
@@ -182,7 +186,7 @@ def render_text(report: ReportData) -> str:
         stage = report["stages"].get(report["bottleneck"] or "")
         share = stage["fraction"] if stage else None
         tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""
-        lines.append(f"bottleneck: {report['bottleneck']}{tail}")
+        lines.append(caused(f"bottleneck: {report['bottleneck']}{tail}", report, report["bottleneck"]))
         gain = most_to_gain(report)
         if gain:
             lines.append(gain)

@@ -385,8 +385,8 @@ def test_gpu_metrics_are_labelled_by_index_in_charts_and_trace() -> None:
 
 
 def test_every_built_in_stage_has_a_color_and_a_headline() -> None:
-    from perfmagic.render.html import _STAGE_WORDS
+    from perfmagic.advise.headline import DOING
     from perfmagic.render.waterfall import STAGE_COLORS
     from perfmagic.schema import STAGES
 
-    assert set(STAGE_COLORS) == set(_STAGE_WORDS) == set(STAGES)
+    assert set(STAGE_COLORS) == set(DOING) == set(STAGES)

@@ -114,7 +114,7 @@ def test_example_notebook_runs_and_shows_reports(name: str, tmp_path: Path) -> N
     assert speedup, out["data"]["text/plain"]
     if name not in GAIN_FOLLOWS_THE_LOAD:
         assert speedup.group(2) == "faster" and float(speedup.group(1)) > 1.1, out["data"]["text/plain"]
-    assert "Resolved advice" in out["data"]["text/html"]
+    assert "<h4>Resolved (" in out["data"]["text/html"]
 
     # The report survives saving the notebook and converting it to HTML.
     saved = tmp_path / name

@@ -1,7 +1,8 @@
 """Imports follow the pipeline: no module imports a layer above its own.
 
 Layers, lowest first: names and units, the timeline, collectors (trace readers
-among them), the analysis, advice, renderers; the front doors on top may import
+among them), the analysis, advice, the comparison of two reports (by the advice's
+problems), renderers; the front doors on top may import
 anything. A module may import a lower layer, or a module of its own package
 (``perfmagic.collect.x`` → ``perfmagic.collect.y``); ``collect`` and ``traces`` are
 siblings and import neither each other.
@@ -20,7 +21,7 @@ import perfmagic
 PACKAGE = Path(perfmagic.__file__).resolve().parent
 ROOT = PACKAGE.parent
 
-TOP = 6
+TOP = 7
 LAYERS = {
     "perfmagic.schema": 0,
     "perfmagic.units": 0,
@@ -34,8 +35,8 @@ LAYERS = {
     "perfmagic.tuning": 2,
     "perfmagic.analyze": 3,
     "perfmagic.advise": 4,
-    "perfmagic.compare": 4,
-    "perfmagic.render": 5,
+    "perfmagic.compare": 5,
+    "perfmagic.render": 6,
     "perfmagic": TOP,
     "perfmagic.report": TOP,
     "perfmagic.session": TOP,
@@ -53,7 +54,16 @@ LAYERS = {
 }
 """Layer of each module or package (a package's layer covers all its modules)."""
 
-LAYER_NAMES = {0: "base", 1: "timeline", 2: "collect", 3: "analyze", 4: "advise", 5: "render", TOP: "top"}
+LAYER_NAMES = {
+    0: "base",
+    1: "timeline",
+    2: "collect",
+    3: "analyze",
+    4: "advise",
+    5: "compare",
+    6: "render",
+    TOP: "top",
+}
 
 
 def package_modules() -> dict[str, Path]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from analysis_builder import HEALTHY, plain
+from analysis_builder import HEALTHY, STEADY_MEANS, plain
 from report_checks import assert_consistent
 
 from perfmagic.report import Report, build_report
@@ -113,3 +114,39 @@ def test_a_fix_in_place_of_the_users_call_keeps_their_names_and_arguments(tmp_pa
     added = good.replace("    shuffle=True,\n", "    shuffle=True,\n    pin_memory=False,\n")
     with pytest.raises(AssertionError, match="the user did not set"):
         assert_consistent(_pasted_at(tmp_path, added))
+
+
+def _input_bound() -> dict[str, Any]:
+    return build_report(plain(stages={**HEALTHY, "data": 0.02})).to_dict()
+
+
+def test_a_headline_no_card_addresses_is_caught() -> None:
+    report = _input_bound()
+    assert report["bottleneck"] == "data"
+    assert_consistent(report)
+    report["advice"] = [c for c in report["advice"] if c["id"] not in ("input_bound", "dataloader_workers")]
+    with pytest.raises(AssertionError, match=r"headline 'Input-bound: .*', but no card.* addresses data"):
+        assert_consistent(report)
+
+
+def test_a_card_that_measured_the_headlines_stage_otherwise_is_caught() -> None:
+    report = _input_bound()
+    card = next(c for c in report["advice"] if c["id"] == "input_bound")
+    card["metrics"]["data_share"] = 0.2  # the headline says 60%
+    with pytest.raises(AssertionError, match=r"input_bound says data takes 20\.0% of the step"):
+        assert_consistent(report)
+
+
+def test_a_headline_that_names_the_cause_another_card_found_passes() -> None:
+    """Loaders starved by a crowded machine: no input card, the headline names cpu_contention's."""
+    complete = {"ops": ["batch", "cache", "prefetch"], "serial_maps": 0, "cache": True, "prefetch": True}
+    crowded = plain(
+        stages={**HEALTHY, "data": 0.01}, loader=None, steady_means={**STEADY_MEANS, "host.cpu_util": 0.98}
+    )
+    crowded = dataclasses.replace(crowded, config=dataclasses.replace(crowded.config, pipelines=[complete]))
+    report = build_report(crowded).to_dict()
+    assert report["bottleneck"] == "data" and [c["id"] for c in report["advice"]] == ["cpu_contention"]
+    assert_consistent(report)
+    report["advice"] = []  # the cause unsaid: "input-bound" beside no card
+    with pytest.raises(AssertionError, match="no card, minor card or listed explanation addresses data"):
+        assert_consistent(report)
