@@ -17,6 +17,7 @@ from perfmagic.analyze.devices import devices_summary
 from perfmagic.analyze.disk_waits import disk_waits
 from perfmagic.analyze.evaluation import EvaluationStats, evaluation_stats
 from perfmagic.analyze.host import host_summary
+from perfmagic.analyze.hotspots import hotspots
 from perfmagic.analyze.loading import LoadingAccount, loading_account
 from perfmagic.analyze.loop import LoopFacts, loop_facts
 from perfmagic.analyze.ranks import Straggler, find_straggler
@@ -34,13 +35,11 @@ from perfmagic.contract import (
     Hotspot,
     KnobResult,
     NodeClock,
-    StackSample,
     TimelineMeta,
     Timeseries,
     TorchTrace,
 )
 from perfmagic.schema import (
-    STACK_SAMPLES,
     STEP_BOUNDARY_PREFIX,
     TF_DATA_MARK,
     THREAD_SAMPLES,
@@ -172,7 +171,7 @@ class Analysis:
     # compact sampled series (see analyze.timeseries)
     timeseries: Timeseries = field(default_factory=lambda: Timeseries(epoch=None, metrics={}))
     torch_traces: list[TorchTrace] = field(default_factory=list)  # torch.profiler traces of the window
-    # per stage: the code the training thread was sampled in most (see hotspots)
+    # per stage: the lines sampled most (analyze.hotspots)
     hotspots: dict[str, list[Hotspot]] = field(default_factory=dict)
     tuning: list[KnobResult] = field(default_factory=list)  # knobs tried after the window (perfmagic.tuning)
     # across the ranks of a multi-rank trace: who reaches the collectives last (analyze.ranks)
@@ -370,22 +369,6 @@ def training_config(timeline: Timeline) -> TrainingConfig:
         trainers=[m.data for m in timeline.marks(TRAINER_MARK)],
         pipelines=[m.data for m in timeline.marks(TF_DATA_MARK)],
     )
-
-
-def hotspots(timeline: Timeline, top: int = 5) -> dict[str, list[Hotspot]]:
-    """Per stage, the code the training thread was sampled in most: ``where``, ``samples``, ``share``
-    of that stage's samples (the shares of the listed places need not reach 1)."""
-    by_stage: dict[str, list[StackSample]] = {}
-    for row in timeline.meta.get(STACK_SAMPLES) or []:
-        by_stage.setdefault(row["stage"], []).append(row)
-    out: dict[str, list[Hotspot]] = {}
-    for stage, rows in by_stage.items():
-        total = sum(r["count"] for r in rows)
-        ranked = sorted(rows, key=lambda r: -r["count"])[:top]
-        out[stage] = [
-            {"where": r["where"], "samples": r["count"], "share": r["count"] / total} for r in ranked
-        ]
-    return out
 
 
 def _rank(index: int, timeline: Timeline) -> RankAnalysis:

@@ -12,6 +12,7 @@ from perfmagic.contract.gpu import GpuSection
 from perfmagic.contract.machine import Device, Host
 from perfmagic.contract.meta import (
     AllocatorMeta,
+    CodePlace,
     DeviceInfo,
     GpuProcess,
     HostMeta,
@@ -53,6 +54,7 @@ from perfmagic.contract.tuning import Confirmation, KnobResult, Trial
 __all__ = [
     "AllocatorMeta",
     "Card",
+    "CodePlace",
     "CollectiveSkew",
     "Confirmation",
     "Device",

@@ -110,11 +110,21 @@ class AllocatorMeta(TypedDict):
     ooms: int
 
 
-class StackSample(TypedDict):
+class CodePlace(TypedDict):
+    """A line of code named as its user knows it (``perfmagic.places``), resolved where it ran."""
+
+    function: str  # the code's own name: ``__getitem__``, ``<module>`` (a cell's or script's top level)
+    file: str  # ``In [2]`` (a notebook cell, by its execution count), else the file's path: relative to
+    # the working directory under it, to its site-packages or standard library under one, else absolute
+    line: int  # in that cell or file, as its user sees it
+    cell: int | None  # the cell's execution count; None: a file
+    where: str  # ``function (In [2], line 29)``, ``function (train.py:12)``
+
+
+class StackSample(CodePlace):
     """``meta[STACK_SAMPLES][i]``: how often the training thread was sampled at one place in a stage."""
 
     stage: str
-    where: str  # ``function (file:line)``
     count: int
 
 
