@@ -119,6 +119,11 @@ STACK_SAMPLES: Final = "stack_samples"
 "function", "file", "line", "cell", "where"}, ...]``: the innermost frame of the user's code, named as
 the user knows it (``perfmagic.places``: ``function (In [2], line 29)``, ``function (train.py:12)``)."""
 
+WORKER_STACKS: Final = "worker_stacks"
+"""``timeline.meta`` key: where the DataLoader workers forked in the window were while they built
+batches, ``{"workers", "samples", "places": [{"count", "function", "file", ...}, ...]}``
+(``collect.worker_stacks``)."""
+
 THREAD_STATES: Final = "thread_states"
 """``timeline.meta`` key: the training thread's scheduler state at each sampler tick, by stage,
 ``[{"stage", "state", "count"}, ...]`` (``state``: ``/proc``'s letter, ``R``, ``S``, ``D``, ...)."""

@@ -1,7 +1,11 @@
 """The report's ``hotspots``: per stage, the lines its time was sampled in most, with their shares.
 
 The training thread's stack is sampled at each sampler tick (``collect.stacks``), so its lines
-name what fills ``other`` and in-process ``data``; ``sampled`` says whose stack it was.
+name what fills ``other`` and in-process ``data``. With DataLoader workers, the training thread
+waits in the loop's ``for`` line while the workers run the dataset's code: where the workers
+sampled their own stacks (``collect.worker_stacks``), ``data``'s lines are theirs. Workers that
+did not sample themselves (started before the window, or spawned) leave ``data`` to the training
+thread's lines, and the report says whose they are (``sampled``).
 """
 
 from __future__ import annotations
@@ -9,8 +13,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from perfmagic.contract import CodePlace, Hotspot, StackSample
-from perfmagic.schema import STACK_SAMPLES
+from perfmagic.contract import CodePlace, Hotspot, PlaceCount, StackSample
+from perfmagic.schema import STACK_SAMPLES, WORKER_STACKS
 from perfmagic.timeline import Timeline
 
 TOP = 5
@@ -27,6 +31,10 @@ def hotspots(timeline: Timeline, top: int = TOP) -> dict[str, list[Hotspot]]:
         stage: _ranked([(_place(r), r["count"]) for r in rows], "training thread", top)
         for stage, rows in by_stage.items()
     }
+    workers = timeline.meta.get(WORKER_STACKS)
+    if workers and workers["samples"]:
+        places: list[PlaceCount] = workers["places"]
+        out["data"] = _ranked([(_place(p), p["count"]) for p in places], "workers", top, workers["samples"])
     return out
 
 
@@ -45,7 +53,7 @@ def _ranked(
 _OLD_WHERE = re.compile(r"(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)")
 
 
-def _place(row: StackSample) -> CodePlace:
+def _place(row: StackSample | PlaceCount) -> CodePlace:
     """A sampled row's place; a record made before places were stored names it only in ``where``."""
     if "function" in row:
         return {

@@ -18,12 +18,14 @@ from perfmagic.contract.meta import (
     HostMeta,
     NvmlMeta,
     NvmlProcess,
+    PlaceCount,
     SamplerMeta,
     Source,
     StackSample,
     ThreadStateSample,
     TimelineMeta,
     TorchMeta,
+    WorkerStacksMeta,
 )
 from perfmagic.contract.report import (
     Card,
@@ -72,6 +74,7 @@ __all__ = [
     "NodeClock",
     "NvmlMeta",
     "NvmlProcess",
+    "PlaceCount",
     "PlanChange",
     "PlanSection",
     "PlanSetAside",
@@ -93,4 +96,5 @@ __all__ = [
     "TorchMeta",
     "TorchTrace",
     "Trial",
+    "WorkerStacksMeta",
 ]

@@ -128,6 +128,21 @@ class StackSample(CodePlace):
     count: int
 
 
+class PlaceCount(CodePlace):
+    """``meta[WORKER_STACKS]["places"][i]``: how often the DataLoader workers were sampled at one place."""
+
+    count: int
+
+
+class WorkerStacksMeta(TypedDict):
+    """``meta[WORKER_STACKS]``: the stacks of the DataLoader workers forked in the window, sampled while
+    they built batches (``collect.worker_stacks``)."""
+
+    workers: int  # workers that sampled themselves
+    samples: int  # all their samples, those of places left out of ``places`` included
+    places: list[PlaceCount]  # the most sampled, most first
+
+
 class ThreadStateSample(TypedDict):
     """``meta[THREAD_STATES][i]``: how often the training thread was sampled in one state in a stage."""
 
@@ -173,6 +188,7 @@ class TimelineMeta(TypedDict, total=False):
     torch: TorchMeta
     cuda_allocator: list[AllocatorMeta]  # schema.ALLOCATOR
     stack_samples: list[StackSample]  # schema.STACK_SAMPLES
+    worker_stacks: WorkerStacksMeta  # schema.WORKER_STACKS
     thread_states: list[ThreadStateSample]  # schema.THREAD_STATES
     sampler: SamplerMeta
     tuning: list[KnobResult]
