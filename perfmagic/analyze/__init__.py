@@ -171,7 +171,7 @@ class Analysis:
     # compact sampled series (see analyze.timeseries)
     timeseries: Timeseries = field(default_factory=lambda: Timeseries(epoch=None, metrics={}))
     torch_traces: list[TorchTrace] = field(default_factory=list)  # torch.profiler traces of the window
-    # per stage: the lines sampled most (analyze.hotspots)
+    # per stage: the lines sampled most, the DataLoader workers' for data where they sampled (analyze.hotspots)
     hotspots: dict[str, list[Hotspot]] = field(default_factory=dict)
     tuning: list[KnobResult] = field(default_factory=list)  # knobs tried after the window (perfmagic.tuning)
     # across the ranks of a multi-rank trace: who reaches the collectives last (analyze.ranks)
@@ -231,7 +231,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
     argv = tl.meta.get("argv")
     config = training_config(tl)
     wall_s = max(_wall(t) for t in timelines)
-    means, loop = window_means(sampled, *window), loop_facts(tl, primary.breakdown, steady)
+    means, loop = _means(tl, sampled, steady, window), loop_facts(tl, primary.breakdown, steady)
     workers = int(config.loader.get("num_workers") or 0) if config.loader else 0
     return Analysis(
         wall_s=wall_s,
@@ -394,6 +394,18 @@ def node_name(meta: TimelineMeta | Mapping[str, Any]) -> str | None:
     if node_rank is None:
         return host
     return f"{host or 'node'}#{node_rank}"
+
+
+def _means(
+    tl: Timeline, sampled: Timeline, steady: Steady | None, window: tuple[float | None, float | None]
+) -> dict[str, float]:
+    """The sampled metrics' steady means: the sampling process's and, where the training process is
+    another (``perfmagic run``), what only it samples (its thread's states, its DataLoader workers)."""
+    means = window_means(sampled, *window)
+    if tl is sampled:
+        return means
+    own = window_means(tl, *((steady.start, steady.end) if steady is not None else (None, None)))
+    return {**own, **means}
 
 
 def _has_steps(timeline: Timeline) -> bool:
