@@ -111,12 +111,15 @@ def start_from_env() -> None:
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir or is_helper_process():
         return
+    from perfmagic.collect.worker_load import WorkerLoadSource
     from perfmagic.session import Session
 
     session = Session(
         interval=float(os.environ.get(INTERVAL_ENV, "0.1")),
         outdir=Path(run_dir) / f"proc-{os.getpid()}",
-        sample=False,  # the perfmagic run process samples the hardware for the whole tree
+        # the perfmagic run process samples the hardware for the whole tree; this one, what only it can
+        # see: the training thread's stack and the DataLoader workers' own timing and stacks
+        sources=[WorkerLoadSource()],
         source="run",
         trace=int(os.environ.get(TRACE_ENV, "0")),
         tune=TUNE_ENV in os.environ,

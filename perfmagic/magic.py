@@ -24,6 +24,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, output_can_be_silenced
 
+from perfmagic.places import note_cell_body
 from perfmagic.report import Report
 from perfmagic.session import Session, active_session
 
@@ -305,7 +306,8 @@ class PerfMagics(Magics):
         source = shell.transform_cell(cell)
         if shell.should_run_async(cell, transformed_cell=source, preprocessing_exc_tuple=None):
             raise UsageError(_ASYNC)
-        filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+        filename = shell.compile.cache(source, _cell_number(shell, cell), raw_code=cell)
+        note_cell_body(filename)  # its lines start below this magic's own, in the cell the user sees
         tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -408,3 +410,13 @@ def unload_ipython_extension(ipython: Any) -> None:
     magics = ipython.magics_manager.registry.get("PerfMagics")
     if magics is not None:
         magics.stop_monitor()
+
+
+def _cell_number(shell: Any, body: str) -> int:
+    """The execution count of the cell this magic runs in: IPython 9 counts a cell before running it
+    (``execution_count`` is then the next cell's), IPython 8 after; the input history has it either way."""
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None) or []
+    last = history[-1] if history else ""
+    if body.strip() and isinstance(last, str) and body.strip() in last:  # this cell's own entry
+        return len(history) - 1
+    return int(shell.execution_count)

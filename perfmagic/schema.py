@@ -115,8 +115,14 @@ LOADER_THREAD_DISK = "loader.thread_disk"
 mostly disk I/O), else 0 (``collect.stacks``)."""
 
 STACK_SAMPLES: Final = "stack_samples"
-"""``timeline.meta`` key: where the training thread was at each sampler tick, ``[{"stage", "where",
-"count"}, ...]`` (``where``: the innermost frame of the user's code, ``function (file:line)``)."""
+"""``timeline.meta`` key: where the training thread was at each sampler tick, ``[{"stage", "count",
+"function", "file", "line", "cell", "where"}, ...]``: the innermost frame of the user's code, named as
+the user knows it (``perfmagic.places``: ``function (In [2], line 29)``, ``function (train.py:12)``)."""
+
+WORKER_STACKS: Final = "worker_stacks"
+"""``timeline.meta`` key: where the DataLoader workers forked in the window were while they built
+batches, ``{"workers", "samples", "places": [{"count", "function", "file", ...}, ...]}``
+(``collect.worker_stacks``)."""
 
 THREAD_STATES: Final = "thread_states"
 """``timeline.meta`` key: the training thread's scheduler state at each sampler tick, by stage,

@@ -7,6 +7,7 @@ from typing import Any
 from perfmagic.advise.card import Card, make_card, severity_for
 from perfmagic.advise.host import contention
 from perfmagic.advise.loading import loading_kind, loading_says
+from perfmagic.advise.sample_cost import cheaper_samples_lines
 from perfmagic.advise.tf_fixes import tf_data_code
 from perfmagic.advise.trainer_fixes import loader_code, loader_fix_site, trainer_name
 from perfmagic.advise.workers import (
@@ -81,7 +82,7 @@ def input_bound(a: Analysis) -> Card | None:
                 f"# With {more} (code on dataloader_workers), batches load while the step runs.\n"
                 "# If the wait stays, make each sample cheaper:\n"
             )
-        fix += _cheaper_samples_fix(ld)
+        fix += _cheaper_samples_fix(a)
         model = f"{_workers(plan.workers)}: {STEP_MODEL}; all of the data wait is the upper bound"
     elif ld is not None and rank_cpus(a) is not None:
         saving = wait
@@ -91,7 +92,7 @@ def input_bound(a: Analysis) -> Card | None:
             if n
             else "this machine has no CPU to spare for DataLoader workers"
         ) + ", so each batch must get cheaper to load."
-        fix = "# More workers cannot help here: make each sample cheaper.\n" + _cheaper_samples_fix(ld)
+        fix = "# More workers cannot help here: make each sample cheaper.\n" + _cheaper_samples_fix(a)
         model = "all of the data wait, once samples are cheap enough for the workers to keep up (upper bound)"
     elif ld is None and a.config.pipeline is not None:
         saving, pipeline = wait, a.config.pipeline
@@ -197,31 +198,9 @@ def _handoff(a: Analysis, s: Steady) -> Card:
     )
 
 
-def _cheaper_samples_fix(ld: dict[str, Any] | None) -> str:
-    """Code that times one batch's samples, then the usual ways to make them cheaper."""
-    batch = ld.get("batch_size") if ld else None
-    per = (
-        f"{{ms:.2f}} ms per sample, {{ms * {batch}:.1f}} ms per batch of {batch}" if batch else "{ms:.2f} ms"
-    )
-    lines = [
-        "import time",
-        "t = time.perf_counter()",
-        *(
-            ["for _, _ in zip(range(100), dataset):", "    pass"]
-            if ld and ld.get("iterable")
-            else ["for i in range(100):", "    dataset[i]"]
-        ),
-        "ms = (time.perf_counter() - t) / 100 * 1e3",
-        f"print(f'{per}')",
-        "# then cache decoded samples (numpy memmap, /dev/shm), decode and augment on the GPU",
-        "# (torchvision.io.decode_jpeg(..., device='cuda'), NVIDIA DALI), or pre-resize offline.",
-    ]
-    if ld and ld.get("num_workers"):
-        lines.append(
-            "# With workers, every batch is also pickled to the training process through shared memory:"
-            " fewer, larger batches cut that per-batch cost."
-        )
-    return "\n".join(lines)
+def _cheaper_samples_fix(a: Analysis) -> str:
+    """What a sample costs, as measured, the code that costs it, and how to make it cheaper."""
+    return "\n".join(cheaper_samples_lines(a))
 
 
 def dataloader_workers(a: Analysis) -> Card | None:

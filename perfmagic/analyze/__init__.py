@@ -17,6 +17,7 @@ from perfmagic.analyze.devices import devices_summary
 from perfmagic.analyze.disk_waits import disk_waits
 from perfmagic.analyze.evaluation import EvaluationStats, evaluation_stats
 from perfmagic.analyze.host import host_summary
+from perfmagic.analyze.hotspots import hotspots
 from perfmagic.analyze.loading import LoadingAccount, loading_account
 from perfmagic.analyze.loop import LoopFacts, loop_facts
 from perfmagic.analyze.ranks import Straggler, find_straggler
@@ -34,13 +35,11 @@ from perfmagic.contract import (
     Hotspot,
     KnobResult,
     NodeClock,
-    StackSample,
     TimelineMeta,
     Timeseries,
     TorchTrace,
 )
 from perfmagic.schema import (
-    STACK_SAMPLES,
     STEP_BOUNDARY_PREFIX,
     TF_DATA_MARK,
     THREAD_SAMPLES,
@@ -172,7 +171,7 @@ class Analysis:
     # compact sampled series (see analyze.timeseries)
     timeseries: Timeseries = field(default_factory=lambda: Timeseries(epoch=None, metrics={}))
     torch_traces: list[TorchTrace] = field(default_factory=list)  # torch.profiler traces of the window
-    # per stage: the code the training thread was sampled in most (see hotspots)
+    # per stage: the lines sampled most, the DataLoader workers' for data where they sampled (analyze.hotspots)
     hotspots: dict[str, list[Hotspot]] = field(default_factory=dict)
     tuning: list[KnobResult] = field(default_factory=list)  # knobs tried after the window (perfmagic.tuning)
     # across the ranks of a multi-rank trace: who reaches the collectives last (analyze.ranks)
@@ -232,7 +231,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
     argv = tl.meta.get("argv")
     config = training_config(tl)
     wall_s = max(_wall(t) for t in timelines)
-    means, loop = window_means(sampled, *window), loop_facts(tl, primary.breakdown, steady)
+    means, loop = _means(tl, sampled, steady, window), loop_facts(tl, primary.breakdown, steady)
     workers = int(config.loader.get("num_workers") or 0) if config.loader else 0
     return Analysis(
         wall_s=wall_s,
@@ -372,22 +371,6 @@ def training_config(timeline: Timeline) -> TrainingConfig:
     )
 
 
-def hotspots(timeline: Timeline, top: int = 5) -> dict[str, list[Hotspot]]:
-    """Per stage, the code the training thread was sampled in most: ``where``, ``samples``, ``share``
-    of that stage's samples (the shares of the listed places need not reach 1)."""
-    by_stage: dict[str, list[StackSample]] = {}
-    for row in timeline.meta.get(STACK_SAMPLES) or []:
-        by_stage.setdefault(row["stage"], []).append(row)
-    out: dict[str, list[Hotspot]] = {}
-    for stage, rows in by_stage.items():
-        total = sum(r["count"] for r in rows)
-        ranked = sorted(rows, key=lambda r: -r["count"])[:top]
-        out[stage] = [
-            {"where": r["where"], "samples": r["count"], "share": r["count"] / total} for r in ranked
-        ]
-    return out
-
-
 def _rank(index: int, timeline: Timeline) -> RankAnalysis:
     breakdown = step_breakdown(timeline)
     rank = timeline.meta.get("rank")
@@ -411,6 +394,18 @@ def node_name(meta: TimelineMeta | Mapping[str, Any]) -> str | None:
     if node_rank is None:
         return host
     return f"{host or 'node'}#{node_rank}"
+
+
+def _means(
+    tl: Timeline, sampled: Timeline, steady: Steady | None, window: tuple[float | None, float | None]
+) -> dict[str, float]:
+    """The sampled metrics' steady means: the sampling process's and, where the training process is
+    another (``perfmagic run``), what only it samples (its thread's states, its DataLoader workers)."""
+    means = window_means(sampled, *window)
+    if tl is sampled:
+        return means
+    own = window_means(tl, *((steady.start, steady.end) if steady is not None else (None, None)))
+    return {**own, **means}
 
 
 def _has_steps(timeline: Timeline) -> bool:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import ast
 import linecache
 import os
+from collections.abc import Callable
 from typing import Any
 
+from perfmagic.places import line_name
 from perfmagic.step_policy import MARK_STEP_HINT
 from perfmagic.timeline import Timeline
 
@@ -24,15 +26,30 @@ def step_hint(timeline: Timeline) -> str | None:
     if not isinstance(site, dict) or not site.get("file") or not isinstance(site.get("line"), int):
         return None
     file, line = str(site["file"]), int(site["line"])
-    name = os.path.basename(file) if not file.startswith("<") else file
+    named = _named(site, file, line)
     loop = _enclosing_loop(file, line)
     if loop is None:
-        return f"call {MARK_STEP_HINT} at the end of each training step; the model is called at {name}:{line}"
+        return f"call {MARK_STEP_HINT} at the end of each training step; the model is called at {named(line)}"
     first, last = loop
     return (
-        f"add {MARK_STEP_HINT} as the last line of the body of the loop at {name}:{first} "
-        f"(after line {last}): that loop calls the model at line {line}"
+        f"add {MARK_STEP_HINT} as the last line of the body of the loop at {named(first)} "
+        f"(after line {named(last, bare=True)}): that loop calls the model at line {named(line, bare=True)}"
     )
+
+
+def _named(site: dict[str, Any], file: str, line: int) -> Callable[..., str]:
+    """Names for lines of the call site's cell or file, as its user knows them (``place``, resolved where
+    the model was called: ``In [3], line 5``); a record without it names the file by its base name."""
+    place = site.get("place")
+    if isinstance(place, dict) and isinstance(place.get("line"), int):
+        shown, cell, offset = str(place["file"]), place.get("cell"), int(place["line"]) - line
+    else:
+        shown, cell, offset = (os.path.basename(file) if not file.startswith("<") else file), None, 0
+
+    def named(n: int, bare: bool = False) -> str:
+        return str(n + offset) if bare else line_name(shown, n + offset, cell)
+
+    return named
 
 
 def _enclosing_loop(file: str, line: int) -> tuple[int, int] | None:

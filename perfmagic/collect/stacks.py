@@ -6,7 +6,8 @@ training thread's stack, taken with the stage it is in (as pyinstrument and
 Scalene sample), says which code that is. Each tick reads the thread's frame
 (``sys._current_frames``) and counts the innermost frame of the user's own code,
 not the libraries' (site-packages, the standard library, perfmagic): that is the
-line the user can change or wrap in ``perfmagic.stage``.
+line the user can change or wrap in ``perfmagic.stage``. The lines are named when the
+source closes, in this process (``perfmagic.places``: a notebook cell as ``In [2], line 29``).
 
 Each tick also reads the thread's scheduler state (``/proc``, Linux: ``R`` on a CPU or queued
 for one, ``S`` asleep, ``D`` in uninterruptible sleep, mostly disk I/O), counted by stage
@@ -18,24 +19,18 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 import threading
 from collections import Counter
 from collections.abc import Callable
-from types import FrameType
+from types import CodeType, FrameType
 
+from perfmagic.contract import CodePlace, StackSample
+from perfmagic.places import LIBRARY_DIRS, code_place
 from perfmagic.schema import LOADER_THREAD_DISK, STACK_SAMPLES, THREAD_STATES
 from perfmagic.timeline import Timeline
 
-_LIBRARY_DIRS = tuple(
-    {
-        os.path.normcase(resolve(p)) + os.sep
-        for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-        | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # perfmagic itself
-        for resolve in (os.path.abspath, os.path.realpath)
-    }
-)
-"""Where library code lives, as code objects name it and with links resolved (a venv's links)."""
+Line = tuple[CodeType, int]
+"""A line of code as sampled: its code object and line number, named only when the samples are read."""
 
 
 class StackSource:
@@ -47,7 +42,7 @@ class StackSource:
         self.warnings: list[str] = []
         self._thread_id = thread_id
         self._current_stage = current_stage
-        self._counts: Counter[tuple[str, str]] = Counter()
+        self._counts: Counter[tuple[str, Line]] = Counter()
         self._stat: int | None = None  # the thread's /proc stat file
         self._states: Counter[tuple[str, str]] = Counter()
 
@@ -63,7 +58,7 @@ class StackSource:
         if frame is None:
             return
         stage = self._current_stage() or "other"
-        self._counts[(stage, self._where(frame))] += 1
+        self._counts[(stage, sampled_line(frame))] += 1
         if self._stat is None:
             return
         try:
@@ -83,14 +78,28 @@ class StackSource:
             timeline.meta[THREAD_STATES] = [
                 {"stage": stage, "state": state, "count": n} for (stage, state), n in self._states.items()
             ]
-        timeline.meta[STACK_SAMPLES] = [
-            {"stage": stage, "where": where, "count": n}
-            for (stage, where), n in self._counts.most_common(200)
+        named: Counter[tuple[str, str]] = Counter()
+        places: dict[str, CodePlace] = {}
+        for (stage, line), n in self._counts.items():  # two code objects may be one line of one cell
+            place = line_place(line)
+            place = places.setdefault(place["where"], place)
+            named[(stage, place["where"])] += n
+        rows: list[StackSample] = [
+            {"stage": stage, "count": n, **places[where]} for (stage, where), n in named.most_common(200)
         ]
+        timeline.meta[STACK_SAMPLES] = rows
 
-    def _where(self, frame: FrameType) -> str:
-        """The innermost frame of user code (else the innermost frame), as ``function (file:line)``."""
-        return _describe(user_frame(frame) or frame)
+
+def sampled_line(frame: FrameType) -> Line:
+    """The innermost line of user code at or above ``frame`` (else ``frame``'s own line)."""
+    f = user_frame(frame) or frame
+    return f.f_code, f.f_lineno
+
+
+def line_place(line: Line) -> CodePlace:
+    """A sampled line, named as its user knows it (in the process where it ran)."""
+    code, lineno = line
+    return code_place(code.co_filename, lineno, code.co_name)
 
 
 _USER_FILE: dict[str, bool] = {}
@@ -101,7 +110,7 @@ def is_user_file(filename: str) -> bool:
     known = _USER_FILE.get(filename)
     if known is None:
         path = os.path.normcase(filename)
-        known = _USER_FILE[filename] = not (path.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen"))
+        known = _USER_FILE[filename] = not (path.startswith(LIBRARY_DIRS) or filename.startswith("<frozen"))
     return known
 
 
@@ -116,13 +125,16 @@ def user_frame(frame: FrameType | None) -> FrameType | None:
     return None
 
 
-def call_site(frame: FrameType | None) -> dict[str, str | int] | None:
-    """The user's line at or above ``frame``: ``{"file", "line", "function"}`` (None: only library code)."""
+def call_site(frame: FrameType | None) -> dict[str, object] | None:
+    """The user's line at or above ``frame``: ``{"file", "line", "function"}`` as compiled (to read its
+    source), and ``place``, as its user knows it (None: only library code)."""
     f = user_frame(frame)
-    return {"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name} if f else None
-
-
-def _describe(frame: FrameType) -> str:
-    code = frame.f_code
-    name = os.path.basename(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename
-    return f"{code.co_name} ({name}:{frame.f_lineno})"
+    if f is None:
+        return None
+    code = f.f_code
+    return {
+        "file": code.co_filename,
+        "line": f.f_lineno,
+        "function": code.co_name,
+        "place": code_place(code.co_filename, f.f_lineno, code.co_name),
+    }

@@ -7,6 +7,8 @@ method, Linux's default before Python 3.14) runs the patched fetch and adds, per
 wall, CPU and run-queue seconds to a row of an anonymous shared mapping, which the sampler
 reads each tick. Workers started with ``spawn`` or ``forkserver``, or forked before the
 window (``persistent_workers``), write nothing: the analysis then has no account of them.
+The same workers sample their own stacks while they fetch (``collect.worker_stacks``); when the
+window closes, a worker still running puts torch's fetchers back at its next fetch.
 
 Samples, each a rate over the tick (from the first tick a worker has written on):
 
@@ -28,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from perfmagic.schema import LOADER_BATCHES, LOADER_BUSY, LOADER_BUSY_CPU, LOADER_BUSY_QUEUED
+from perfmagic.collect.worker_stacks import WorkerSampler, WorkerStacks
+from perfmagic.schema import LOADER_BATCHES, LOADER_BUSY, LOADER_BUSY_CPU, LOADER_BUSY_QUEUED, WORKER_STACKS
 from perfmagic.timeline import Timeline
 
 SLOTS = 1024
@@ -51,17 +54,13 @@ class WorkerLoadSource:
         self._rows: np.ndarray | None = None
         self._fetchers: list[tuple[type, Callable[[Any, Any], Any]]] = []  # each class and its own fetch
         self._last: tuple[float, np.ndarray] | None = None
+        self._stacks: WorkerStacks | None = None
 
     def open(self, timeline: Timeline) -> None:
         global _open_source
-        fetch = sys.modules.get("torch.utils.data._utils.fetch")
-        if fetch is None:  # torch was not imported by the hooks: no DataLoader to time
-            return
         self._map = mmap.mmap(-1, SLOTS * 4 * 8)
         self._rows = np.frombuffer(self._map, dtype=np.float64).reshape(SLOTS, 4)
-        self._fetchers = [
-            (cls, cls.fetch) for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher)
-        ]
+        self._stacks = WorkerStacks()
         _open_source = self
 
     def poll(self, now: float, timeline: Timeline) -> None:
@@ -86,24 +85,69 @@ class WorkerLoadSource:
         if self._map is not None:
             self._map.close()
             self._map = None
+        if self._stacks is not None:
+            stacks, warnings = self._stacks.close()
+            self._stacks = None
+            self.warnings += warnings
+            if stacks is not None:
+                timeline.meta[WORKER_STACKS] = stacks
+
+    def before_fork(self) -> None:
+        """In the training process about to fork: torch's fetchers, the first time torch is there (under
+        ``perfmagic run`` the window opens before the script imports torch), and the child's slot."""
+        if not self._fetchers and (fetch := sys.modules.get("torch.utils.data._utils.fetch")) is not None:
+            self._fetchers = [
+                (cls, cls.fetch) for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher)
+            ]
+        if self._stacks is not None:
+            self._stacks.before_fork()
 
     def time_this_child(self) -> None:
-        """In a child just forked: its fetchers time each batch into the child's row. The training
-        process itself is never patched: its own loading is the ``data`` stage, and costs nothing more."""
-        if self._rows is None:
+        """In a child just forked: its fetchers time each batch into the child's row, and sample its stack.
+        The training process itself is never patched: its own loading is the ``data`` stage."""
+        if self._rows is None or not self._fetchers:
             return
-        row = _WorkerRow(self._rows[os.getpid() % SLOTS])
+        child = _Child(_WorkerRow(self._rows[os.getpid() % SLOTS]), self._fetchers)
         for cls, fetch in self._fetchers:  # the originals: a worker's own fork is timed once
-            cls.fetch = _timed(fetch, row)  # type: ignore[attr-defined]
+            cls.fetch = _timed(fetch, child)  # type: ignore[attr-defined]
+        if self._stacks is not None:
+            child.stacks = self._stacks.sampler_for_child(frozenset(f.__code__ for _, f in self._fetchers))
 
 
-def _timed(fetch: Callable[[Any, Any], Any], row: _WorkerRow) -> Callable[[Any, Any], Any]:
+class _Child:
+    """A worker's timing: its row, its stack sampler, and torch's fetchers to put back."""
+
+    def __init__(self, row: _WorkerRow, fetchers: list[tuple[type, Callable[[Any, Any], Any]]]) -> None:
+        self.row, self.fetchers = row, fetchers
+        self.stacks: WorkerSampler | None = None
+
+    def window_closed(self) -> bool:
+        """Whether the window has closed (the profile ended): then the fetchers are put back."""
+        if self.stacks is None or self.stacks.window_open():
+            return False
+        self.stacks.stop()
+        for cls, fetch in self.fetchers:
+            cls.fetch = fetch  # type: ignore[attr-defined]
+        return True
+
+
+def _timed(fetch: Callable[[Any, Any], Any], child: _Child) -> Callable[[Any, Any], Any]:
+    row = child.row
+
     def timed_fetch(fetcher: Any, index: Any) -> Any:
+        if child.window_closed():
+            return fetch(fetcher, index)
+        stacks = child.stacks
+        if stacks is not None:
+            stacks.begin()
         began, cpu, queued = time.perf_counter(), time.thread_time(), row.queued()
         try:
             return fetch(fetcher, index)
-        finally:
-            row.add(time.perf_counter() - began, time.thread_time() - cpu, row.queued() - queued)
+        finally:  # the fetch's own time, without the sampler's writing it down
+            wall, cpu, queued = time.perf_counter() - began, time.thread_time() - cpu, row.queued() - queued
+            if stacks is not None:
+                stacks.end()
+            row.add(wall, cpu, queued)
 
     return timed_fetch
 
@@ -112,12 +156,17 @@ _open_source: WorkerLoadSource | None = None
 """The source open in this process, if any: a child forked meanwhile times its fetches for it."""
 
 
+def _before_fork() -> None:
+    if _open_source is not None:
+        _open_source.before_fork()
+
+
 def _after_fork_in_child() -> None:
     if _open_source is not None:
         _open_source.time_this_child()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class _WorkerRow:

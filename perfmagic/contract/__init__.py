@@ -12,17 +12,20 @@ from perfmagic.contract.gpu import GpuSection
 from perfmagic.contract.machine import Device, Host
 from perfmagic.contract.meta import (
     AllocatorMeta,
+    CodePlace,
     DeviceInfo,
     GpuProcess,
     HostMeta,
     NvmlMeta,
     NvmlProcess,
+    PlaceCount,
     SamplerMeta,
     Source,
     StackSample,
     ThreadStateSample,
     TimelineMeta,
     TorchMeta,
+    WorkerStacksMeta,
 )
 from perfmagic.contract.report import (
     Card,
@@ -53,6 +56,7 @@ from perfmagic.contract.tuning import Confirmation, KnobResult, Trial
 __all__ = [
     "AllocatorMeta",
     "Card",
+    "CodePlace",
     "CollectiveSkew",
     "Confirmation",
     "Device",
@@ -70,6 +74,7 @@ __all__ = [
     "NodeClock",
     "NvmlMeta",
     "NvmlProcess",
+    "PlaceCount",
     "PlanChange",
     "PlanSection",
     "PlanSetAside",
@@ -91,4 +96,5 @@ __all__ = [
     "TorchMeta",
     "TorchTrace",
     "Trial",
+    "WorkerStacksMeta",
 ]

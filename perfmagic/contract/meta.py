@@ -110,12 +110,37 @@ class AllocatorMeta(TypedDict):
     ooms: int
 
 
-class StackSample(TypedDict):
+class CodePlace(TypedDict):
+    """A line of code named as its user knows it (``perfmagic.places``), resolved where it ran."""
+
+    function: str  # the code's own name: ``__getitem__``, ``<module>`` (a cell's or script's top level)
+    file: str  # ``In [2]`` (a notebook cell, by its execution count), else the file's path: relative to
+    # the working directory under it, to its site-packages or standard library under one, else absolute
+    line: int  # in that cell or file, as its user sees it
+    cell: int | None  # the cell's execution count; None: a file
+    where: str  # ``function (In [2], line 29)``, ``function (train.py:12)``
+
+
+class StackSample(CodePlace):
     """``meta[STACK_SAMPLES][i]``: how often the training thread was sampled at one place in a stage."""
 
     stage: str
-    where: str  # ``function (file:line)``
     count: int
+
+
+class PlaceCount(CodePlace):
+    """``meta[WORKER_STACKS]["places"][i]``: how often the DataLoader workers were sampled at one place."""
+
+    count: int
+
+
+class WorkerStacksMeta(TypedDict):
+    """``meta[WORKER_STACKS]``: the stacks of the DataLoader workers forked in the window, sampled while
+    they built batches (``collect.worker_stacks``)."""
+
+    workers: int  # workers that sampled themselves
+    samples: int  # all their samples, those of places left out of ``places`` included
+    places: list[PlaceCount]  # the most sampled, most first
 
 
 class ThreadStateSample(TypedDict):
@@ -163,6 +188,7 @@ class TimelineMeta(TypedDict, total=False):
     torch: TorchMeta
     cuda_allocator: list[AllocatorMeta]  # schema.ALLOCATOR
     stack_samples: list[StackSample]  # schema.STACK_SAMPLES
+    worker_stacks: WorkerStacksMeta  # schema.WORKER_STACKS
     thread_states: list[ThreadStateSample]  # schema.THREAD_STATES
     sampler: SamplerMeta
     tuning: list[KnobResult]

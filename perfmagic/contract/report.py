@@ -11,7 +11,7 @@ from typing import Any, Literal, TypedDict
 from perfmagic.contract.code import FixSite
 from perfmagic.contract.gpu import GpuSection
 from perfmagic.contract.machine import Device, Host
-from perfmagic.contract.meta import Source
+from perfmagic.contract.meta import CodePlace, Source
 from perfmagic.contract.tuning import KnobResult
 
 Severity = Literal["high", "medium", "low", "info"]
@@ -166,12 +166,13 @@ class Timeseries(TypedDict):
     metrics: dict[str, Series]  # by metric name: "gpu0.util", "host.cpu_util", …
 
 
-class Hotspot(TypedDict):
-    """``hotspots[stage][i]``: a place the training thread was sampled in often."""
+class Hotspot(CodePlace):
+    """``hotspots[stage][i]``: a line the training thread, or in ``data`` the DataLoader workers, were
+    sampled in often."""
 
-    where: str  # ``function (file:line)``
     samples: int
-    share: float  # of that stage's samples
+    share: float  # of that stage's samples (of the workers' samples where ``sampled`` is "workers")
+    sampled: Literal["training thread", "workers"]  # whose stack
 
 
 class _TorchTrace(TypedDict):

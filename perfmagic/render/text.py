@@ -67,19 +67,35 @@ EXPLAIN_SHARE = 0.10
 
 
 def hotspot_lines(report: ReportData) -> list[str]:
-    """Where the training thread was while a large ``other`` or in-process ``data`` ran, from stack samples."""
+    """The lines a large ``other`` or ``data`` was sampled in: the training thread's, or in ``data`` the
+    DataLoader workers' (where they sampled themselves)."""
     lines: list[str] = []
     stages, spots = report.get("stages") or {}, report.get("hotspots") or {}
+    loading = report.get("loading")
     for stage in EXPLAINED_STAGES:
         share = stages[stage]["fraction"] if stage in stages else 0.0
         places = spots.get(stage) or []
         if share < EXPLAIN_SHARE or not places:
             continue
-        samples = sum(p["samples"] for p in places)
+        first = places[0]
+        samples = round(first["samples"] / first["share"]) if first["share"] else first["samples"]
         listed = ", ".join(f"{p['where']} {fmt_fraction(p['share'])}" for p in places[:3])
+        if first.get("sampled") == "workers":
+            lines.append(
+                f"{stage} ({fmt_fraction(share)} of the step) waits for the DataLoader workers, mostly in: "
+                f"{listed} (of {samples} samples of the workers' stacks while they built batches)"
+            )
+            continue
+        unsampled = (
+            "; the DataLoader workers' stacks were not sampled (started before profiling, not forked, or "
+            "their fetches too short to sample): their code is not named"
+            if stage == "data" and loading and loading["loaders"] == "workers"
+            else ""
+        )
         lines.append(
             f"{stage} ({fmt_fraction(share)} of the step) was mostly in: {listed} "
-            f"(of {samples} samples of the training thread's stack; name it with perfmagic.stage('...'))"
+            f"(of {samples} samples of the training thread's stack; name it with perfmagic.stage('...')"
+            f"{unsampled})"
         )
     return lines
 

@@ -79,7 +79,10 @@ def test_an_optimizer_loop_is_delimited_by_its_optimizer_steps(loops: ModuleType
     assert (steps["count"], steps["boundary"]) == (12, "optimizer")
 
 
-def test_a_loop_with_no_rhythm_is_told_where_to_call_step(loops: ModuleType, tmp_path: Path) -> None:
+def test_a_loop_with_no_rhythm_is_told_where_to_call_step(
+    loops: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the user's directory: the file is named relative to it
     with perfmagic.profile(outdir=tmp_path / "out") as session:
         loops.infer(10)
     report = session.report

@@ -13,6 +13,7 @@ from perfmagic.advise import Card, advise, data, distributed, gpu, host, loop, p
 from perfmagic.advise.catalog import RULES
 from perfmagic.advise.fixes import nice_interval
 from perfmagic.advise.workers import HANDOFF_S, PARALLEL_EFFICIENCY
+from perfmagic.analyze.loading import LoadingAccount
 from perfmagic.tuning.result import knob_result
 from perfmagic.units import fmt_seconds
 
@@ -215,9 +216,48 @@ def test_input_bound_with_maxed_workers_says_make_samples_cheaper() -> None:
     card = check(
         data.input_bound(build(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7})), "input_bound"
     )
-    assert "ms per sample" in card.fix and "More workers cannot help" in card.fix
+    assert "More workers cannot help" in card.fix
     assert "already use the CPUs" in card.evidence and "upper bound" in card.metrics["saving_model"]
     assert "pickled" in card.fix  # with workers, batches cross processes
+    # these workers neither timed their batches nor sampled their stacks: the card says what it lacks
+    assert "the time per sample was not measured" in card.fix and "stacks were not sampled" in card.fix
+    assert "perf_counter" not in card.fix and "dataset[i]" not in card.fix  # no snippet to measure it oneself
+    compile(card.fix, "fix", "exec")
+
+
+def _spot(function: str, line: int, share: float, sampled: str = "workers") -> dict[str, Any]:
+    where = f"{function} (In [2], line {line})"
+    place = {"function": function, "file": "In [2]", "line": line, "cell": 2, "where": where}
+    return {**place, "samples": round(share * 1000), "share": share, "sampled": sampled}
+
+
+def test_the_cheaper_samples_fix_names_what_a_sample_costs_and_the_code_that_costs_it() -> None:
+    """A user saw the card hand over a timing snippet for what the profile knew: 10 ms a sample, half of
+    it in ``__getitem__``, most of the rest in its FFT. The fix says so, line by line, what to do after."""
+    maxed = build(stages=stages(data=0.02), loader={**LOADER, "num_workers": 7})
+    spots = [_spot("__getitem__", 15, 0.49), _spot("spectrum", 8, 0.45), _spot("collate", 3, 0.01)]
+    account = LoadingAccount("workers", 0.95, 0.03, 0.02, 0.0, busy=0.97, batch_s=0.64)
+    a = dataclasses.replace(maxed, loading=account, hotspots={"data": spots})
+    card = check(data.input_bound(a), "input_bound")
+    assert "a DataLoader worker takes 640.0 ms per batch of 64, 10.0 ms per sample" in card.fix
+    lines = card.fix.splitlines()
+    named = [line for line in lines if "(In [2], line" in line]
+    assert named == ["#    49%  __getitem__ (In [2], line 15)", "#    45%  spectrum (In [2], line 8)"]
+    assert "(1000 samples of their stacks)" in card.fix  # the shares' whole, said once
+    assert "cached" in card.fix and "GPU" in card.fix and "offline" in card.fix
+    compile(card.fix, "fix", "exec")
+
+
+def test_without_workers_a_sample_costs_the_training_threads_loading() -> None:
+    a = build(stages=stages(data=0.02))  # 20 ms of data a step, one batch of 64 a step, no workers
+    a = dataclasses.replace(a, hotspots={"data": [_spot("decode", 4, 0.8, "training thread")]})
+    fix = check(data.input_bound(a), "input_bound").fix
+    assert "the training loop takes 20.0 ms per batch of 64, 313 µs per sample" in fix
+    assert "#    80%  decode (In [2], line 4)" in fix
+    unknown = build(stages=stages(data=0.02), loader={**LOADER, "batch_size": None})
+    fix = check(data.input_bound(unknown), "input_bound").fix
+    assert "20.0 ms per batch (its size was not seen: not per sample)" in fix
+    assert "stack was not sampled while loading" in fix
 
 
 def _h2d(**counters: Any) -> Any:

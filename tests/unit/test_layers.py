@@ -29,6 +29,7 @@ LAYERS = {
     "perfmagic.clock": 0,
     "perfmagic.contract": 0,
     "perfmagic.step_policy": 1,
+    "perfmagic.places": 1,
     "perfmagic.timeline": 1,
     "perfmagic.collect": 2,
     "perfmagic.traces": 2,

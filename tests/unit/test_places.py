@@ -1,0 +1,92 @@
+"""Code named as its user knows it: a kernel's temporary cell files as ``In [N], line L``, files by path.
+
+The shell here is a stand-in for a kernel's: IPython's compiler maps each cell's file name to its
+execution count (``_filename_map``), and its input history keeps each cell as the user typed it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from perfmagic import places
+from perfmagic.places import code_place, line_name, note_cell_body, shown_path
+
+CELL_FILE = "/tmp/ipykernel_4711/536531550.py"
+BODY_FILE = "/tmp/ipykernel_4711/977005114.py"
+
+
+@pytest.fixture
+def kernel(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """A kernel's shell that ran three cells: the second with two blank lines on top, the third a
+    ``%%gpuprofile`` cell whose body (compiled apart by the magic) starts after a blank line."""
+    history = [
+        "",
+        "%load_ext perfmagic",
+        "\n\nimport numpy as np\n\ndef spectrum(x):\n    return np.fft.fft2(x)\n",
+        "%%gpuprofile --quiet\n\nfor x, y in loader:\n    step(x, y)\n",
+    ]
+    shell = SimpleNamespace(
+        compile=SimpleNamespace(_filename_map={CELL_FILE: 2, BODY_FILE: 3}),
+        history_manager=SimpleNamespace(input_hist_raw=history),
+    )
+    module = SimpleNamespace(InteractiveShell=SimpleNamespace(_instance=shell))
+    monkeypatch.setitem(sys.modules, "IPython.core.interactiveshell", module)
+    monkeypatch.setattr(places, "_CELL_BODIES", set())  # what the magic notes stays in this test
+    return shell
+
+
+def test_a_cell_is_named_by_its_number_and_the_line_the_user_sees(kernel: SimpleNamespace) -> None:
+    # IPython compiled the cell without its two leading blank lines: its line 4 is the user's line 6
+    place = code_place(CELL_FILE, 4, "spectrum")
+    assert place == {
+        "function": "spectrum",
+        "file": "In [2]",
+        "line": 6,
+        "cell": 2,
+        "where": "spectrum (In [2], line 6)",
+    }
+
+
+def test_a_magic_cells_body_counts_the_magics_line_and_the_blank_after_it(kernel: SimpleNamespace) -> None:
+    note_cell_body(BODY_FILE)
+    # the body as compiled: "for x, y in loader:" is its line 1, the cell's line 3
+    assert code_place(BODY_FILE, 2, "<module>")["where"] == "<module> (In [3], line 4)"
+
+
+def test_without_the_history_a_cell_keeps_ipythons_numbering(kernel: SimpleNamespace) -> None:
+    kernel.history_manager = None
+    assert code_place(CELL_FILE, 4, "spectrum")["where"] == "spectrum (In [2], line 4)"
+    note_cell_body(BODY_FILE)
+    assert code_place(BODY_FILE, 1, "<module>")["where"] == "<module> (In [3], line 2)"  # below the magic
+
+
+def test_a_cell_file_of_no_running_kernel_stays_a_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "IPython.core.interactiveshell", raising=False)
+    place = code_place(CELL_FILE, 29, "__getitem__")
+    assert place["cell"] is None and place["where"] == f"__getitem__ ({CELL_FILE}:29)"
+
+
+def test_files_are_named_relative_to_the_working_directory_or_their_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "sub" / "train.py"
+    assert code_place(str(script), 12, "train")["where"] == f"train ({os.path.join('sub', 'train.py')}:12)"
+    elsewhere = "/opt/elsewhere/data.py"
+    assert shown_path(elsewhere) == elsewhere
+    site = sysconfig.get_paths()["purelib"]
+    assert shown_path(os.path.join(site, "torch", "utils", "data", "dataloader.py")) == os.path.join(
+        "torch", "utils", "data", "dataloader.py"
+    )
+    assert shown_path("<string>") == "<string>"
+
+
+def test_a_line_is_named_the_way_its_kind_is_read() -> None:
+    assert line_name("In [7]", 3, 7) == "In [7], line 3"
+    assert line_name("train.py", 3, None) == "train.py:3"
