@@ -6,7 +6,10 @@ import ast
 import builtins
 import linecache
 import re
+import sys
 import textwrap
+import types
+from pathlib import Path
 from typing import Any
 
 from perfmagic.advise.plan import knob_changes
@@ -52,6 +55,8 @@ def assert_consistent(report: dict[str, Any]) -> None:
         if saving is not None and step:
             assert 0 < saving < step, f"{card['id']}: saving {saving} of a {step} s step"
         code = "\n".join(line.split("#", 1)[0] for line in (card.get("fix") or "").splitlines())
+        for written in _users_arguments(card):  # their own code may say None: what perfmagic wrote may not
+            code = code.replace(written, "_")
         comments = "\n".join(line.partition("#")[2] for line in (card.get("fix") or "").splitlines())
         assert not PLACEHOLDER.search(code), f"{card['id']}: placeholder in the fix code:\n{card['fix']}"
         assert "?" not in comments, f"{card['id']}: unknown in the fix's comments:\n{card['fix']}"
@@ -80,20 +85,45 @@ def assert_fix_pastes(card: dict[str, Any]) -> None:
     except SyntaxError as e:
         raise AssertionError(f"{card['id']}: the fix is not Python ({e.msg}):\n{fix}") from e
     site = card.get("replaces")
-    lines = linecache.getlines(site["file"]) if site else []
-    if not lines:  # no statement replaced, or its source is elsewhere (a notebook's kernel)
+    pasted = _pasted_source(card)
+    if site is None or pasted is None:  # no statement replaced, or its source is elsewhere (a kernel)
         return
-    first = lines[site["line"] - 1]
-    indent = first[: len(first) - len(first.lstrip())]
-    pasted = [*lines[: site["line"] - 1], textwrap.indent(fix, indent) + "\n", *lines[site["end_line"] :]]
     try:
-        module = ast.parse("".join(pasted))
+        module = ast.parse(pasted)
     except SyntaxError as e:
         raise AssertionError(f"{card['id']}: pasted at {site}, the file does not compile ({e.msg})") from e
     unbound = _read_names(fix) - _bound_names(module) - set(dir(builtins))
     assert not unbound, f"{card['id']}: the fix reads {sorted(unbound)}, which {site['file']} never binds"
-    original = "".join(lines[site["line"] - 1 : site["end_line"]])
-    _assert_arguments_kept(card["id"], textwrap.dedent(original), fix)
+    _assert_arguments_kept(card["id"], textwrap.dedent(_users_statement(card)), fix)
+
+
+def _users_statement(card: dict[str, Any]) -> str:
+    """The user's statement the fix replaces, as they wrote it ("" where there is none)."""
+    site = card.get("replaces")
+    lines = linecache.getlines(site["file"]) if site else []
+    return "".join(lines[site["line"] - 1 : site["end_line"]]) if site and lines else ""
+
+
+def _users_arguments(card: dict[str, Any]) -> list[str]:
+    """The arguments of the user's call the fix replaces, as they wrote them."""
+    statement = textwrap.dedent(_users_statement(card))
+    call = _outer_call(ast.parse(statement)) if statement else None
+    if call is None:
+        return []
+    nodes = [*call.args, *(k.value for k in call.keywords)]
+    return [text for n in nodes if (text := ast.get_source_segment(statement, n))]
+
+
+def _pasted_source(card: dict[str, Any]) -> str | None:
+    """The source of the file the fix goes into, with the fix in place of the statement it replaces."""
+    site = card.get("replaces")
+    lines = linecache.getlines(site["file"]) if site else []
+    if not site or not lines:
+        return None
+    first = lines[site["line"] - 1]
+    indent = first[: len(first) - len(first.lstrip())]
+    fix = textwrap.indent(card["fix"], indent) + "\n"
+    return "".join([*lines[: site["line"] - 1], fix, *lines[site["end_line"] :]])
 
 
 def _read_names(code: str) -> set[str]:
@@ -195,3 +225,15 @@ def assert_headline_agrees(report: dict[str, Any]) -> None:
         assert measured is None or abs(measured - share) < 5e-3, (
             f"headline {said!r}, but {card['id']} says {name} takes {measured:.1%} of the step"
         )
+
+
+def pasted_module(card: dict[str, Any]) -> types.ModuleType:
+    """The user's module with the card's fix pasted in place of the statement it replaces, loaded anew
+    beside the original (which stays as it was): call its functions to run the fixed loop."""
+    site, source = card["replaces"], _pasted_source(card)
+    assert site and source, f"{card['id']}: the fix replaces no statement of the user's that can be read"
+    module = types.ModuleType(f"{Path(site['file']).stem}_fixed")
+    module.__file__ = site["file"]
+    sys.modules[module.__name__] = module  # as an import would: dataclasses look their module up
+    exec(compile(source, site["file"], "exec"), module.__dict__)
+    return module

@@ -31,6 +31,15 @@ from perfmagic.contract.code import Binding, CallHint, FixSite
 
 DROP = object()
 """A change that removes the argument (``prefetch_factor`` once there are no workers)."""
+
+
+class Source(str):
+    """A change given as source text, an expression written as it is (``Preprocessed(ds, transform)``)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 _SIMPLE = (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 

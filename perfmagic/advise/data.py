@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfmagic.advise.calls import Source
 from perfmagic.advise.card import Card, make_card, severity_for
+from perfmagic.advise.fixes import dataset_name, loader_call, loader_site
 from perfmagic.advise.host import contention
 from perfmagic.advise.loading import loading_kind, loading_says
 from perfmagic.advise.sample_cost import cheaper_samples_lines
@@ -381,6 +383,13 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
     fix = "\n".join(
         [
             "# Do the per-batch work in the Dataset, so DataLoader workers run it in parallel with the step:",
+            "import torch",
+            "",
+            "",
+            "def transform(x):",
+            "    return x  # move here the code now between `for x, y in loader:` and model(x)",
+            "",
+            "",
             "class Preprocessed(torch.utils.data.Dataset):",
             "    def __init__(self, base, transform):",
             "        self.base, self.transform = base, transform",
@@ -390,10 +399,10 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
             "",
             "    def __getitem__(self, i):",
             "        x, y = self.base[i]",
-            "        return self.transform(x), y  # the code now between `for x, y in loader:` and model(x)",
+            "        return self.transform(x), y",
             "",
-            "dataset = Preprocessed(dataset, transform)",
-            loader_code(a, ld, num_workers=workers, persistent_workers=True) if ld else "",
+            "",
+            _preprocessed_loader(a, ld, workers),
             "# (or, on a GPU: move the batch first and run the transform there)",
         ]
     )
@@ -409,4 +418,20 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
         step_s=step,
         model=f"the preprocessing joins the batch's loading in {workers} DataLoader worker(s): "
         f"{STEP_MODEL}, the preprocessing counted as loading",
+        replaces=loader_site(ld) if trainer_name(a) is None else None,
     )
+
+
+def _preprocessed_loader(a: Analysis, ld: dict[str, Any] | None, workers: int) -> str:
+    """The user's DataLoader call over ``Preprocessed(<their dataset>, transform)``, with ``workers``."""
+    call = loader_call(ld) if trainer_name(a) is None else None
+    dataset = call.passed().get("dataset") if call else None
+    if call is None or dataset is None:
+        return "\n".join(
+            [
+                f"dataset = Preprocessed({dataset_name(ld)}, transform)",
+                loader_code(a, ld, num_workers=workers, persistent_workers=True) if ld else "",
+            ]
+        )
+    wrapped = Source(f"Preprocessed({dataset}, transform)")
+    return loader_code(a, ld or {}, dataset=wrapped, num_workers=workers, persistent_workers=True)

@@ -7,7 +7,14 @@ from typing import Any
 import numpy as np
 
 from perfmagic.advise.card import Card, make_card
-from perfmagic.advise.trainer_fixes import mixed_precision_code
+from perfmagic.advise.trainer_fixes import (
+    FABRIC,
+    HF,
+    LIGHTNING,
+    mixed_precision_code,
+    trainer_fix_site,
+    trainer_name,
+)
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.contract import Device
@@ -340,6 +347,9 @@ def amp(a: Analysis) -> Card | None:
         saving_s=measured[1] if measured else compute * (1 - 1 / AMP_SPEEDUP),
         step_s=s.step_s,
         model="measured" if measured else f"forward+backward {AMP_SPEEDUP:.0f}x faster on tensor cores",
+        replaces=trainer_fix_site(a)
+        if framework_fix is not None and trainer_name(a) in (HF, LIGHTNING, FABRIC)
+        else None,
     )
 
 

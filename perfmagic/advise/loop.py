@@ -9,7 +9,13 @@ import numpy as np
 
 from perfmagic.advise.card import Card, make_card
 from perfmagic.advise.fixes import nice_interval
-from perfmagic.advise.trainer_fixes import checkpoint_interval_code
+from perfmagic.advise.trainer_fixes import (
+    HF,
+    LIGHTNING,
+    checkpoint_interval_code,
+    trainer_fix_site,
+    trainer_name,
+)
 from perfmagic.analyze import Analysis
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
@@ -133,6 +139,9 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
         step_s=step,
         model=f"a checkpoint every {new_interval} steps instead of {every}: the saves' own time, at least"
         " (a save also slows the steps after it: the page cache, memory)",
+        replaces=trainer_fix_site(a, "checkpoint_call" if trainer_name(a) == LIGHTNING else "call")
+        if trainer_name(a) in (HF, LIGHTNING)
+        else None,
     )
 
 

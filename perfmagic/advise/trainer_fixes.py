@@ -71,6 +71,12 @@ def user_call(a: Analysis, key: str = "call") -> UserCall | None:
     return find_call(settings.get(key))
 
 
+def trainer_fix_site(a: Analysis, key: str = "call") -> FixSite | None:
+    """The user's statement a framework fix rewrites (see :func:`user_call`), where it was found."""
+    call = user_call(a, key)
+    return call.site if call else None
+
+
 def loader_fix_site(a: Analysis, ld: dict[str, Any] | None) -> FixSite | None:
     """The user's statement :func:`loader_code` rewrites: their ``TrainingArguments`` under the HF
     Trainer, else their DataLoader call."""
@@ -115,7 +121,7 @@ def checkpoint_interval_code(a: Analysis, every: int, now: str) -> str | None:
                 [
                     f"# checkpoints now {now}, in a {total}-step run: save once, after training",
                     training_arguments_code(a, {"save_strategy": "no"}),
-                    "trainer.save_model()  # after trainer.train()",
+                    "# and after trainer.train(): trainer.save_model()",
                 ]
             )
         return f"# checkpoints now {now}\n" + training_arguments_code(

@@ -8,6 +8,7 @@ inside itself. Ratios and same-run truths, so that a loaded machine moves both s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("lightning")
 pytest.importorskip("accelerate")
 
+import frameworkloops  # noqa: E402
 import torch  # noqa: E402
 from frameworkloops import (  # noqa: E402
     LanguageModel,
@@ -39,6 +41,7 @@ from frameworkloops import (  # noqa: E402
     tiny_bert,
     token_loader,
 )
+from report_checks import pasted_module  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import perfmagic  # noqa: E402
@@ -276,42 +279,40 @@ def _run_fix(code: str, **names: Any) -> dict[str, Any]:
 
 
 def test_slow_data_under_the_hf_trainer_gets_training_arguments(tmp_path: Path) -> None:
-    from transformers import Trainer, TrainingArguments
-
     trainer = hf_trainer(tmp_path / "out", steps=16, delay_s=0.004)  # 8 samples a batch: ~32 ms of loading
     report = profiled(tmp_path, trainer.train)
     cards = {c["id"]: c for c in report.advice}
     assert "dataloader_workers" in cards, str(report)
     card = cards["dataloader_workers"]
     assert "TrainingArguments(" in card["fix"] and "DataLoader(" not in card["fix"], card["fix"]
-    built = _run_fix(card["fix"], TrainingArguments=TrainingArguments, Trainer=Trainer, model=tiny_bert())
-    args = built["args"]
-    assert args.dataloader_num_workers == card["metrics"]["recommended_workers"] > 0
-    assert args.dataloader_persistent_workers
-    # the user's own arguments carried over
-    assert (args.output_dir, args.max_steps, args.per_device_train_batch_size) == (
-        str(tmp_path / "out"),
-        16,
-        8,
-    )
-    assert isinstance(built["trainer"], Trainer)
+    # the user's own TrainingArguments(...) statement, in hf_trainer, pasted over and run for a step
+    assert card["replaces"]["file"] == frameworkloops.__file__, card
+    fixed = pasted_module(card).hf_trainer(tmp_path / "fixed", steps=1)
+    users = [hf_trainer(tmp_path / "fixed", steps=1) for _ in range(2)]
+    settings = [f.name for f in dataclasses.fields(fixed.args) if f.init]
+    same = [k for k in settings if getattr(users[0].args, k) == getattr(users[1].args, k)]  # not a clock's
+    changed = {k for k in same if getattr(fixed.args, k) != getattr(users[0].args, k)}
+    assert changed == {"dataloader_num_workers", "dataloader_persistent_workers"}, changed
+    assert fixed.args.dataloader_num_workers == card["metrics"]["recommended_workers"] > 0
+    assert fixed.train().global_step == 1
 
 
 def test_frequent_lightning_checkpoints_get_model_checkpoint_every_n_train_steps(tmp_path: Path) -> None:
-    import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    checkpoint_line = sys._getframe().f_lineno - 1
     trainer = lightning_trainer(max_steps=12, enable_checkpointing=True, callbacks=[checkpoint])
     report = profiled(tmp_path, lambda: trainer.fit(LanguageModel(), token_loader()))
     cards = [c for c in report.advice if c["id"] == "checkpoint_frequency"]
     assert cards, str(report)
     card = cards[0]
-    built = _run_fix(card["fix"], Trainer=L.Trainer)
+    # the user's ModelCheckpoint(...) statement, above: their arguments, the interval changed
+    assert card["replaces"] == {"file": __file__, "line": checkpoint_line, "end_line": checkpoint_line}
+    built = _run_fix(card["fix"], ModelCheckpoint=ModelCheckpoint, tmp_path=tmp_path)
     every = card["metrics"]["recommended_interval_steps"]
     assert every > 1 and built["checkpoint"]._every_n_train_steps == every
-    assert str(built["checkpoint"].dirpath) == str(tmp_path / "ckpt")
-    assert isinstance(built["trainer"], L.Trainer)
+    assert str(built["checkpoint"].dirpath) == str(tmp_path / "ckpt") and built["checkpoint"].save_top_k == -1
 
 
 @pytest.mark.parametrize("framework", ["transformers.Trainer", "lightning.Trainer", "accelerate"])
