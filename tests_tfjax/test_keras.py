@@ -175,3 +175,21 @@ def test_validation_in_fit_is_an_evaluation_pass_not_part_of_a_step() -> None:
     # the gap between the epochs' steps holds the whole first pass (the callbacks run inside it)
     first_pass_s = passes[0][1] - passes[0][0]
     assert between >= first_pass_s > 0, (between, passes, evaluation)
+
+
+def test_the_xla_fix_is_the_users_own_compile_call() -> None:
+    """The XLA lever rewrites ``model.compile(...)`` as the user wrote it: their optimizer, loss and
+    metrics kept, ``jit_compile=True`` the one change."""
+    from perfmagic.advise.trainer_fixes import compile_code
+
+    net = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    net.compile(optimizer="sgd", loss="mse", metrics=["mae"], jit_compile=False)
+    with perfmagic.profile() as session:
+        net.fit(np.ones((64, 8), "float32"), np.ones((64, 4), "float32"), epochs=1, batch_size=8, verbose=0)
+    assert session.report.analysis is not None
+    fix = compile_code(session.report.analysis)
+    assert fix is not None and fix.startswith("net.compile(\n"), fix
+    assert 'optimizer="sgd"' in fix and 'loss="mse"' in fix and 'metrics=["mae"]' in fix, fix
+    assert "jit_compile=True,  # was False" in fix, fix
+    exec(fix, {"net": net})
+    assert net.jit_compile is True and type(net.optimizer).__name__ == "SGD"

@@ -136,10 +136,11 @@ def find_call(hint: CallHint | None, values: Mapping[str, Any] | None = None) ->
                     continue
                 found = _user_call(file, stmt, callees, params)
                 agreeing.append(found)
-                if any(_binds(b, file, scope, targets) for b in hint["bindings"]):
+                names = targets | _receiver(call)  # `loader = DataLoader(...)`, `model.compile(...)`
+                if any(_binds(b, file, scope, names) for b in hint["bindings"]):
                     bound.append(found)
-    if bound:
-        return bound[0]
+    if bound or hint.get("method"):  # `.compile(` alone may be anyone's: a method's call is its receiver's
+        return bound[0] if bound else None
     return agreeing[0] if len({(c.file, c.line) for c in agreeing}) == 1 else None
 
 
@@ -235,6 +236,14 @@ def _targets(stmt: ast.stmt) -> frozenset[str]:
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             names.add(f"{node.value.id}.{node.attr}")
     return frozenset(names)
+
+
+def _receiver(call: ast.Call) -> frozenset[str]:
+    """The name a method is called on (``model`` of ``model.compile(...)``), if a plain one."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return frozenset({func.value.id})
+    return frozenset()
 
 
 def _matching_calls(node: ast.AST, callees: tuple[str, ...]) -> list[ast.Call]:

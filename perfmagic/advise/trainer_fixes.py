@@ -182,7 +182,14 @@ def compile_code(a: Analysis) -> str | None:
     name = trainer_name(a)
     if name == KERAS:
         settings = (a.config.trainer or {}).get("settings") or {}
-        return None if settings.get("jit_compile") is True else keras_jit_compile_code()
+        if settings.get("jit_compile") is True:
+            return None
+        call = user_call(a, "compile_call")  # their model.compile(...), with jit_compile=True
+        return (
+            call.rewritten({"jit_compile": True}, settings["compile_call"]["values"])
+            if call
+            else keras_jit_compile_code()
+        )
     if name is None and a.framework == "jax":
         return jax_jit_code()
     if name == HF:

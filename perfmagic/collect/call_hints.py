@@ -21,8 +21,12 @@ FRAMES = 2
 """User frames searched outward from where the object was met: the loop's, and the one that called it."""
 
 
-def call_hint(obj: Any, frame: FrameType | None) -> CallHint:
-    """What to search for the call that built ``obj``, met in ``frame`` (or a caller of it)."""
+def call_hint(
+    obj: Any, frame: FrameType | None, method: str | None = None, values: dict[str, Any] | None = None
+) -> CallHint:
+    """What to search for the call that built ``obj``, met in ``frame`` (or a caller of it); or, with
+    ``method``, the user's call of that method on it (``model.compile(...)``), whose settings are
+    ``values``."""
     bindings: list[Binding] = []
     files: list[str] = []
     f = user_frame(frame)
@@ -35,8 +39,12 @@ def call_hint(obj: Any, frame: FrameType | None) -> CallHint:
     cls = type(obj)
     init = getattr(cls.__init__, "__code__", None)  # a Python __init__: its positional parameters
     attributes = getattr(obj, "__dict__", {})
+    if method is not None:
+        code = getattr(getattr(cls, method, None), "__code__", None)
+        init, attributes = code, values or {}
     return CallHint(
-        callees=[c.__name__ for c in cls.__mro__ if c.__module__ not in _NOT_CALLED],
+        callees=[method] if method else [c.__name__ for c in cls.__mro__ if c.__module__ not in _NOT_CALLED],
+        method=method,
         params=list(init.co_varnames[1 : init.co_argcount]) if init else [],
         values={k: v for k, v in attributes.items() if isinstance(v, _SCALARS) and not k.startswith("_")},
         bindings=bindings,

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from perfmagic.collect.call_hints import call_hint
 from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
@@ -127,6 +129,9 @@ class KerasHooks:
             "mixed_precision": _plain(getattr(policy, "name", None)),
             "steps_per_execution": _plain(getattr(model, "steps_per_execution", None)),
         }
+        # the user's model.compile(...): the XLA fix is that call with jit_compile=True
+        compiled = {"jit_compile": settings["jit_compile"]}
+        settings["compile_call"] = call_hint(model, sys._getframe(2), method="compile", values=compiled)
         recorder = self._recorder
         recorder.timeline.add_mark(
             recorder.clock.now() - recorder.origin,

@@ -20,6 +20,7 @@ class CallHint(TypedDict):
     training loop's path."""
 
     callees: list[str]  # the names its class is called by: its own, then its bases' (``DataLoader``)
+    method: str | None  # a method's call on the object instead (``compile``): found by its receiver only
     params: list[str]  # the constructor's positional parameters, in order (for arguments passed by position)
     values: dict[str, Any]  # the object's public attributes that are scalars: its settings, mostly
     bindings: list[Binding]
