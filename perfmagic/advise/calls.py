@@ -28,6 +28,7 @@ from typing import Any
 
 from perfmagic.collect.stacks import is_user_file
 from perfmagic.contract.code import Binding, CallHint, FixSite
+from perfmagic.places import code_place, line_name
 
 DROP = object()
 """A change that removes the argument (``prefetch_factor`` once there are no workers)."""
@@ -57,7 +58,13 @@ class UserCall:
 
     @property
     def site(self) -> FixSite:
-        return FixSite(file=self.file, line=self.line, end_line=self.end_line)
+        return FixSite(file=self.file, line=self.line, end_line=self.end_line, where=self.where)
+
+    @property
+    def where(self) -> str:
+        """The statement's first line as its user knows it: ``In [2], line 5``, ``train.py:12``."""
+        place = code_place(self.file, self.line, "")
+        return line_name(place["file"], place["line"], place["cell"])
 
     def passed(self) -> dict[str, str]:
         """The arguments the user passed by name (positional ones by their parameter's), as written."""
@@ -77,7 +84,7 @@ class UserCall:
                 note = f"  # was {was[name]!r}" if name in was else ""
                 lines.append(f"    {name}={value!r},{note}")
         lines.append(")")
-        return _splice(self.statement, call, "\n".join(lines))
+        return f"# in place of {self.where}:\n" + _splice(self.statement, call, "\n".join(lines))
 
     def _arguments(self, call: ast.Call | None = None) -> list[tuple[str | None, str, bool]]:
         """(parameter name or None, source text, passed by position) of each argument, in order."""

@@ -33,3 +33,4 @@ class FixSite(TypedDict):
     file: str
     line: int  # first line, 1-based
     end_line: int  # last line, inclusive
+    where: str  # its first line as its user knows it: ``In [2], line 5``, ``train.py:12``

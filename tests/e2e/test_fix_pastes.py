@@ -3,6 +3,7 @@ loop with the fix in it, the user's names and arguments kept, only the change ma
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -102,7 +103,9 @@ def test_the_plain_loops_fix_goes_where_its_loader_was_built(tmp_path: Path) -> 
     report = _profile(tmp_path, lambda: torchloops.train(12, data_s=SAMPLE_S))
     card = _card(report, "dataloader_workers", "input_bound")
     assert card["replaces"]["file"] == torchloops.__file__
-    assert card["fix"].startswith("loader = DataLoader(\n"), card["fix"]
+    site = card["replaces"]
+    assert site["where"] == f"tests/torchloops.py:{site['line']}", site  # as the user names the line
+    assert card["fix"].startswith(f"# in place of {site['where']}:\nloader = DataLoader(\n"), card["fix"]
     pasted = pasted_module(card)
     timings = pasted.train(1)
     assert timings.steps == 1
@@ -116,3 +119,44 @@ class _TorchWith:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
+
+
+NOTEBOOK = [
+    "%load_ext perfmagic\nimport json\nimport time\nimport torch",
+    "class Slow(torch.utils.data.Dataset):\n"
+    "    def __len__(self):\n        return 64\n\n"
+    "    def __getitem__(self, i):\n        time.sleep(0.03)\n        return torch.ones(8), torch.ones(1)",
+    "\ntrain_set = Slow()\ntrain_loader = torch.utils.data.DataLoader(train_set, batch_size=4, shuffle=True)",
+    "%%gpuprofile --quiet -v report\n"
+    "model = torch.nn.Linear(8, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+    "for x, y in train_loader:\n"
+    "    torch.nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n    opt.zero_grad()",
+    "card = next(c for c in report.advice if c['id'] == 'dataloader_workers')\n"
+    "get_ipython().run_cell(card['fix'])  # as the user pastes it into a cell and runs it\n"
+    "x, y = next(iter(train_loader))  # a step's batch, from the fixed loader\n"
+    "print(json.dumps({'card': card, 'workers': train_loader.num_workers,\n"
+    "                  'sampler': type(train_loader.sampler).__name__, 'batch': list(x.shape)}))",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_in_a_notebook_the_fix_is_the_set_up_cells_statement_and_runs_pasted(tmp_path: Path) -> None:
+    """The loader is built in cell 3 (after a blank line the notebook shows), the loop profiled in cell 4:
+    the fix names ``In [3], line 3``, is that statement with the workers added, and pasted into a cell
+    it builds a loader that keeps the user's shuffling."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in NOTEBOOK]
+    NotebookClient(
+        nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    out = json.loads("".join(o["text"] for o in nb.cells[-1].outputs if o.get("name") == "stdout"))
+    card = out["card"]
+    assert card["replaces"]["where"] == "In [3], line 3", card["replaces"]
+    assert "train_loader = torch.utils.data.DataLoader(" in card["fix"], card["fix"]
+    assert "shuffle=True" in card["fix"] and "batch_size=4" in card["fix"], card["fix"]
+    assert out["workers"] == card["metrics"]["recommended_workers"] > 0
+    assert out["sampler"] == "RandomSampler" and out["batch"] == [4, 8]
