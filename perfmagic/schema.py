@@ -119,6 +119,9 @@ STACK_SAMPLES: Final = "stack_samples"
 "function", "file", "line", "cell", "where"}, ...]``: the innermost frame of the user's code, named as
 the user knows it (``perfmagic.places``: ``function (In [2], line 29)``, ``function (train.py:12)``)."""
 
+BEFORE_FIRST_STEP: Final = "startup"
+"""The stage of :data:`STACK_SAMPLES` taken before the first step boundary: where the start-up went."""
+
 WORKER_STACKS: Final = "worker_stacks"
 """``timeline.meta`` key: where the DataLoader workers forked in the window were while they built
 batches, ``{"workers", "samples", "places": [{"count", "function", "file", ...}, ...]}``

@@ -207,7 +207,7 @@ class Session:
             if recorder is not None:  # where the training thread is, by stage: what fills "other"
                 # first in each tick: the sampler has just won the GIL from the training thread, before
                 # other sources' I/O hands it back and forth (which would favour moments in torch calls)
-                sources.insert(0, StackSource(recorder.thread_id, lambda: recorder.current_stage))
+                sources.insert(0, StackSource(recorder))
         else:  # no metrics, but the thread still spools: a killed process keeps its record
             sources = []
         interval = self.interval if self.sample else _SPOOL_EVERY_S

@@ -134,7 +134,8 @@ def missing(analysis: Analysis) -> list[str]:
     def silent(rules: str) -> str:
         return ", ".join(r for r in rules.split(", ") if r not in fed)
 
-    if not analysis.devices and analysis.gpu is not None:
+    trace = analysis.source == "trace"
+    if not analysis.devices and (trace or analysis.gpu is not None):
         out.append(
             f"GPU telemetry rules ({silent(_GPU_TELEMETRY_RULES)}) stayed silent: a trace carries no NVML samples "
             "(perfmagic run or perfmagic.profile() records them)"
@@ -148,7 +149,7 @@ def missing(analysis: Analysis) -> list[str]:
             f"host rules ({_HOST_RULES}) stayed silent: no host samples were recorded"
             + (
                 " (a trace has none)"
-                if analysis.gpu is not None and not analysis.devices
+                if trace or (analysis.gpu is not None and not analysis.devices)
                 else " (sampler off)"
             )
         )
@@ -159,7 +160,12 @@ def missing(analysis: Analysis) -> list[str]:
         and not analysis.config.dataloaders
     ):
         out.append(
-            f"set-up rules ({silent(_CONFIG_RULES)}) stayed silent: the PyTorch hooks saw no model or DataLoader "
-            "(profile the training with perfmagic.profile() or perfmagic run)"
+            f"set-up rules ({silent(_CONFIG_RULES)}) stayed silent: "
+            + (
+                "a trace records no models or DataLoaders (perfmagic.profile() or perfmagic run sees them)"
+                if trace
+                else "the PyTorch hooks saw no model or DataLoader "
+                "(profile the training with perfmagic.profile() or perfmagic run)"
+            )
         )
     return out

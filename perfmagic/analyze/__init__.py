@@ -165,6 +165,7 @@ class Analysis:
     loading: LoadingAccount | None = None  # where the loaders' time went (None: no loading measured)
     # per stage, the share of its sampled time the training thread waited on storage (analyze.disk_waits)
     disk_waits: dict[str, DiskWait] = field(default_factory=dict)
+    source: str | None = None  # "live", "run" or "trace": what was analysed (a Source)
     whole_process: bool = False  # the window starts with the interpreter (perfmagic run)
     ready_s: float = 0.0  # when perfmagic had started, into the window: its own set-up is not the user's
     argv: list[str] | None = None  # the primary process's command line, where known
@@ -253,6 +254,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         evaluation=evaluation_stats(tl, primary.breakdown, wall_s),
         loop=loop,
         loading=loading_account(loop, means, workers) if config.loader else None,
+        source=tl.meta.get("source"),
         whole_process=tl.meta.get("source") == "run",
         ready_s=float(tl.meta.get("ready_s") or 0.0),
         argv=list(argv) if argv else None,

@@ -21,16 +21,28 @@ import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
 from types import CodeType, FrameType
+from typing import Protocol
 
 from perfmagic.contract import CodePlace, StackSample
 from perfmagic.places import LIBRARY_DIRS, code_place
-from perfmagic.schema import LOADER_THREAD_DISK, STACK_SAMPLES, THREAD_STATES
+from perfmagic.schema import BEFORE_FIRST_STEP, LOADER_THREAD_DISK, STACK_SAMPLES, THREAD_STATES
 from perfmagic.timeline import Timeline
 
 Line = tuple[CodeType, int]
 """A line of code as sampled: its code object and line number, named only when the samples are read."""
+
+
+class StageCursor(Protocol):
+    """Where the training thread is: the recorder's view of it."""
+
+    thread_id: int
+
+    @property
+    def current_stage(self) -> str | None: ...
+
+    @property
+    def boundary_counts(self) -> dict[str, int]: ...
 
 
 class StackSource:
@@ -38,10 +50,10 @@ class StackSource:
 
     name = "stacks"
 
-    def __init__(self, thread_id: int, current_stage: Callable[[], str | None]) -> None:
+    def __init__(self, recorder: StageCursor) -> None:
         self.warnings: list[str] = []
-        self._thread_id = thread_id
-        self._current_stage = current_stage
+        self._thread_id = recorder.thread_id
+        self._recorder = recorder
         self._counts: Counter[tuple[str, Line]] = Counter()
         self._stat: int | None = None  # the thread's /proc stat file
         self._states: Counter[tuple[str, str]] = Counter()
@@ -57,7 +69,8 @@ class StackSource:
         frame = sys._current_frames().get(self._thread_id)
         if frame is None:
             return
-        stage = self._current_stage() or "other"
+        recorder = self._recorder
+        stage = recorder.current_stage or ("other" if recorder.boundary_counts else BEFORE_FIRST_STEP)
         self._counts[(stage, sampled_line(frame))] += 1
         if self._stat is None:
             return

@@ -57,6 +57,35 @@ def test_run_profiles_an_unchanged_script(tmp_path: Path) -> None:
     assert report["host"]["cpu_count"] == os.cpu_count()
 
 
+STARTUP_SCRIPT = """\
+import time
+import perfmagic
+
+time.sleep({setup_s})  # the set-up
+for i in range(40):
+    time.sleep(0.05)
+    perfmagic.step()
+"""
+
+
+@pytest.mark.parametrize("setup_s", [0, 3])
+def test_slow_startup_is_the_scripts_own_and_names_its_line(tmp_path: Path, setup_s: int) -> None:
+    """3 s of set-up before a 2 s loop is the script's start-up, named by its line; a script that goes
+    straight to its loop has none worth a card, whatever Python's and perfmagic's own start cost."""
+    (tmp_path / "train.py").write_text(STARTUP_SCRIPT.format(setup_s=setup_s))
+    out = tmp_path / "out.json"
+    result = run_cli("run", "--quiet", "--json", str(out), "--", sys.executable, "train.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    cards = [c for c in report["advice"] + report["advice_minor"] if c["id"] == "slow_startup"]
+    if not setup_s:
+        assert not cards, cards
+        return
+    (card,) = [c for c in report["advice"] if c["id"] == "slow_startup"]
+    assert card["metrics"]["hot_line"] == "<module> (train.py:4)", card
+    assert "importing torch" not in card["evidence"], card["evidence"]  # this script imports none
+
+
 def test_run_returns_the_commands_exit_code_and_still_reports(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     result = run_cli(

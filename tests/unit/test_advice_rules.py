@@ -620,6 +620,27 @@ def test_slow_startup_severity_is_its_share_of_an_hour_long_job(excess_s: float,
     assert card.severity == severity  # high from 15 min, medium from 6 min
 
 
+def test_slow_startup_is_only_the_users_own_second_or_more_and_names_its_line() -> None:
+    # 0.6 s of start-up is most of a 1 s window, and still not worth a card
+    assert pace.slow_startup(build(first_extra={"data": 0.6})) is None
+    a = build(before_s=3.0)
+    assert pace.slow_startup(dataclasses.replace(a, ready_s=2.5)) is None  # 2.5 s of it were perfmagic's own
+    sleep = {
+        "where": "<module> (train.py:4)",
+        "samples": 27,
+        "share": 0.9,
+        "function": "<module>",
+        "file": "train.py",
+        "line": 4,
+        "cell": None,
+        "sampled": "training thread",
+    }
+    card = check(pace.slow_startup(dataclasses.replace(a, hotspots={"startup": [sleep]})), "slow_startup")
+    assert "Most of it in <module> (train.py:4) (90%" in card.evidence
+    assert card.fix.startswith("# Most of the start-up: <module> (train.py:4)\n")
+    assert card.metrics["hot_line"] == "<module> (train.py:4)"
+
+
 def test_slow_startup_under_perfmagic_run_names_interpreter_and_imports() -> None:
     a = build(before_s=2.5)
     a = dataclasses.replace(a, whole_process=True, argv=["train.py", "--epochs", "3"])

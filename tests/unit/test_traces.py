@@ -518,3 +518,14 @@ def test_perfmagics_own_trace_keeps_its_stages(tmp_path: Path) -> None:
     # the traced steps are few and run under torch.profiler, their shares whatever a busy machine made of
     # them: the forward pass is there, beside the backward pass, not in "other"
     assert traced["stages"]["forward"]["total_s"] > 0 and traced["stages"]["backward"]["total_s"] > 0
+
+
+@pytest.mark.parametrize("name", ["cpu_only_gloo_rank34.json.gz", "a100_rank3_control.json.gz"])
+def test_a_traces_warnings_speak_of_a_trace_not_of_a_live_run(name: str) -> None:
+    """Nothing a trace lacks is blamed on a live run's causes: no NVML to find, no sampler left off, no
+    perfmagic.step() to call."""
+    warnings = report_from_traces([real(name)]).warnings
+    said = "\n".join(warnings)
+    for live_cause in ("seen through NVML", "sampler off", "perfmagic.step()", "the PyTorch hooks saw"):
+        assert live_cause not in said, said
+    assert any("a trace" in w for w in warnings), said
