@@ -3,7 +3,6 @@ loop with the fix in it, the user's names and arguments kept, only the change ma
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torchloops
+from notebook_runs import printed_json, run_cells
 from report_checks import pasted_module
 
 import perfmagic
@@ -145,15 +145,7 @@ def test_in_a_notebook_the_fix_is_the_set_up_cells_statement_and_runs_pasted(tmp
     """The loader is built in cell 3 (after a blank line the notebook shows), the loop profiled in cell 4:
     the fix names ``In [3], line 3``, is that statement with the workers added, and pasted into a cell
     it builds a loader that keeps the user's shuffling."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in NOTEBOOK]
-    NotebookClient(
-        nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    out = json.loads("".join(o["text"] for o in nb.cells[-1].outputs if o.get("name") == "stdout"))
+    out = printed_json(run_cells(NOTEBOOK, tmp_path))
     card = out["card"]
     assert card["replaces"]["where"] == "In [3], line 3", card["replaces"]
     assert "train_loader = torch.utils.data.DataLoader(" in card["fix"], card["fix"]

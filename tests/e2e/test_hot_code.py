@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from notebook_runs import printed_json, run_cells
 
 import perfmagic
 from perfmagic.advise.sample_cost import cheaper_samples_lines
@@ -96,9 +97,6 @@ def test_a_notebook_names_the_set_up_cells_line(tmp_path: Path) -> None:
     """The dataset is defined in cell 2 (after a blank line, which IPython drops when it compiles the cell
     but the notebook shows); the profiled cell trains. Loading in the loop and in forked workers, the
     report names ``In [2]``'s FFT line, not ipykernel's temporary file."""
-    import nbformat
-    from nbclient import NotebookClient
-
     busy = "    sum(i * i for i in range(150_000))"  # pure Python in no stage: "other"
     profiled = "%%gpuprofile --quiet -v {var} --interval 0.02\n\n" + TRAIN + busy + "\n"
     cells = [
@@ -109,12 +107,7 @@ def test_a_notebook_names_the_set_up_cells_line(tmp_path: Path) -> None:
         profiled.format(var="in_workers", workers=1),
         "print(json.dumps({'share': share, 'in_loop': in_loop.to_dict(), 'in_workers': in_workers.to_dict()}))",
     ]
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    NotebookClient(
-        nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    out = json.loads("".join(o["text"] for o in nb.cells[-1].outputs if o.get("name") == "stdout"))
+    out = printed_json(run_cells(cells, tmp_path))
     assert out["share"] >= MOSTLY, out["share"]  # measured in the kernel: the FFTs are the cost
     fft = f"spectrum (In [2], line {FFT_LINE + 1})"  # the blank line the cell starts with counts
 
