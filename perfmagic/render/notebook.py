@@ -58,6 +58,7 @@ def comparison_bundle(
 ) -> Bundle:
     """Two runs side by side (``Comparison.to_dict()``): the headline, stage times, speed-up, and the
     problems resolved, still open and new, each in the words the text says (``said``)."""
+    from perfmagic.render.png import comparison_png
     from perfmagic.render.waterfall import comparison_figure
 
     stages = comparison.get("stages") or []
@@ -87,13 +88,17 @@ def comparison_bundle(
     sections = "".join(
         _problems_html(title, problems.get(status) or []) for status, title in SECTIONS.items()
     )
+    png = comparison_png(before, after, labels)  # what shows where no script runs, as for a report
+    charts = charts_html(comparison_figure(before, after, labels), png)
     body = (
         f'<style>{CSS}</style><div class="pm-report"><h3>perfmagic comparison: {a} → {b}</h3>'
         f'<div class="pm-bottleneck">{html.escape(comparison.get("headline") or "")}</div>'
-        f'<div class="pm-kpis">{boxes}</div>{charts_html(comparison_figure(before, after, labels))}'
-        f"{table}{sections}</div>"
+        f'<div class="pm-kpis">{boxes}</div>{charts}{table}{sections}</div>'
     )
-    return {"text/plain": text, "text/html": body}
+    bundle = {"text/plain": text, "text/html": body}
+    if png:
+        bundle["image/png"] = base64.b64encode(png).decode()
+    return bundle
 
 
 def _problems_html(title: str, matches: list[dict[str, Any]]) -> str:

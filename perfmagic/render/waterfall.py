@@ -34,6 +34,8 @@ STAGE_COLORS: dict[str, str] = {
 _USER_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _SERIES_COLORS = ("#4e79a7", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f")
 _HOST_COLOR = "#e15759"
+_SWATCH = "#777777"
+"""Legend swatches that stand for no one stage (before and after in a comparison)."""
 MAX_BARS = 600
 """More steps than this are drawn in bins of consecutive steps (per-step means)."""
 
@@ -326,7 +328,7 @@ def comparison_figure(
         title=f"Time per step by stage: {labels[0]} vs {labels[1]}",
         y_range=FactorRange(factors=order),
         x_range=DataRange1d(start=0),
-        height=max(180, 70 + 40 * len(order)),
+        height=max(220, 110 + 40 * len(order)),  # the legend above takes 40 px
         sizing_mode="stretch_width",
         tools="save",
         x_axis_label=f"per step ({unit})",
@@ -340,14 +342,20 @@ def comparison_figure(
             fill_color="color",
             fill_alpha=alpha,
             line_color="color",
-            legend_label=label,
             source=src,
         )
+        # The bars take their stage's colour, so a legend drawn from them showed the first stage's (a
+        # red "before" over orange bars): its swatches are grey bars of no width, faded as "before" is.
+        fig.hbar(
+            y=[order[0]], left=[0.0], right=[0.0], height=0.34, fill_color=_SWATCH, fill_alpha=alpha,
+            line_color=None, legend_label=label,
+        )  # fmt: skip
     fig.add_tools(
         HoverTool(tooltips=[("stage", "@stage"), (labels[0], "@before_txt"), (labels[1], "@after_txt")])
     )
     fig.ygrid.grid_line_color = None
-    fig.legend.location = "bottom_right"
+    fig.legend.orientation = "horizontal"
+    fig.add_layout(fig.legend[0], "above")  # over no bar: the longest ran under it at the right
     fig.toolbar.logo = None
     return fig
 

@@ -386,6 +386,7 @@ def test_compare_renders_side_by_side(ip: InteractiveShell, tmp_path: Path) -> N
     # the same verdict, in the same words, in the text and the HTML
     verdict = re.search(r"\(([\d.]+x (faster|slower))\)", out.data["text/plain"])
     assert verdict and verdict.group(1) in out.data["text/html"], out.data["text/plain"]
+    assert "image/png" in out.data  # the stage chart where no script runs, as a report has
     result, _ = run(ip, "%gpuprofile --compare slow nowhere")
     assert isinstance(result.error_in_exec, UsageError)
 
