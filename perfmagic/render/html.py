@@ -24,12 +24,14 @@ from perfmagic.render.kernels import gpu_html
 from perfmagic.render.text import (
     evaluation_line,
     hotspot_lines,
+    memory_peak,
     minor_line,
     most_to_gain,
     origin_words,
     plan_line,
     saving_words,
 )
+from perfmagic.schema import MEMORY_NAME
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
@@ -246,13 +248,12 @@ def _header(report: ReportData) -> str:
         ]
     else:  # step figures would all read n/a: show what was measured instead
         host = report.get("host") or {}
+        kind, peak = memory_peak(host)
         kpis = [
             ("steps", "0"),
             ("profiled", fmt_seconds(report.get("wall_s"))),
             ("host CPU (mean)", fmt_fraction(host.get("cpu_util_mean"))),
-            ("memory (PSS peak)", fmt_bytes(host["pss_peak_bytes"]))
-            if host.get("pss_peak_bytes")
-            else ("process RSS (peak)", fmt_bytes(host.get("rss_peak_bytes"))),
+            (f"{MEMORY_NAME} peak ({kind})", fmt_bytes(peak)),
             ("GPU busy", gpu_note),
         ]
     sub = f"{origin_words({'source': 'live', **report})}, {fmt_seconds(report.get('wall_s'))} profiled"

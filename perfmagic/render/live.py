@@ -23,6 +23,7 @@ import numpy as np
 from perfmagic.analyze.running import RunningStages
 from perfmagic.contract import DeviceInfo
 from perfmagic.render.waterfall import stage_color
+from perfmagic.schema import MEMORY_METRICS, MEMORY_NAME, memory_kind
 from perfmagic.timeline import Timeline
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
@@ -150,9 +151,7 @@ class LivePanel:
         cores = _latest(tl, "host.proc_cpu_cores")
         parts = [
             f"process {cores:.1f} cores" if cores is not None else None,
-            f"memory {fmt_bytes(pss)} (PSS)"
-            if (pss := _latest(tl, "host.pss_bytes")) is not None
-            else f"RSS {fmt_bytes(_latest(tl, 'host.rss_bytes'))}",
+            memory_now(tl),
             f"read {fmt_bytes(_rate(tl, 'host.read_bytes'))}/s",
             f"write {fmt_bytes(_rate(tl, 'host.write_bytes'))}/s",
         ]
@@ -329,6 +328,12 @@ def _stages_html(totals: dict[str, float], count: int, recent: list[dict[str, fl
         f'<div style="flex:1;max-width:520px"><div style="display:flex;height:14px;border-radius:3px;'
         f'overflow:hidden">{shares}</div><div>{legend}</div></div>{bars}</div></div>'
     )
+
+
+def memory_now(tl: Timeline) -> str:
+    """The tree's memory now, named as the report will name it: "process memory 1.2 GiB (PSS)"."""
+    kind = memory_kind(_latest(tl, MEMORY_METRICS["PSS"]))
+    return f"{MEMORY_NAME} {fmt_bytes(_latest(tl, MEMORY_METRICS[kind]))} ({kind})"
 
 
 def _latest(tl: Timeline, metric: str) -> float | None:

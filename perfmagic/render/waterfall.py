@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfmagic.contract import ReportData, Series, Stage, StepTable, Timeseries
-from perfmagic.schema import gpu_metric
+from perfmagic.schema import MEMORY_METRICS, gpu_metric, memory_kind, memory_name
 from perfmagic.units import fmt_seconds
 
 if TYPE_CHECKING:
@@ -65,7 +65,9 @@ def report_layout(report: ReportData) -> LayoutDOM | None:
     if waterfall is not None:
         time_figs.append(waterfall)
     x_range = waterfall.x_range if waterfall is not None else None
-    time_figs += utilization_figures(report.get("timeseries") or {}, x_range)
+    host = report.get("host") or {}
+    memory = memory_kind(host.get("pss_peak_bytes")) if host else None
+    time_figs += utilization_figures(report.get("timeseries") or {}, x_range, memory)
     side = breakdown_figure(report.get("stages") or {})
     if not time_figs and side is None:
         return None
@@ -221,11 +223,14 @@ def breakdown_figure(stages: dict[str, Stage]) -> Figure | None:
     return fig
 
 
-def utilization_figures(ts: Timeseries, x_range: Range | None = None) -> list[Figure]:
+def utilization_figures(
+    ts: Timeseries, x_range: Range | None = None, memory: str | None = None
+) -> list[Figure]:
     """Utilization (%) and memory (MiB or GiB) over time, on the waterfall's time axis.
 
-    A metric with fewer than two samples is left out (a single point draws nothing),
-    and so is a chart left with no line.
+    The process tree's memory is drawn in the measure ``memory`` (``"PSS"`` or ``"RSS"``: the one
+    its report names); without it, PSS where sampled. A metric with fewer than two samples is left
+    out (a single point draws nothing), and so is a chart left with no line.
     """
     metrics: dict[str, Series] = {
         m: s for m, s in (ts.get("metrics") or {}).items() if sum(v is not None for v in s["v"]) >= 2
@@ -234,11 +239,11 @@ def utilization_figures(ts: Timeseries, x_range: Range | None = None) -> list[Fi
     util = [(f"GPU {i}", m, 100.0) for m, (i, quantity) in gpus if quantity == "util"]
     util += [("host CPU", "host.cpu_util", 100.0)] if "host.cpu_util" in metrics else []
     mem_metrics = [(f"GPU {i} memory", m) for m, (i, quantity) in gpus if quantity == "mem_used_bytes"]
-    # the tree's PSS where sampled: RSS summed over workers counts the pages they share once each
-    tree = [("process memory (PSS)", "host.pss_bytes"), ("process RSS", "host.rss_bytes")]
-    mem_metrics += (
-        [next((label, m) for label, m in tree if m in metrics)] if "host.rss_bytes" in metrics else []
-    )
+    # The tree's PSS where sampled (RSS summed over workers counts the pages they share once each),
+    # and never the other measure in its place: the chart names what the report's text names.
+    kind = memory or ("PSS" if MEMORY_METRICS["PSS"] in metrics else "RSS")
+    if MEMORY_METRICS[kind] in metrics:
+        mem_metrics.append((memory_name(kind), MEMORY_METRICS[kind]))
     figs = []
     if util:
         figs.append(_series_figure("Utilization", "%", util, metrics, x_range, (0, 105)))

@@ -328,7 +328,7 @@ def test_report_without_steps_explains_and_shows_what_was_measured() -> None:
     page = session.report._repr_mimebundle_()["text/html"]
     assert "No training steps were seen." in page and "perfmagic.step()" in page
     assert "Bottleneck:" not in page and "n/a" not in page.split("pm-bottleneck")[0]  # no empty KPIs
-    assert "memory (PSS peak)" in page and "Stage waterfall" not in page
+    assert "process memory peak (PSS)" in page and "Stage waterfall" not in page
     line = finished_bundle(data)["text/plain"]
     assert "median step" not in line and "no training steps were seen" in line
 
