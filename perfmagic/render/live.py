@@ -16,6 +16,7 @@ import html
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -64,17 +65,25 @@ class LivePanel:
     """Widgets that follow a running feed; ``widget`` is what the notebook displays."""
 
     def __init__(
-        self, feed: Feed, *, title: str = "perfmagic", max_hz: float = 4.0, window_s: float = 60.0
+        self,
+        feed: Feed,
+        *,
+        title: str = "perfmagic",
+        max_hz: float = 4.0,
+        window_s: float = 60.0,
+        now: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``now`` is the clock the panel's rate limit and elapsed time read (a test's fake one)."""
         import ipywidgets as w
 
+        self._now = now
         self.feed = feed
         self.title = title
         self.min_period = 1.0 / max_hz
         self.updates = 0
         self.busy_s = 0.0  # wall time spent updating, on the sampler thread (waits for the GIL included)
         self.cpu_s = 0.0  # CPU time of those updates: what they take from the training
-        self._start = time.perf_counter()
+        self._start = now()
         self._last = 0.0
         self._steps: deque[tuple[float, int]] = deque()
         self._gpu_rows: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
@@ -116,7 +125,7 @@ class LivePanel:
 
     def update(self, force: bool = False) -> None:
         """Refresh from the feed, unless the last refresh was less than ``1/max_hz`` ago."""
-        begin = time.perf_counter()
+        begin = self._now()
         if not force and begin - self._last < self.min_period:
             return
         if not self._lock.acquire(blocking=False):  # another thread is refreshing right now
@@ -129,7 +138,7 @@ class LivePanel:
         finally:
             self._lock.release()
         self.cpu_s += time.thread_time() - cpu
-        self.busy_s += time.perf_counter() - begin
+        self.busy_s += self._now() - begin
 
     def _refresh(self, begin: float) -> None:
         tl = self.feed.timeline
@@ -248,7 +257,7 @@ class LivePanel:
         return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
     def _status_html(self, stage: str | None, steps: int | None, rate: float | None) -> str:
-        elapsed = time.perf_counter() - self._start
+        elapsed = self._now() - self._start
         parts = [f"<b>{html.escape(self.title)}</b> · running {elapsed:.1f} s"]
         if steps is not None:
             stage = stage or "other"
