@@ -63,7 +63,8 @@ class PerfMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self._monitor: Any = None
-        self._monitor_handle: Any = None
+        self._monitor_handle: Any = None  # BokehJS for the panel's chart
+        self._monitor_panel: Any = None  # the panel, then the summary that takes its place
 
     @property
     def _shell(self) -> InteractiveShell:
@@ -187,7 +188,9 @@ class PerfMagics(Magics):
         """Show a live GPU and host monitor without profiling any code: ``%gpumonitor [start|stop]``.
 
         The monitor keeps updating while the kernel is idle or runs other cells,
-        until ``%gpumonitor stop``. Starting it again restarts it.
+        until ``%gpumonitor stop``, which leaves a summary in its place: how long it
+        ran, each GPU's mean and peak utilization, memory peak and mean power, and
+        the host's CPU. Starting it again restarts it.
         """
         args = self._parse(PerfMagics.gpumonitor, line)
         if not args.interval > 0:
@@ -201,19 +204,23 @@ class PerfMagics(Magics):
             self._monitor_handle = display(
                 {"text/plain": "perfmagic monitor", "text/html": bokeh_loader()}, raw=True, display_id=True
             )
-            display(self._monitor.panel.widget)
+            self._monitor_panel = display(self._monitor.panel.widget, display_id=True)
             self._monitor.start()
 
     def stop_monitor(self) -> None:
-        """Stop the ``%gpumonitor`` monitor, if one runs."""
+        """Stop the ``%gpumonitor`` monitor, if one runs; its summary takes the panel's place."""
         if self._monitor is None:
             return
+        from perfmagic.render.notebook import monitor_bundle
+
         monitor, self._monitor = self._monitor, None
         warnings = monitor.stop()
-        if self._monitor_handle is not None:
-            text = "perfmagic monitor stopped" + (f" ({'; '.join(warnings)})" if warnings else "")
-            self._monitor_handle.update({"text/plain": text}, raw=True)
+        if self._monitor_handle is not None:  # BokehJS (1.3 MB) is not kept in the notebook
+            self._monitor_handle.update({"text/plain": ""}, raw=True)
             self._monitor_handle = None
+        if self._monitor_panel is not None:
+            self._monitor_panel.update(monitor_bundle(monitor.summary(), warnings), raw=True)
+            self._monitor_panel = None
 
     # -- %%gpuprofile ------------------------------------------------------
 

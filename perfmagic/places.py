@@ -48,6 +48,12 @@ _PACKAGE_DIRS = tuple(
 LIBRARY_DIRS = _LIBRARY_ROOTS + _PACKAGE_DIRS
 """Directories whose code is not the user's: the standard library, installed packages, perfmagic."""
 
+STAND_IN_FILES = frozenset(os.path.join(d, "demo.py") for d in _PACKAGE_DIRS)
+"""perfmagic's files that count as the user's code though under :data:`LIBRARY_DIRS`: ``perfmagic
+demo``'s training job stands for the user's, so its report names the demo's dataset and loop where a
+user's would name theirs (as perfmagic's own code it was skipped, and the report named the console
+script's line that started it)."""
+
 _CELL_BODIES: set[str] = set()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import Final
+from typing import Final, Literal
 
 # -- stages ------------------------------------------------------------------
 
@@ -71,6 +71,25 @@ THROTTLE_REASONS: dict[int, str] = {
     0x400: "reliability",
 }
 """NVML clocks-event-reason bits of ``gpu{i}.throttle_mask``, by name."""
+
+MEMORY_METRICS: Final = {"PSS": "host.pss_bytes", "RSS": "host.rss_bytes"}
+"""The profiled process tree's memory, summed over its processes (``collect.host``): its PSS, each page
+shared by several processes split among them (what it holds), else its RSS (each counted by each)."""
+
+
+def memory_kind(pss_peak_bytes: float | None) -> Literal["PSS", "RSS"]:
+    """The one memory measure a report shows: PSS where it was measured, else RSS."""
+    return "PSS" if pss_peak_bytes else "RSS"
+
+
+MEMORY_NAME: Final = "process memory"
+"""What every report, chart and panel calls that memory, its measure after it: ``process memory (PSS)``."""
+
+
+def memory_name(kind: str) -> str:
+    """``process memory (PSS)``: the name and the measure, as charts and panels label the memory."""
+    return f"{MEMORY_NAME} ({kind})"
+
 
 THREAD_PREFIX = "thread."
 """Counters of the profiled thread, sampled at step ends (not by the sampler; cumulative)."""

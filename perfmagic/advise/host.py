@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from perfmagic.advise.card import Card, make_card
 from perfmagic.advise.loading import loading_kind
 from perfmagic.analyze import Analysis
+from perfmagic.schema import memory_kind, memory_name
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 MACHINE_BUSY = 0.90
@@ -239,7 +240,8 @@ def host_memory_pressure(a: Analysis) -> Card | None:
     share = available / total
     rss, pss = a.host.get("rss_peak_bytes"), a.host.get("pss_peak_bytes")
     # PSS where measured: RSS summed over workers counts the pages they share once per worker
-    held = f"{fmt_bytes(pss)} (PSS; RSS summed {fmt_bytes(rss)})" if pss else f"{fmt_bytes(rss)} RSS"
+    kind = memory_kind(pss)
+    held = f"{fmt_bytes(pss if kind == 'PSS' else rss)} of {memory_name(kind)}"
     ld = a.config.loader
     lines = ["# Each DataLoader worker holds its own copy of what the Dataset references; keep it small:"]
     if ld and (ld.get("num_workers") or 0) > 1:

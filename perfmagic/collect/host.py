@@ -29,7 +29,7 @@ per file, no open or close; psutil elsewhere).
 Per-core CPU, available memory and the cumulative counters (disk, network, process
 I/O) are read every ``slow_interval`` seconds (per-core figures then average over
 that interval), and USS and PSS, which cost a millisecond or so per process, every
-``uss_interval`` seconds. The tree is kept current each tick, and cheaply: the PID
+``uss_interval`` seconds and at the last tick (so a short window has two readings). The tree is kept current each tick, and cheaply: the PID
 list is diffed only when the kernel's last-allocated PID (``/proc/loadavg``) moved,
 so a worker counts from its first tick. A descriptor on ``/proc/<pid>/stat`` also
 never reads a later process that reuses the PID. The CPU of a process that exited is kept
@@ -135,6 +135,8 @@ class HostSource:
         self._base: dict[str, float] = {}
         self._next_slow = 0.0
         self._next_uss = 0.0
+        self._uss_t: float | None = None  # the tick of the last USS and PSS reading
+        self._last_tick: float | None = None
 
     def open(self, timeline: Timeline) -> None:
         try:
@@ -194,15 +196,24 @@ class HostSource:
             add("host.mem_available_bytes", now, float(psutil.virtual_memory().available))
             for metric, value in self._counters().items():
                 add(metric, now, value - self._base.get(metric, 0.0))
+        self._last_tick = now
         if now >= self._next_uss:
             self._next_uss = now + self._uss_interval
-            shares = self._tree_uss_pss()
-            if shares is not None:
-                add("host.uss_bytes", now, float(shares[0]))
-                if shares[1] is not None:
-                    add("host.pss_bytes", now, float(shares[1]))
+            self._add_uss_pss(now, timeline)
+
+    def _add_uss_pss(self, now: float, timeline: Timeline) -> None:
+        self._uss_t = now
+        shares = self._tree_uss_pss()
+        if shares is not None:
+            timeline.add_sample("host.uss_bytes", now, float(shares[0]))
+            if shares[1] is not None:
+                timeline.add_sample("host.pss_bytes", now, float(shares[1]))
 
     def close(self, timeline: Timeline) -> None:
+        # PSS at the last tick too: a window shorter than ``uss_interval`` had one reading, too few for
+        # a chart, which then drew RSS under a report that named PSS
+        if self._last_tick is not None and self._uss_t != self._last_tick:
+            self._add_uss_pss(self._last_tick, timeline)
         for fd in [self._cpu_fd, self._loadavg_fd, *self._stat_fds.values(), *self._sched_fds.values()]:
             if fd is not None:
                 os.close(fd)

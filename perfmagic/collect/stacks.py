@@ -25,7 +25,7 @@ from types import CodeType, FrameType
 from typing import Protocol
 
 from perfmagic.contract import CodePlace, StackSample
-from perfmagic.places import LIBRARY_DIRS, code_place
+from perfmagic.places import LIBRARY_DIRS, STAND_IN_FILES, code_place
 from perfmagic.schema import BEFORE_FIRST_STEP, LOADER_THREAD_DISK, STACK_SAMPLES, THREAD_STATES
 from perfmagic.timeline import Timeline
 
@@ -119,11 +119,13 @@ _USER_FILE: dict[str, bool] = {}
 
 
 def is_user_file(filename: str) -> bool:
-    """Whether code in ``filename`` is the user's: not the standard library's, a package's or perfmagic's."""
+    """Whether code in ``filename`` is the user's: not the standard library's, a package's or perfmagic's
+    (but for the demo's, which stands for the user's: ``places.STAND_IN_FILES``)."""
     known = _USER_FILE.get(filename)
     if known is None:
         path = os.path.normcase(filename)
-        known = _USER_FILE[filename] = not (path.startswith(LIBRARY_DIRS) or filename.startswith("<frozen"))
+        library = path.startswith(LIBRARY_DIRS) or filename.startswith("<frozen")
+        known = _USER_FILE[filename] = not library or path in STAND_IN_FILES
     return known
 
 

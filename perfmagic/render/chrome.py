@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from perfmagic.contract import ReportData, TorchTrace
-from perfmagic.schema import STEP_BOUNDARY_PREFIX, gpu_metric
+from perfmagic.schema import STEP_BOUNDARY_PREFIX, gpu_metric, memory_name
 from perfmagic.timeline import Timeline
 
 PID = 0x7FFF0000
@@ -38,7 +38,9 @@ _GPU_COUNTERS = {
 _HOST_COUNTERS = {
     "host.cpu_util": ("host CPU (%)", 100.0),
     "host.proc_cpu_cores": ("process CPU (cores)", 1.0),
-    "host.rss_bytes": ("process RSS (MiB)", 1 / 2**20),
+    # both measures where both were sampled, each named as the reports name the one they show
+    "host.pss_bytes": (f"{memory_name('PSS')} (MiB)", 1 / 2**20),
+    "host.rss_bytes": (f"{memory_name('RSS')} (MiB)", 1 / 2**20),
     "host.read_bytes_per_s": ("disk read (MiB/s)", 1 / 2**20),
     "host.write_bytes_per_s": ("disk write (MiB/s)", 1 / 2**20),
 }

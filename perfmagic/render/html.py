@@ -24,12 +24,14 @@ from perfmagic.render.kernels import gpu_html
 from perfmagic.render.text import (
     evaluation_line,
     hotspot_lines,
+    memory_peak,
     minor_line,
     most_to_gain,
     origin_words,
     plan_line,
     saving_words,
 )
+from perfmagic.schema import MEMORY_NAME
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
@@ -74,15 +76,22 @@ CSS = """
 
 # Fix code wraps rather than scrolls: cards are narrow, and a horizontal scrollbar is invisible
 # where scrollbars overlay (macOS, headless screenshots), so long lines looked cut off.
-# The Copy button takes textContent, the source as written: soft wraps never reach the clipboard.
-# Clipboard API where allowed (secure contexts), else the selection fallback.
+# The fix is text to select wherever the report is read. Its Copy button is made by a script, so
+# it exists only where scripts run (a trusted notebook, the HTML file): an untrusted notebook or an
+# export that strips scripts showed a button that did nothing. The button takes textContent, the
+# source as written (soft wraps never reach the clipboard): the Clipboard API where allowed (secure
+# contexts), else the selection fallback. A second run of the script (an output drawn again) adds none.
 _COPY_JS = (
-    "(function(b){var t=b.closest('.pm-fix').querySelector('pre').textContent;"
+    "(function(){var root=document.getElementById('TARGET');if(!root)return;"
+    "function copy(b){var t=b.closest('.pm-fix').querySelector('pre').textContent;"
     "function done(){b.textContent='Copied';setTimeout(function(){b.textContent='Copy'},1200)}"
     "function legacy(){var a=document.createElement('textarea');a.value=t;document.body.appendChild(a);"
     "a.select();try{document.execCommand('copy');done()}finally{document.body.removeChild(a)}}"
     "if(navigator.clipboard&&window.isSecureContext){navigator.clipboard.writeText(t).then(done,legacy)}"
-    "else{legacy()}})(this)"
+    "else{legacy()}}"
+    "root.querySelectorAll('.pm-fix-head').forEach(function(h){if(h.querySelector('.pm-copy'))return;"
+    "var b=document.createElement('button');b.type='button';b.className='pm-copy';b.textContent='Copy';"
+    "b.onclick=function(){copy(b)};h.appendChild(b)})})();"
 )
 
 
@@ -239,13 +248,12 @@ def _header(report: ReportData) -> str:
         ]
     else:  # step figures would all read n/a: show what was measured instead
         host = report.get("host") or {}
+        kind, peak = memory_peak(host)
         kpis = [
             ("steps", "0"),
             ("profiled", fmt_seconds(report.get("wall_s"))),
             ("host CPU (mean)", fmt_fraction(host.get("cpu_util_mean"))),
-            ("memory (PSS peak)", fmt_bytes(host["pss_peak_bytes"]))
-            if host.get("pss_peak_bytes")
-            else ("process RSS (peak)", fmt_bytes(host.get("rss_peak_bytes"))),
+            (f"{MEMORY_NAME} peak ({kind})", fmt_bytes(peak)),
             ("GPU busy", gpu_note),
         ]
     sub = f"{origin_words({'source': 'live', **report})}, {fmt_seconds(report.get('wall_s'))} profiled"
@@ -321,10 +329,12 @@ def tuning_html(report: ReportData) -> str:
 
 
 def cards_html(cards: Sequence[Card], note: str = "") -> str:
-    """Advice cards: severity color, title, evidence, estimated saving, fix code with a copy button."""
+    """Advice cards: severity color, title, evidence, estimated saving, fix code as text to select,
+    and the script that gives each fix a Copy button where scripts run."""
     if not cards:
         return f'<p class="pm-warn">{html.escape(note or "No advice: no rule found a bottleneck it knows how to fix.")}</p>'
-    out = ['<div class="pm-cards">']
+    target = f"pm-{uuid.uuid4().hex}"
+    out = [f'<div class="pm-cards" id="{target}">']
     for card in cards:
         color = SEVERITY_COLORS.get(card.get("severity", "info"), "#4e79a7")
         saving = saving_words(card)
@@ -336,8 +346,7 @@ def cards_html(cards: Sequence[Card], note: str = "") -> str:
             f"<div>{html.escape(str(card.get('evidence', '')))}</div>"
             + (f'<div class="pm-saving">{html.escape(saving)}</div>' if saving else "")
             + (
-                f'<div class="pm-fix"><div class="pm-fix-head"><span>fix</span>'
-                f'<button class="pm-copy" onclick="{html.escape(_COPY_JS)}">Copy</button></div>'
+                '<div class="pm-fix"><div class="pm-fix-head"><span>fix</span></div>'
                 f"<pre><code>{html.escape(fix)}</code></pre></div>"
                 if fix
                 else ""
@@ -345,4 +354,6 @@ def cards_html(cards: Sequence[Card], note: str = "") -> str:
             + "</div>"
         )
     out.append("</div>")
+    if any(card.get("fix") for card in cards):
+        out.append(f"<script>{_COPY_JS.replace('TARGET', target, 1)}</script>")
     return "".join(out)

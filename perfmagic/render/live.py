@@ -16,6 +16,7 @@ import html
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from perfmagic.analyze.running import RunningStages
 from perfmagic.contract import DeviceInfo
 from perfmagic.render.waterfall import stage_color
+from perfmagic.schema import MEMORY_METRICS, MEMORY_NAME, memory_kind
 from perfmagic.timeline import Timeline
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
@@ -63,17 +65,25 @@ class LivePanel:
     """Widgets that follow a running feed; ``widget`` is what the notebook displays."""
 
     def __init__(
-        self, feed: Feed, *, title: str = "perfmagic", max_hz: float = 4.0, window_s: float = 60.0
+        self,
+        feed: Feed,
+        *,
+        title: str = "perfmagic",
+        max_hz: float = 4.0,
+        window_s: float = 60.0,
+        now: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``now`` is the clock the panel's rate limit and elapsed time read (a test's fake one)."""
         import ipywidgets as w
 
+        self._now = now
         self.feed = feed
         self.title = title
         self.min_period = 1.0 / max_hz
         self.updates = 0
         self.busy_s = 0.0  # wall time spent updating, on the sampler thread (waits for the GIL included)
         self.cpu_s = 0.0  # CPU time of those updates: what they take from the training
-        self._start = time.perf_counter()
+        self._start = now()
         self._last = 0.0
         self._steps: deque[tuple[float, int]] = deque()
         self._gpu_rows: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
@@ -115,7 +125,7 @@ class LivePanel:
 
     def update(self, force: bool = False) -> None:
         """Refresh from the feed, unless the last refresh was less than ``1/max_hz`` ago."""
-        begin = time.perf_counter()
+        begin = self._now()
         if not force and begin - self._last < self.min_period:
             return
         if not self._lock.acquire(blocking=False):  # another thread is refreshing right now
@@ -128,7 +138,7 @@ class LivePanel:
         finally:
             self._lock.release()
         self.cpu_s += time.thread_time() - cpu
-        self.busy_s += time.perf_counter() - begin
+        self.busy_s += self._now() - begin
 
     def _refresh(self, begin: float) -> None:
         tl = self.feed.timeline
@@ -150,9 +160,7 @@ class LivePanel:
         cores = _latest(tl, "host.proc_cpu_cores")
         parts = [
             f"process {cores:.1f} cores" if cores is not None else None,
-            f"memory {fmt_bytes(pss)} (PSS)"
-            if (pss := _latest(tl, "host.pss_bytes")) is not None
-            else f"RSS {fmt_bytes(_latest(tl, 'host.rss_bytes'))}",
+            memory_now(tl),
             f"read {fmt_bytes(_rate(tl, 'host.read_bytes'))}/s",
             f"write {fmt_bytes(_rate(tl, 'host.write_bytes'))}/s",
         ]
@@ -249,7 +257,7 @@ class LivePanel:
         return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
     def _status_html(self, stage: str | None, steps: int | None, rate: float | None) -> str:
-        elapsed = time.perf_counter() - self._start
+        elapsed = self._now() - self._start
         parts = [f"<b>{html.escape(self.title)}</b> · running {elapsed:.1f} s"]
         if steps is not None:
             stage = stage or "other"
@@ -329,6 +337,12 @@ def _stages_html(totals: dict[str, float], count: int, recent: list[dict[str, fl
         f'<div style="flex:1;max-width:520px"><div style="display:flex;height:14px;border-radius:3px;'
         f'overflow:hidden">{shares}</div><div>{legend}</div></div>{bars}</div></div>'
     )
+
+
+def memory_now(tl: Timeline) -> str:
+    """The tree's memory now, named as the report will name it: "process memory 1.2 GiB (PSS)"."""
+    kind = memory_kind(_latest(tl, MEMORY_METRICS["PSS"]))
+    return f"{MEMORY_NAME} {fmt_bytes(_latest(tl, MEMORY_METRICS[kind]))} ({kind})"
 
 
 def _latest(tl: Timeline, metric: str) -> float | None:

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from perfmagic.advise.headline import headline
+from perfmagic.analyze.monitoring import GpuFigures, MonitorSummary
 from perfmagic.compare import SECTIONS, speed_words
 from perfmagic.contract import ReportData
 from perfmagic.render.html import CSS, SEVERITY_COLORS, charts_html, report_fragment
 from perfmagic.render.text import render_text
-from perfmagic.units import fmt_seconds
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 Bundle = dict[str, str]
 
@@ -58,6 +59,7 @@ def comparison_bundle(
 ) -> Bundle:
     """Two runs side by side (``Comparison.to_dict()``): the headline, stage times, speed-up, and the
     problems resolved, still open and new, each in the words the text says (``said``)."""
+    from perfmagic.render.png import comparison_png
     from perfmagic.render.waterfall import comparison_figure
 
     stages = comparison.get("stages") or []
@@ -87,13 +89,17 @@ def comparison_bundle(
     sections = "".join(
         _problems_html(title, problems.get(status) or []) for status, title in SECTIONS.items()
     )
+    png = comparison_png(before, after, labels)  # what shows where no script runs, as for a report
+    charts = charts_html(comparison_figure(before, after, labels), png)
     body = (
         f'<style>{CSS}</style><div class="pm-report"><h3>perfmagic comparison: {a} → {b}</h3>'
         f'<div class="pm-bottleneck">{html.escape(comparison.get("headline") or "")}</div>'
-        f'<div class="pm-kpis">{boxes}</div>{charts_html(comparison_figure(before, after, labels))}'
-        f"{table}{sections}</div>"
+        f'<div class="pm-kpis">{boxes}</div>{charts}{table}{sections}</div>'
     )
-    return {"text/plain": text, "text/html": body}
+    bundle = {"text/plain": text, "text/html": body}
+    if png:
+        bundle["image/png"] = base64.b64encode(png).decode()
+    return bundle
 
 
 def _problems_html(title: str, matches: list[dict[str, Any]]) -> str:
@@ -110,3 +116,56 @@ def _change(before: float | None, after: float | None) -> str:
     if not before:
         return "new" if after else ""
     return f"{(after or 0.0) / before - 1:+.0%}"
+
+
+def monitor_bundle(summary: MonitorSummary, warnings: Sequence[str] = ()) -> Bundle:
+    """What a stopped ``%gpumonitor`` leaves in place of its panel: how long it ran, each GPU's
+    utilization (mean and peak), memory peak and mean power, and the host's CPU; without a GPU, one
+    line that says so and gives the host's CPU."""
+    head = f"perfmagic monitor stopped after {fmt_seconds(summary.seconds)}"
+    cpu = f"host CPU mean {fmt_fraction(summary.cpu_mean)}, peak {fmt_fraction(summary.cpu_peak)}"
+    # NVML's reason is said once, in the line, not again among the sampler's warnings
+    notes = [w for w in warnings if summary.no_gpu is None or summary.no_gpu not in w]
+    note = f"({'; '.join(notes)})" if notes else ""
+    if summary.no_gpu is not None:
+        line = f"{head}: no GPU ({summary.no_gpu}); {cpu}"
+        return {
+            "text/plain": "\n".join([line, *([f"  {note}"] if note else [])]),
+            "text/html": f'<div class="pm-monitor" style="font-size:12px">{html.escape(line)}'
+            + (f'<br><span class="pm-warn">{html.escape(note)}</span>' if note else "")
+            + "</div>",
+        }
+    lines = [f"{head}:", *(f"  {_gpu_words(g)}" for g in summary.gpus), f"  {cpu}"]
+    rows = "".join(
+        f"<tr><td>GPU {g.index} <small>{html.escape(g.name or '')}</small></td><td>{fmt_fraction(g.util_mean)}</td>"
+        f"<td>{fmt_fraction(g.util_peak)}</td><td>{_memory(g)}</td><td>{_watts(g.power_mean_w)}</td></tr>"
+        for g in summary.gpus
+    )
+    table = (
+        '<table class="pm-cmp"><tr><th>GPU</th><th>utilization, mean</th><th>peak</th><th>memory peak</th>'
+        f"<th>power, mean</th></tr>{rows}</table>"
+    )
+    body = (
+        f'<style>{CSS}</style><div class="pm-report pm-monitor"><b>{html.escape(head)}</b>{table}'
+        f"<div>{html.escape(cpu[0].upper() + cpu[1:])}</div>"
+        + (f'<div class="pm-warn">{html.escape(note)}</div>' if note else "")
+        + "</div>"
+    )
+    return {"text/plain": "\n".join([*lines, *([f"  {note}"] if note else [])]), "text/html": body}
+
+
+def _gpu_words(g: GpuFigures) -> str:
+    """ "GPU 0 (NVIDIA H100): utilization mean 87%, peak 95%; memory peak 20.0 GiB / 80.0 GiB; power mean 250 W"."""
+    name = f" ({g.name})" if g.name else ""
+    return (
+        f"GPU {g.index}{name}: utilization mean {fmt_fraction(g.util_mean)}, peak {fmt_fraction(g.util_peak)}; "
+        f"memory peak {_memory(g)}; power mean {_watts(g.power_mean_w)}"
+    )
+
+
+def _memory(g: GpuFigures) -> str:
+    return fmt_bytes(g.mem_peak_bytes) + (f" / {fmt_bytes(g.mem_total_bytes)}" if g.mem_total_bytes else "")
+
+
+def _watts(w: float | None) -> str:
+    return "n/a" if w is None else f"{w:.0f} W"

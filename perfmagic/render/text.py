@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from perfmagic.advise.headline import cause_card_title, caused
 from perfmagic.contract import Card, Host, Rank, ReportData, Steps
-from perfmagic.schema import STAGES
+from perfmagic.schema import MEMORY_NAME, STAGES, memory_kind
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 _BAR_WIDTH = 30
@@ -127,12 +127,17 @@ def minor_line(report: ReportData) -> str | None:
     return "also checked, each under 2% of a step to gain: " + ", ".join(parts)
 
 
+def memory_peak(host: Host) -> tuple[str, int | None]:
+    """The process tree's memory peak in its one measure (``schema.memory_kind``): ``("PSS", bytes)``."""
+    pss = host.get("pss_peak_bytes")
+    kind = memory_kind(pss)
+    return kind, pss if kind == "PSS" else host.get("rss_peak_bytes")
+
+
 def memory_words(host: Host) -> str:
-    """The process tree's memory peak: its PSS where measured (shared pages counted once), else RSS."""
-    rss = fmt_bytes(host.get("rss_peak_bytes"))
-    if host.get("pss_peak_bytes"):
-        return f"memory peak {fmt_bytes(host['pss_peak_bytes'])} (PSS of the process tree; RSS summed {rss})"
-    return f"RSS peak {rss}"
+    """The process tree's memory peak as every report says it: "process memory peak 331.4 MiB (PSS)"."""
+    kind, peak = memory_peak(host)
+    return f"{MEMORY_NAME} peak {fmt_bytes(peak)} ({kind})"
 
 
 def throughput_words(steps: Steps) -> str:

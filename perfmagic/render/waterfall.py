@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfmagic.contract import ReportData, Series, Stage, StepTable, Timeseries
-from perfmagic.schema import gpu_metric
+from perfmagic.schema import MEMORY_METRICS, gpu_metric, memory_kind, memory_name
 from perfmagic.units import fmt_seconds
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ STAGE_COLORS: dict[str, str] = {
 _USER_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _SERIES_COLORS = ("#4e79a7", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f")
 _HOST_COLOR = "#e15759"
+_SWATCH = "#777777"
+"""Legend swatches that stand for no one stage (before and after in a comparison)."""
 MAX_BARS = 600
 """More steps than this are drawn in bins of consecutive steps (per-step means)."""
 
@@ -63,7 +65,9 @@ def report_layout(report: ReportData) -> LayoutDOM | None:
     if waterfall is not None:
         time_figs.append(waterfall)
     x_range = waterfall.x_range if waterfall is not None else None
-    time_figs += utilization_figures(report.get("timeseries") or {}, x_range)
+    host = report.get("host") or {}
+    memory = memory_kind(host.get("pss_peak_bytes")) if host else None
+    time_figs += utilization_figures(report.get("timeseries") or {}, x_range, memory)
     side = breakdown_figure(report.get("stages") or {})
     if not time_figs and side is None:
         return None
@@ -219,11 +223,14 @@ def breakdown_figure(stages: dict[str, Stage]) -> Figure | None:
     return fig
 
 
-def utilization_figures(ts: Timeseries, x_range: Range | None = None) -> list[Figure]:
+def utilization_figures(
+    ts: Timeseries, x_range: Range | None = None, memory: str | None = None
+) -> list[Figure]:
     """Utilization (%) and memory (MiB or GiB) over time, on the waterfall's time axis.
 
-    A metric with fewer than two samples is left out (a single point draws nothing),
-    and so is a chart left with no line.
+    The process tree's memory is drawn in the measure ``memory`` (``"PSS"`` or ``"RSS"``: the one
+    its report names); without it, PSS where sampled. A metric with fewer than two samples is left
+    out (a single point draws nothing), and so is a chart left with no line.
     """
     metrics: dict[str, Series] = {
         m: s for m, s in (ts.get("metrics") or {}).items() if sum(v is not None for v in s["v"]) >= 2
@@ -232,11 +239,11 @@ def utilization_figures(ts: Timeseries, x_range: Range | None = None) -> list[Fi
     util = [(f"GPU {i}", m, 100.0) for m, (i, quantity) in gpus if quantity == "util"]
     util += [("host CPU", "host.cpu_util", 100.0)] if "host.cpu_util" in metrics else []
     mem_metrics = [(f"GPU {i} memory", m) for m, (i, quantity) in gpus if quantity == "mem_used_bytes"]
-    # the tree's PSS where sampled: RSS summed over workers counts the pages they share once each
-    tree = [("process memory (PSS)", "host.pss_bytes"), ("process RSS", "host.rss_bytes")]
-    mem_metrics += (
-        [next((label, m) for label, m in tree if m in metrics)] if "host.rss_bytes" in metrics else []
-    )
+    # The tree's PSS where sampled (RSS summed over workers counts the pages they share once each),
+    # and never the other measure in its place: the chart names what the report's text names.
+    kind = memory or ("PSS" if MEMORY_METRICS["PSS"] in metrics else "RSS")
+    if MEMORY_METRICS[kind] in metrics:
+        mem_metrics.append((memory_name(kind), MEMORY_METRICS[kind]))
     figs = []
     if util:
         figs.append(_series_figure("Utilization", "%", util, metrics, x_range, (0, 105)))
@@ -326,7 +333,7 @@ def comparison_figure(
         title=f"Time per step by stage: {labels[0]} vs {labels[1]}",
         y_range=FactorRange(factors=order),
         x_range=DataRange1d(start=0),
-        height=max(180, 70 + 40 * len(order)),
+        height=max(220, 110 + 40 * len(order)),  # the legend above takes 40 px
         sizing_mode="stretch_width",
         tools="save",
         x_axis_label=f"per step ({unit})",
@@ -340,14 +347,20 @@ def comparison_figure(
             fill_color="color",
             fill_alpha=alpha,
             line_color="color",
-            legend_label=label,
             source=src,
         )
+        # The bars take their stage's colour, so a legend drawn from them showed the first stage's (a
+        # red "before" over orange bars): its swatches are grey bars of no width, faded as "before" is.
+        fig.hbar(
+            y=[order[0]], left=[0.0], right=[0.0], height=0.34, fill_color=_SWATCH, fill_alpha=alpha,
+            line_color=None, legend_label=label,
+        )  # fmt: skip
     fig.add_tools(
         HoverTool(tooltips=[("stage", "@stage"), (labels[0], "@before_txt"), (labels[1], "@after_txt")])
     )
     fig.ygrid.grid_line_color = None
-    fig.legend.location = "bottom_right"
+    fig.legend.orientation = "horizontal"
+    fig.add_layout(fig.legend[0], "above")  # over no bar: the longest ran under it at the right
     fig.toolbar.logo = None
     return fig
 

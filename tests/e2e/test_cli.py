@@ -144,6 +144,10 @@ def test_demo_names_the_input_bottleneck(tmp_path: Path) -> None:
         if not (c["id"] == "cpu_contention" and c["metrics"]["other_cores"] >= 0.5)
     )
     assert lead["id"] in {"input_bound", "dataloader_workers"}, report["advice"]
+    # where the data time went: the demo's own dataset, as a user's report names theirs
+    top = report["hotspots"]["data"][0]
+    assert (top["function"], Path(top["file"]).name) == ("__getitem__", "demo.py"), report["hotspots"]
+    assert f"was mostly in: {top['where']}" in result.stdout
 
 
 @pytest.mark.slow

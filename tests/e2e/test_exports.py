@@ -99,7 +99,37 @@ def test_advice_cards_render_with_severity_saving_and_copyable_fix() -> None:
     assert SEVERITY_COLORS["high"] in out and 'data-advice-id="input_bound"' in out
     assert "Input-bound &lt;fast&gt;" in out  # escaped
     assert "saves ~12.0 ms per step" in out and "1.8× faster" in out
-    assert "<pre><code>DataLoader(ds, num_workers=4)</code></pre>" in out and "Copy</button>" in out
+    assert "<pre><code>DataLoader(ds, num_workers=4)</code></pre>" in out
+    # the Copy button is the script's to make: where no script runs, there is none that does nothing
+    assert "<button" not in out and "<script>" in out and "'pm-copy'" in out
+
+
+@pytest.mark.browser
+def test_fix_is_text_everywhere_and_copy_only_where_scripts_run(tmp_path: Path) -> None:
+    from browser import chromium
+
+    from perfmagic.render.html import CSS, cards_html, document
+
+    fix = "loader = DataLoader(ds,\n    num_workers=4)"
+    card = {"id": "dataloader_workers", "severity": "high", "title": "t", "evidence": "e", "fix": fix}
+    path = tmp_path / "fixes.html"
+    path.write_text(
+        document("fixes", f'<style>{CSS}</style><div class="pm-report">{cards_html([card])}</div>')
+    )
+    with chromium() as page:
+        # no script: an untrusted notebook, an export that strips them
+        still = page.context.browser.new_context(java_script_enabled=False).new_page()
+        still.goto(path.as_uri())
+        assert still.locator(".pm-fix pre code").inner_text() == fix
+        assert still.locator("button").count() == 0
+        page.goto(path.as_uri())
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        page.locator(".pm-fix .pm-copy").click()
+        page.wait_for_function(
+            "() => document.querySelector('.pm-copy').textContent === 'Copied'", timeout=5000
+        )
+        assert page.locator(".pm-copy").count() == 1
+        assert page.evaluate("() => navigator.clipboard.readText()") == fix
 
 
 def test_chrome_trace_is_valid_and_matches_the_step_table(report: perfmagic.Report, tmp_path: Path) -> None:
@@ -298,7 +328,7 @@ def test_report_without_steps_explains_and_shows_what_was_measured() -> None:
     page = session.report._repr_mimebundle_()["text/html"]
     assert "No training steps were seen." in page and "perfmagic.step()" in page
     assert "Bottleneck:" not in page and "n/a" not in page.split("pm-bottleneck")[0]  # no empty KPIs
-    assert "memory (PSS peak)" in page and "Stage waterfall" not in page
+    assert "process memory peak (PSS)" in page and "Stage waterfall" not in page
     line = finished_bundle(data)["text/plain"]
     assert "median step" not in line and "no training steps were seen" in line
 

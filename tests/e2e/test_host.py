@@ -16,6 +16,7 @@ import pytest
 from perfmagic.analyze.host import host_summary
 from perfmagic.collect.host import HostSource
 from perfmagic.timeline import Timeline
+from perfmagic.units import fmt_bytes
 
 # Burns CPU for the given seconds; with "fork", first starts a grandchild that does the same.
 BURN = """
@@ -103,6 +104,19 @@ def test_machine_metrics_have_the_documented_units() -> None:
     assert not source.warnings or all(w.startswith("host:") for w in source.warnings)
 
 
+def test_a_window_shorter_than_the_pss_interval_still_has_pss_at_its_start_and_end() -> None:
+    timeline = Timeline()
+    source = HostSource(uss_interval=2.0)
+    source.open(timeline)
+    for now in (0.0, 0.5, 1.0):  # ticks at these times: only the first is due a PSS reading
+        source.poll(now, timeline)
+    source.close(timeline)
+    if source.warnings or not len(timeline.series("host.pss_bytes")[0]):
+        pytest.skip(f"no PSS here: {source.warnings}")
+    # the last tick's reading too, so the memory chart can draw the PSS the report names
+    assert timeline.series("host.pss_bytes")[0].tolist() == [0.0, 1.0]
+
+
 def test_reading_a_file_shows_up_as_disk_reads(tmp_path: Path) -> None:
     if not hasattr(os, "posix_fadvise"):
         pytest.skip("cannot evict a file from the page cache here")
@@ -188,4 +202,4 @@ def test_host_memory_counts_a_tensor_workers_share_once(tmp_path: Path) -> None:
     # PSS splits each shared page among its sharers: the tensor once, plus each process's own
     assert tensor < pss < rss - 2 * tensor
     assert uss < pss
-    assert "PSS of the process tree" in done.stdout
+    assert f"process memory peak {fmt_bytes(pss)} (PSS)" in done.stdout  # the one measure the report names

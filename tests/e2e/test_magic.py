@@ -364,13 +364,33 @@ def test_a_cell_that_spawns_ranks_reports_each_worker_and_puts_the_environment_b
     assert perfmagic.load(tmp_path).steps["count"] == 10  # the record rebuilds with its children
 
 
-def test_gpumonitor_starts_and_stops(ip: InteractiveShell) -> None:
+def test_gpumonitor_starts_and_stops(ip: InteractiveShell, fake_nvml: Any) -> None:
+    import fake_nvml as scenarios
+
+    fake_nvml(scenarios.two_gpus())
     _, cap = run(ip, "%gpumonitor --interval 0.05")
     assert any(t.name == "perfmagic-sampler" for t in threading.enumerate())
     assert any("application/vnd.jupyter.widget-view+json" in o.data for o in cap.outputs)
+    time.sleep(0.3)
     _, cap = run(ip, "%gpumonitor stop")
     assert not any(t.name == "perfmagic-sampler" for t in threading.enumerate())
-    assert cap.outputs[-1].update and "monitor stopped" in cap.outputs[-1].data["text/plain"]
+    # the summary takes the panel's place, and BokehJS goes from the notebook
+    loader, panel = cap.outputs
+    assert loader.update and loader.data == {"text/plain": ""}
+    summary = panel.data["text/plain"].splitlines()
+    assert panel.update and summary[0].startswith("perfmagic monitor stopped after ")
+    assert summary[1].startswith(
+        "  GPU 0 (NVIDIA H100 80GB HBM3): utilization mean 87%, peak 87%; memory peak 20.0"
+    )
+    assert summary[3].startswith("  host CPU mean ") and "<table" in panel.data["text/html"]
+    fake_nvml(scenarios.no_library())
+    run(ip, "%gpumonitor --interval 0.05")
+    _, cap = run(ip, "%gpumonitor stop")
+    assert cap.outputs[-1].data["text/plain"].startswith("perfmagic monitor stopped after ")
+    assert (
+        "no GPU (" in cap.outputs[-1].data["text/plain"]
+        and "; host CPU mean " in cap.outputs[-1].data["text/plain"]
+    )
     result, _ = run(ip, "%gpumonitor sideways")
     assert isinstance(result.error_in_exec, UsageError) and "usage: %gpumonitor" in str(result.error_in_exec)
 
@@ -386,6 +406,7 @@ def test_compare_renders_side_by_side(ip: InteractiveShell, tmp_path: Path) -> N
     # the same verdict, in the same words, in the text and the HTML
     verdict = re.search(r"\(([\d.]+x (faster|slower))\)", out.data["text/plain"])
     assert verdict and verdict.group(1) in out.data["text/html"], out.data["text/plain"]
+    assert "image/png" in out.data  # the stage chart where no script runs, as a report has
     result, _ = run(ip, "%gpuprofile --compare slow nowhere")
     assert isinstance(result.error_in_exec, UsageError)
 

@@ -10,7 +10,7 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
-from types import SimpleNamespace
+from types import FrameType, SimpleNamespace
 
 import pytest
 
@@ -90,3 +90,32 @@ def test_files_are_named_relative_to_the_working_directory_or_their_library(
 def test_a_line_is_named_the_way_its_kind_is_read() -> None:
     assert line_name("In [7]", 3, 7) == "In [7], line 3"
     assert line_name("train.py", 3, None) == "train.py:3"
+
+
+def test_the_demos_dataset_is_named_as_the_users_code_the_rest_of_perfmagic_is_not() -> None:
+    """``perfmagic demo`` stands for a user's job: its data hot spot names its dataset's augmentation
+    (perfmagic's own code is skipped, and the report named the console script's line instead)."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    import perfmagic.demo
+    from perfmagic.collect.stacks import is_user_file, line_place, sampled_line
+
+    assert is_user_file(perfmagic.demo.__file__)
+    assert not is_user_file(places.__file__) and not is_user_file(np.__file__)
+    _, _, loader = perfmagic.demo.build_job(samples=1)
+    seen = []
+
+    def tick(frame: FrameType, event: str, arg: object) -> None:  # a sample taken inside numpy's roll
+        if event == "call" and frame.f_code.co_name == "roll" and not seen:
+            seen.append(line_place(sampled_line(frame)))
+
+    sys.setprofile(tick)
+    try:
+        loader.dataset[0]
+    finally:
+        sys.setprofile(None)
+    (where,) = seen
+    assert where["function"] == "__getitem__" and where["file"].endswith(os.path.join("perfmagic", "demo.py"))
+    source = Path(perfmagic.demo.__file__).read_text().splitlines()[where["line"] - 1]
+    assert "np.roll(image" in source  # the augmentation's own line
