@@ -195,12 +195,9 @@ class PerfMagics(Magics):
         self.stop_monitor()
         if args.action == "start":
             from perfmagic.monitor import Monitor
-            from perfmagic.render.html import bokeh_loader
 
             self._monitor = Monitor(interval=args.interval)
-            self._monitor_handle = display(
-                {"text/plain": "perfmagic monitor", "text/html": bokeh_loader()}, raw=True, display_id=True
-            )
+            self._monitor_handle = display({"text/plain": "perfmagic monitor"}, raw=True, display_id=True)
             display(self._monitor.panel.widget)
             self._monitor.start()
 
@@ -358,14 +355,13 @@ def _without_comment(line: str) -> str:
 
 
 class _LiveView:
-    """The live panel's two outputs: BokehJS + a caption, and the widgets.
+    """The live panel's two outputs: a caption, and the widgets.
 
     When the cell ends, the caption becomes a one-line summary and the widgets
     become the report, in place (so the report sits above the cell's own output).
     """
 
     def __init__(self, session: Session) -> None:
-        from perfmagic.render.html import bokeh_loader
         from perfmagic.render.live import LivePanel
 
         self.panel = LivePanel(session)
@@ -377,7 +373,7 @@ class _LiveView:
         self._caption = display(
             {
                 "text/plain": caption,
-                "text/html": f'{bokeh_loader()}<div style="font-size:12px">perfmagic: profiling this cell… '
+                "text/html": '<div style="font-size:12px">perfmagic: profiling this cell… '
                 f'<span style="color:#777">({html.escape(recovery)})</span></div>',
             },
             raw=True,

@@ -1,13 +1,14 @@
 """The live panel: GPU and host utilization and the training's stages while a cell runs.
 
-ipywidgets for the numbers, a Bokeh chart (through jupyter_bokeh, BokehJS
-inline) of utilization over the last minute, and the share of step time per stage
-building up with a bar per recent step. :meth:`LivePanel.update` runs on the
-sampler's thread after each tick and does its work at most ``max_hz`` times a
-second (the stage shares once a second, over the steps ended since: the cost
-follows the steps, not the run's length); the training thread never runs any of
-it. It only reads: the timeline's latest samples and spans, and the recorder's
-current stage and step count.
+ipywidgets for the numbers, an SVG chart of utilization over the last minute
+(:mod:`perfmagic.render.live_chart`), and the share of step time per stage building
+up with a bar per recent step. Messages only go from the kernel to the browser: one
+the browser sent while the cell ran would reach the kernel after the cell, once the
+panel's comms are closed. :meth:`LivePanel.update` runs on the sampler's thread
+after each tick and does its work at most ``max_hz`` times a second (the stage
+shares once a second, over the steps ended since: the cost follows the steps, not
+the run's length); the training thread never runs any of it. It only reads: the
+timeline's latest samples and spans, and the recorder's current stage and step count.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from perfmagic.analyze.running import RunningStages
 from perfmagic.contract import DeviceInfo
+from perfmagic.render.live_chart import UtilizationChart
 from perfmagic.render.waterfall import stage_color
 from perfmagic.timeline import Timeline
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
@@ -79,7 +81,6 @@ class LivePanel:
         self._gpu_rows: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
         self._closed = False
         self._lock = threading.Lock()
-        self._rollover = int(window_s * max_hz) + 1
 
         self._status = w.HTML(self._status_html(None, 0, None))
         self._status.add_class("pm-live-status")
@@ -103,11 +104,9 @@ class LivePanel:
         self._running = RunningStages()
         self._recent: deque[dict[str, float]] = deque(maxlen=RECENT_STEPS)
         self._stages_at = 0.0
-        self._gpu_line: Any = None
-        self._legend: Any = None
-        self._source, self._chart = self._make_chart(window_s)
-        children = [self._status, self._stages, self._gpus, host]
-        children += [self._chart] if self._chart is not None else []
+        self._chart = UtilizationChart(window_s)
+        self._chart_view = w.HTML()
+        children = [self._status, self._stages, self._gpus, host, self._chart_view]
         self.widget = w.VBox(children, layout={"border": "1px solid #d0d7de", "padding": "6px 10px"})
         self.widget.add_class("perfmagic-live")
 
@@ -157,12 +156,9 @@ class LivePanel:
             f"write {fmt_bytes(_rate(tl, 'host.write_bytes'))}/s",
         ]
         self._host_text.value = "&nbsp;·&nbsp;" + " · ".join(p for p in parts if p)
-        if self._source is not None:
-            gpu = float(np.mean(gpu_utils)) * 100 if gpu_utils else np.nan
-            self._source.stream(
-                {"t": [begin - self._start], "gpu": [gpu], "cpu": [np.nan if cpu is None else cpu * 100]},
-                rollover=self._rollover,
-            )
+        gpu = float(np.mean(gpu_utils)) * 100 if gpu_utils else np.nan
+        self._chart.add(begin - self._start, gpu=gpu, cpu=np.nan if cpu is None else cpu * 100)
+        self._chart_view.value = self._chart.html()
         self.updates += 1
 
     def close(self) -> None:
@@ -170,9 +166,6 @@ class LivePanel:
         with self._lock:
             self._closed = True
             _close(self.widget)
-            if self._chart is not None and self._chart._model.document is not None:
-                # jupyter_bokeh's close() fails when called again (its __del__ does): detach the figure
-                self._chart._model.document.remove_root(self._chart._model)
 
     # -- parts -------------------------------------------------------------
 
@@ -187,10 +180,6 @@ class LivePanel:
                 reason = html.escape(str(nvml.get("reason") or "NVML is not available"))
                 self._gpus.children = [w.HTML(f"<b>No GPU</b>: {reason}. Showing the host only.")]
                 self._gpu_rows[-1] = (None, None, None, None, None)
-                if self._gpu_line is not None:  # no GPU line, and no legend entry promising one
-                    line, self._gpu_line = self._gpu_line, None
-                    line.visible = False
-                    self._legend.items = [i for i in self._legend.items if line not in i.renderers]
             return []
         devices = tl.meta.get("devices") or []
         if not self._gpu_rows and devices:
@@ -260,34 +249,6 @@ class LivePanel:
             parts.append(f'<span class="pm-live-steps">{steps}</span> steps')
             parts.append(f"{fmt_rate(rate)} steps/s" if rate else "— steps/s")
         return " · ".join(parts)
-
-    def _make_chart(self, window_s: float) -> tuple[Any, Any]:
-        try:
-            from bokeh.models import ColumnDataSource, DataRange1d, Range1d
-            from bokeh.plotting import figure
-            from jupyter_bokeh import BokehModel
-        except ImportError:  # the chart is optional; the numbers are the panel
-            return None, None
-        source = ColumnDataSource({"t": [], "gpu": [], "cpu": []})
-        fig = figure(
-            height=130,
-            sizing_mode="stretch_width",
-            y_range=Range1d(start=0, end=105),
-            x_range=DataRange1d(follow="end", follow_interval=window_s, range_padding=0),
-            tools="",
-            toolbar_location=None,
-            y_axis_label="%",
-        )
-        self._gpu_line = fig.line(
-            "t", "gpu", source=source, color="#59a14f", line_width=2, legend_label="GPU util (mean)"
-        )
-        fig.line("t", "cpu", source=source, color="#e15759", line_width=2, legend_label="host CPU")
-        fig.legend.location = "top_left"
-        fig.legend.label_text_font_size = "8pt"
-        fig.legend.background_fill_alpha = 0.5
-        self._legend = fig.legend[0]
-        fig.xaxis.axis_label = "seconds"
-        return source, BokehModel(fig)
 
 
 def _stages_html(totals: dict[str, float], count: int, recent: list[dict[str, float]]) -> str:
