@@ -197,20 +197,22 @@ class PerfMagics(Magics):
             from perfmagic.monitor import Monitor
 
             self._monitor = Monitor(interval=args.interval)
-            self._monitor_handle = display({"text/plain": "perfmagic monitor"}, raw=True, display_id=True)
-            display(self._monitor.panel.widget)
+            self._monitor_handle = display(self._monitor.panel.widget, display_id=True)
             self._monitor.start()
 
     def stop_monitor(self) -> None:
-        """Stop the ``%gpumonitor`` monitor, if one runs."""
+        """Stop the ``%gpumonitor`` monitor, if one runs: its last look stays, static, in its place."""
         if self._monitor is None:
             return
         monitor, self._monitor = self._monitor, None
-        warnings = monitor.stop()
-        if self._monitor_handle is not None:
+        handle, self._monitor_handle = self._monitor_handle, None
+        try:
+            warnings = monitor.stop()
             text = "perfmagic monitor stopped" + (f" ({'; '.join(warnings)})" if warnings else "")
-            self._monitor_handle.update({"text/plain": text}, raw=True)
-            self._monitor_handle = None
+            if handle is not None:  # before the widgets close: a saved notebook has no view without a model
+                handle.update(monitor.panel.snapshot(text), raw=True)
+        finally:
+            monitor.close()
 
     # -- %%gpuprofile ------------------------------------------------------
 
@@ -247,7 +249,11 @@ class PerfMagics(Magics):
             error = e
             raise
         finally:
-            report = self._deliver(session, view, args, error)
+            try:
+                report = self._deliver(session, view, args, error)
+            finally:
+                if view is not None:  # whatever _deliver did not get to: its widgets close all the same
+                    view.close(None, "the report could not be shown")
         return report, value
 
     def _deliver(
@@ -365,31 +371,47 @@ class _LiveView:
         from perfmagic.render.live import LivePanel
 
         self.panel = LivePanel(session)
+        self._closed = False
         # Shown while the cell runs, so that a kernel that dies still leaves the way back to its record.
         recovery = (
             f"recording to {session.outdir}; if the kernel dies, perfmagic.load({str(session.outdir)!r})"
         )
         caption = f"perfmagic: profiling this cell… ({recovery})"
-        self._caption = display(
-            {
-                "text/plain": caption,
-                "text/html": '<div style="font-size:12px">perfmagic: profiling this cell… '
-                f'<span style="color:#777">({html.escape(recovery)})</span></div>',
-            },
-            raw=True,
-            display_id=True,
-        )
-        self._panel = display(self.panel.widget, display_id=True)
+        try:
+            self._caption = display(
+                {
+                    "text/plain": caption,
+                    "text/html": '<div style="font-size:12px">perfmagic: profiling this cell… '
+                    f'<span style="color:#777">({html.escape(recovery)})</span></div>',
+                },
+                raw=True,
+                display_id=True,
+            )
+            self._panel = display(self.panel.widget, display_id=True)
+        except BaseException:
+            self.panel.close()
+            raise
 
     def close(self, report: Report | None, error: str | None, bundle: dict[str, str] | None = None) -> None:
+        """Put the summary and the report in the outputs' place, then close the widgets; once.
+
+        In that order: the browser drops the widgets' views before their models close, and the
+        saved notebook holds no view of a model that only the kernel had.
+        """
         from perfmagic.render.notebook import finished_bundle
 
-        self.panel.close()
-        summary = finished_bundle(report.to_dict() if report is not None else None, error)
-        if self._caption is not None:
-            self._caption.update(summary, raw=True)
-        if self._panel is not None:
-            self._panel.update(bundle or {"text/plain": ""}, raw=True)
+        if self._closed:
+            return
+        self._closed = True
+        self.panel.freeze()
+        try:
+            summary = finished_bundle(report.to_dict() if report is not None else None, error)
+            if self._caption is not None:
+                self._caption.update(summary, raw=True)
+            if self._panel is not None:
+                self._panel.update(bundle or {"text/plain": ""}, raw=True)
+        finally:
+            self.panel.close()
 
 
 def _href(path: Path) -> str:

@@ -29,7 +29,16 @@ class Monitor:
         self.panel.update(force=True)
 
     def stop(self) -> list[str]:
-        """Stop sampling and close the panel; returns the sampler's warnings."""
-        self._sampler.stop()
-        self.panel.close()
+        """Stop sampling and updating the panel, whose widgets stay open; returns the sampler's warnings."""
+        try:
+            self._sampler.stop()
+        finally:
+            self.panel.freeze()
         return self._sampler.warnings
+
+    def close(self) -> None:
+        """Stop, and close the panel's widgets (put something in their output's place first)."""
+        try:
+            self.stop()
+        finally:
+            self.panel.close()

@@ -79,6 +79,7 @@ class LivePanel:
         self._last = 0.0
         self._steps: deque[tuple[float, int]] = deque()
         self._gpu_rows: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
+        self._frozen = False  # no more updates: the widgets are about to close, or closed
         self._closed = False
         self._lock = threading.Lock()
 
@@ -90,7 +91,7 @@ class LivePanel:
         self._cpu_text = w.HTML()
         self._host_text = w.HTML()
         self._cpu_text.add_class("pm-live-cpu")
-        host = w.HBox(
+        self._host = host = w.HBox(
             [
                 w.HTML("<b>Host</b>&nbsp;CPU", layout={"width": "90px"}),
                 self._cpu,
@@ -121,7 +122,7 @@ class LivePanel:
             return
         cpu = time.thread_time()
         try:
-            if not self._closed:
+            if not self._frozen:
                 self._last = begin
                 self._refresh(begin)
         finally:
@@ -161,11 +162,33 @@ class LivePanel:
         self._chart_view.value = self._chart.html()
         self.updates += 1
 
-    def close(self) -> None:
-        """Stop updating and close the widgets (their views go away in the browser)."""
+    def freeze(self) -> None:
+        """Stop updating; waits for an update under way. The widgets stay open (see :meth:`close`)."""
         with self._lock:
-            self._closed = True
-            _close(self.widget)
+            self._frozen = True
+
+    def close(self) -> None:
+        """Stop updating and close every widget's comm, layouts and styles included.
+
+        Replace the panel's output first (with a report, or :meth:`snapshot`): a view whose model
+        closes under it leaves the notebook an output that no kernel can draw again.
+        """
+        self.freeze()
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                _close(self.widget)
+
+    def snapshot(self, note: str) -> dict[str, str]:
+        """The panel as it stands, static (HTML without widgets), under the line ``note``."""
+        rows = [*self._gpus.children, self._host]
+        lines = "".join(f"<div>{_row_html(row)}</div>" for row in rows)
+        body = f"{self._stages.value}{lines}{self._chart.html()}"
+        return {
+            "text/plain": note,
+            "text/html": f'<div class="pm-live-snapshot" style="border:1px solid #d0d7de;padding:6px 10px">'
+            f"<div><b>{html.escape(note)}</b></div>{body}</div>",
+        }
 
     # -- parts -------------------------------------------------------------
 
@@ -178,12 +201,12 @@ class LivePanel:
                 import ipywidgets as w
 
                 reason = html.escape(str(nvml.get("reason") or "NVML is not available"))
-                self._gpus.children = [w.HTML(f"<b>No GPU</b>: {reason}. Showing the host only.")]
+                _replace_children(self._gpus, [w.HTML(f"<b>No GPU</b>: {reason}. Showing the host only.")])
                 self._gpu_rows[-1] = (None, None, None, None, None)
             return []
         devices = tl.meta.get("devices") or []
         if not self._gpu_rows and devices:
-            self._gpus.children = [self._gpu_row(d) for d in devices]
+            _replace_children(self._gpus, [self._gpu_row(d) for d in devices])
         utils = []
         for d in devices:
             i = int(d["index"])
@@ -306,7 +329,29 @@ def _rate(tl: Timeline, metric: str) -> float | None:
     return float((v[-1] - v[-2]) / (t[-1] - t[-2]))
 
 
-def _close(widget: Any) -> None:
-    for child in getattr(widget, "children", ()):
+def _row_html(row: Any) -> str:
+    """A row of the panel as HTML: its text, without the bars (the text says their figures)."""
+    return "".join(c.value for c in getattr(row, "children", (row,)) if isinstance(c.value, str))
+
+
+def _replace_children(box: Any, children: list[Any]) -> None:
+    """Show ``children`` in ``box`` and close the ones they replace (their views are gone first)."""
+    old, box.children = box.children, children
+    for child in old:
         _close(child)
+
+
+def _close(widget: Any) -> None:
+    """Close a widget, then what it refers to: its children, layout and style (each a comm of its own).
+
+    A model closes before those it refers to: no open model ever refers to a closed one.
+    """
+    parts = [
+        *getattr(widget, "children", ()),
+        getattr(widget, "layout", None),
+        getattr(widget, "style", None),
+    ]
     widget.close()
+    for part in parts:
+        if part is not None:
+            _close(part)

@@ -20,6 +20,7 @@ import torch
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import CapturedIO, capture_output
+from ipywidgets.widgets.widget import _instances
 from paths import SCRIPTS
 from torch.optim import optimizer as optim_mod
 from torch.utils.data import dataloader as dl
@@ -238,6 +239,7 @@ def test_live_panel_updates_and_turns_into_the_report(ip: InteractiveShell) -> N
             live.LivePanel.__init__ = init  # type: ignore[method-assign]
 
     magics._profile_cell = spy.__get__(magics)
+    open_before = set(_instances)
     try:
         result, cap = run(ip, "%%gpuprofile --interval 0.02\n" + TRAIN.replace("0.01", "0.03"))
     finally:
@@ -258,6 +260,8 @@ def test_live_panel_updates_and_turns_into_the_report(ip: InteractiveShell) -> N
     assert 'data-series="cpu"' in chart and "<polyline" in chart
     assert 'data-series="gpu"' not in chart, "no GPU line, nor a legend entry promising one"
     assert "steps" in panel._status.value
+    # every widget the panel opened is closed (a comm each, layouts and styles too), after its output went
+    assert set(_instances) <= open_before
 
 
 def test_live_panel_shows_gpus(fake_nvml: Any) -> None:
@@ -367,12 +371,25 @@ def test_a_cell_that_spawns_ranks_reports_each_worker_and_puts_the_environment_b
 
 
 def test_gpumonitor_starts_and_stops(ip: InteractiveShell) -> None:
+    open_before = set(_instances)
     _, cap = run(ip, "%gpumonitor --interval 0.05")
     assert any(t.name == "perfmagic-sampler" for t in threading.enumerate())
     assert any("application/vnd.jupyter.widget-view+json" in o.data for o in cap.outputs)
+    panel = ip.magics_manager.registry["PerfMagics"]._monitor.panel
+    deadline = time.monotonic() + 30
+    while "<polyline" not in panel._chart_view.value and time.monotonic() < deadline:
+        time.sleep(0.05)  # the sampler's thread draws the line once the host has two CPU readings
     _, cap = run(ip, "%gpumonitor stop")
     assert not any(t.name == "perfmagic-sampler" for t in threading.enumerate())
-    assert cap.outputs[-1].update and "monitor stopped" in cap.outputs[-1].data["text/plain"]
+    # the widgets' output becomes their last look, static: a saved notebook needs no kernel to show it
+    stopped = cap.outputs[-1]
+    assert stopped.update and "monitor stopped" in stopped.data["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" not in stopped.data
+    assert (
+        'class="pm-live-snapshot"' in stopped.data["text/html"] and "<polyline" in stopped.data["text/html"]
+    )
+    assert "Host" in stopped.data["text/html"] and "No GPU" in stopped.data["text/html"]
+    assert set(_instances) <= open_before, "the monitor's widgets are closed"
     result, _ = run(ip, "%gpumonitor sideways")
     assert isinstance(result.error_in_exec, UsageError) and "usage: %gpumonitor" in str(result.error_in_exec)
 
