@@ -63,8 +63,7 @@ class PerfMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self._monitor: Any = None
-        self._monitor_handle: Any = None  # BokehJS for the panel's chart
-        self._monitor_panel: Any = None  # the panel, then the summary that takes its place
+        self._monitor_handle: Any = None  # the panel, then the summary that takes its place
 
     @property
     def _shell(self) -> InteractiveShell:
@@ -198,29 +197,28 @@ class PerfMagics(Magics):
         self.stop_monitor()
         if args.action == "start":
             from perfmagic.monitor import Monitor
-            from perfmagic.render.html import bokeh_loader
 
             self._monitor = Monitor(interval=args.interval)
-            self._monitor_handle = display(
-                {"text/plain": "perfmagic monitor", "text/html": bokeh_loader()}, raw=True, display_id=True
-            )
-            self._monitor_panel = display(self._monitor.panel.widget, display_id=True)
+            self._monitor_handle = display(self._monitor.panel.widget, display_id=True)
             self._monitor.start()
 
     def stop_monitor(self) -> None:
-        """Stop the ``%gpumonitor`` monitor, if one runs; its summary takes the panel's place."""
+        """Stop the ``%gpumonitor`` monitor, if one runs: its summary takes the panel's place (static: a
+        saved notebook keeps no widget view whose model is gone)."""
         if self._monitor is None:
             return
         from perfmagic.render.notebook import monitor_bundle
 
         monitor, self._monitor = self._monitor, None
-        warnings = monitor.stop()
-        if self._monitor_handle is not None:  # BokehJS (1.3 MB) is not kept in the notebook
-            self._monitor_handle.update({"text/plain": ""}, raw=True)
-            self._monitor_handle = None
-        if self._monitor_panel is not None:
-            self._monitor_panel.update(monitor_bundle(monitor.summary(), warnings), raw=True)
-            self._monitor_panel = None
+        handle, self._monitor_handle = self._monitor_handle, None
+        try:
+            warnings = monitor.stop()
+            if handle is not None:  # before the widgets close: a saved notebook has no view without a model
+                summary = monitor_bundle(monitor.summary(), warnings)
+                last = monitor.panel.snapshot("its last look")  # the chart, static, under the summary
+                handle.update({**summary, "text/html": summary["text/html"] + last["text/html"]}, raw=True)
+        finally:
+            monitor.close()
 
     # -- %%gpuprofile ------------------------------------------------------
 
@@ -257,7 +255,11 @@ class PerfMagics(Magics):
             error = e
             raise
         finally:
-            report = self._deliver(session, view, args, error)
+            try:
+                report = self._deliver(session, view, args, error)
+            finally:
+                if view is not None:  # whatever _deliver did not get to: its widgets close all the same
+                    view.close(None, "the report could not be shown")
         return report, value
 
     def _deliver(
@@ -365,42 +367,57 @@ def _without_comment(line: str) -> str:
 
 
 class _LiveView:
-    """The live panel's two outputs: BokehJS + a caption, and the widgets.
+    """The live panel's two outputs: a caption, and the widgets.
 
     When the cell ends, the caption becomes a one-line summary and the widgets
     become the report, in place (so the report sits above the cell's own output).
     """
 
     def __init__(self, session: Session) -> None:
-        from perfmagic.render.html import bokeh_loader
         from perfmagic.render.live import LivePanel
 
         self.panel = LivePanel(session)
+        self._closed = False
         # Shown while the cell runs, so that a kernel that dies still leaves the way back to its record.
         recovery = (
             f"recording to {session.outdir}; if the kernel dies, perfmagic.load({str(session.outdir)!r})"
         )
         caption = f"perfmagic: profiling this cell… ({recovery})"
-        self._caption = display(
-            {
-                "text/plain": caption,
-                "text/html": f'{bokeh_loader()}<div style="font-size:12px">perfmagic: profiling this cell… '
-                f'<span style="color:#777">({html.escape(recovery)})</span></div>',
-            },
-            raw=True,
-            display_id=True,
-        )
-        self._panel = display(self.panel.widget, display_id=True)
+        try:
+            self._caption = display(
+                {
+                    "text/plain": caption,
+                    "text/html": '<div style="font-size:12px">perfmagic: profiling this cell… '
+                    f'<span style="color:#777">({html.escape(recovery)})</span></div>',
+                },
+                raw=True,
+                display_id=True,
+            )
+            self._panel = display(self.panel.widget, display_id=True)
+        except BaseException:
+            self.panel.close()
+            raise
 
     def close(self, report: Report | None, error: str | None, bundle: dict[str, str] | None = None) -> None:
+        """Put the summary and the report in the outputs' place, then close the widgets; once.
+
+        In that order: the browser drops the widgets' views before their models close, and the
+        saved notebook holds no view of a model that only the kernel had.
+        """
         from perfmagic.render.notebook import finished_bundle
 
-        self.panel.close()
-        summary = finished_bundle(report.to_dict() if report is not None else None, error)
-        if self._caption is not None:
-            self._caption.update(summary, raw=True)
-        if self._panel is not None:
-            self._panel.update(bundle or {"text/plain": ""}, raw=True)
+        if self._closed:
+            return
+        self._closed = True
+        self.panel.freeze()
+        try:
+            summary = finished_bundle(report.to_dict() if report is not None else None, error)
+            if self._caption is not None:
+                self._caption.update(summary, raw=True)
+            if self._panel is not None:
+                self._panel.update(bundle or {"text/plain": ""}, raw=True)
+        finally:
+            self.panel.close()
 
 
 def _href(path: Path) -> str:

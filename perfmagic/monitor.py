@@ -41,11 +41,22 @@ class Monitor:
         self.panel.update(force=True)
 
     def stop(self) -> list[str]:
-        """Stop sampling and close the panel; returns the sampler's warnings."""
-        self._sampler.stop()
-        self._stopped_at = self._clock()
-        self.panel.close()
+        """Stop sampling and updating the panel, whose widgets stay open until :meth:`close`; returns
+        the sampler's warnings."""
+        try:
+            self._sampler.stop()
+        finally:
+            if self._stopped_at is None:
+                self._stopped_at = self._clock()
+            self.panel.freeze()
         return self._sampler.warnings
+
+    def close(self) -> None:
+        """Stop, and close the panel's widgets (put something in their output's place first)."""
+        try:
+            self.stop()
+        finally:
+            self.panel.close()
 
     def summary(self) -> MonitorSummary:
         """What the monitor saw, from its start to its stop (to now while it runs)."""

@@ -1,13 +1,14 @@
 """The live panel: GPU and host utilization and the training's stages while a cell runs.
 
-ipywidgets for the numbers, a Bokeh chart (through jupyter_bokeh, BokehJS
-inline) of utilization over the last minute, and the share of step time per stage
-building up with a bar per recent step. :meth:`LivePanel.update` runs on the
-sampler's thread after each tick and does its work at most ``max_hz`` times a
-second (the stage shares once a second, over the steps ended since: the cost
-follows the steps, not the run's length); the training thread never runs any of
-it. It only reads: the timeline's latest samples and spans, and the recorder's
-current stage and step count.
+ipywidgets for the numbers, an SVG chart of utilization over the last minute
+(:mod:`perfmagic.render.live_chart`), and the share of step time per stage building
+up with a bar per recent step. Messages only go from the kernel to the browser: one
+the browser sent while the cell ran would reach the kernel after the cell, once the
+panel's comms are closed. :meth:`LivePanel.update` runs on the sampler's thread
+after each tick and does its work at most ``max_hz`` times a second (the stage
+shares once a second, over the steps ended since: the cost follows the steps, not
+the run's length); the training thread never runs any of it. It only reads: the
+timeline's latest samples and spans, and the recorder's current stage and step count.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from perfmagic.analyze.running import RunningStages
 from perfmagic.contract import DeviceInfo
+from perfmagic.render.live_chart import UtilizationChart
 from perfmagic.render.waterfall import stage_color
 from perfmagic.schema import MEMORY_METRICS, MEMORY_NAME, memory_kind
 from perfmagic.timeline import Timeline
@@ -87,9 +89,9 @@ class LivePanel:
         self._last = 0.0
         self._steps: deque[tuple[float, int]] = deque()
         self._gpu_rows: dict[int, tuple[Any, Any, Any, Any, Any]] = {}
+        self._frozen = False  # no more updates: the widgets are about to close, or closed
         self._closed = False
         self._lock = threading.Lock()
-        self._rollover = int(window_s * max_hz) + 1
 
         self._status = w.HTML(self._status_html(None, 0, None))
         self._status.add_class("pm-live-status")
@@ -99,7 +101,7 @@ class LivePanel:
         self._cpu_text = w.HTML()
         self._host_text = w.HTML()
         self._cpu_text.add_class("pm-live-cpu")
-        host = w.HBox(
+        self._host = host = w.HBox(
             [
                 w.HTML("<b>Host</b>&nbsp;CPU", layout={"width": "90px"}),
                 self._cpu,
@@ -113,11 +115,9 @@ class LivePanel:
         self._running = RunningStages()
         self._recent: deque[dict[str, float]] = deque(maxlen=RECENT_STEPS)
         self._stages_at = 0.0
-        self._gpu_line: Any = None
-        self._legend: Any = None
-        self._source, self._chart = self._make_chart(window_s)
-        children = [self._status, self._stages, self._gpus, host]
-        children += [self._chart] if self._chart is not None else []
+        self._chart = UtilizationChart(window_s)
+        self._chart_view = w.HTML()
+        children = [self._status, self._stages, self._gpus, host, self._chart_view]
         self.widget = w.VBox(children, layout={"border": "1px solid #d0d7de", "padding": "6px 10px"})
         self.widget.add_class("perfmagic-live")
 
@@ -132,7 +132,7 @@ class LivePanel:
             return
         cpu = time.thread_time()
         try:
-            if not self._closed:
+            if not self._frozen:
                 self._last = begin
                 self._refresh(begin)
         finally:
@@ -165,22 +165,38 @@ class LivePanel:
             f"write {fmt_bytes(_rate(tl, 'host.write_bytes'))}/s",
         ]
         self._host_text.value = "&nbsp;·&nbsp;" + " · ".join(p for p in parts if p)
-        if self._source is not None:
-            gpu = float(np.mean(gpu_utils)) * 100 if gpu_utils else np.nan
-            self._source.stream(
-                {"t": [begin - self._start], "gpu": [gpu], "cpu": [np.nan if cpu is None else cpu * 100]},
-                rollover=self._rollover,
-            )
+        gpu = float(np.mean(gpu_utils)) * 100 if gpu_utils else np.nan
+        self._chart.add(begin - self._start, gpu=gpu, cpu=np.nan if cpu is None else cpu * 100)
+        self._chart_view.value = self._chart.html()
         self.updates += 1
 
-    def close(self) -> None:
-        """Stop updating and close the widgets (their views go away in the browser)."""
+    def freeze(self) -> None:
+        """Stop updating; waits for an update under way. The widgets stay open (see :meth:`close`)."""
         with self._lock:
-            self._closed = True
-            _close(self.widget)
-            if self._chart is not None and self._chart._model.document is not None:
-                # jupyter_bokeh's close() fails when called again (its __del__ does): detach the figure
-                self._chart._model.document.remove_root(self._chart._model)
+            self._frozen = True
+
+    def close(self) -> None:
+        """Stop updating and close every widget's comm, layouts and styles included.
+
+        Replace the panel's output first (with a report, or :meth:`snapshot`): a view whose model
+        closes under it leaves the notebook an output that no kernel can draw again.
+        """
+        self.freeze()
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                _close(self.widget)
+
+    def snapshot(self, note: str) -> dict[str, str]:
+        """The panel as it stands, static (HTML without widgets), under the line ``note``."""
+        rows = [*self._gpus.children, self._host]
+        lines = "".join(f"<div>{_row_html(row)}</div>" for row in rows)
+        body = f"{self._stages.value}{lines}{self._chart.html()}"
+        return {
+            "text/plain": note,
+            "text/html": f'<div class="pm-live-snapshot" style="border:1px solid #d0d7de;padding:6px 10px">'
+            f"<div><b>{html.escape(note)}</b></div>{body}</div>",
+        }
 
     # -- parts -------------------------------------------------------------
 
@@ -193,16 +209,12 @@ class LivePanel:
                 import ipywidgets as w
 
                 reason = html.escape(str(nvml.get("reason") or "NVML is not available"))
-                self._gpus.children = [w.HTML(f"<b>No GPU</b>: {reason}. Showing the host only.")]
+                _replace_children(self._gpus, [w.HTML(f"<b>No GPU</b>: {reason}. Showing the host only.")])
                 self._gpu_rows[-1] = (None, None, None, None, None)
-                if self._gpu_line is not None:  # no GPU line, and no legend entry promising one
-                    line, self._gpu_line = self._gpu_line, None
-                    line.visible = False
-                    self._legend.items = [i for i in self._legend.items if line not in i.renderers]
             return []
         devices = tl.meta.get("devices") or []
         if not self._gpu_rows and devices:
-            self._gpus.children = [self._gpu_row(d) for d in devices]
+            _replace_children(self._gpus, [self._gpu_row(d) for d in devices])
         utils = []
         for d in devices:
             i = int(d["index"])
@@ -269,34 +281,6 @@ class LivePanel:
             parts.append(f"{fmt_rate(rate)} steps/s" if rate else "— steps/s")
         return " · ".join(parts)
 
-    def _make_chart(self, window_s: float) -> tuple[Any, Any]:
-        try:
-            from bokeh.models import ColumnDataSource, DataRange1d, Range1d
-            from bokeh.plotting import figure
-            from jupyter_bokeh import BokehModel
-        except ImportError:  # the chart is optional; the numbers are the panel
-            return None, None
-        source = ColumnDataSource({"t": [], "gpu": [], "cpu": []})
-        fig = figure(
-            height=130,
-            sizing_mode="stretch_width",
-            y_range=Range1d(start=0, end=105),
-            x_range=DataRange1d(follow="end", follow_interval=window_s, range_padding=0),
-            tools="",
-            toolbar_location=None,
-            y_axis_label="%",
-        )
-        self._gpu_line = fig.line(
-            "t", "gpu", source=source, color="#59a14f", line_width=2, legend_label="GPU util (mean)"
-        )
-        fig.line("t", "cpu", source=source, color="#e15759", line_width=2, legend_label="host CPU")
-        fig.legend.location = "top_left"
-        fig.legend.label_text_font_size = "8pt"
-        fig.legend.background_fill_alpha = 0.5
-        self._legend = fig.legend[0]
-        fig.xaxis.axis_label = "seconds"
-        return source, BokehModel(fig)
-
 
 def _stages_html(totals: dict[str, float], count: int, recent: list[dict[str, float]]) -> str:
     """The share of step time per stage as one stacked bar with a legend, and a bar per recent step."""
@@ -359,7 +343,29 @@ def _rate(tl: Timeline, metric: str) -> float | None:
     return float((v[-1] - v[-2]) / (t[-1] - t[-2]))
 
 
-def _close(widget: Any) -> None:
-    for child in getattr(widget, "children", ()):
+def _row_html(row: Any) -> str:
+    """A row of the panel as HTML: its text, without the bars (the text says their figures)."""
+    return "".join(c.value for c in getattr(row, "children", (row,)) if isinstance(c.value, str))
+
+
+def _replace_children(box: Any, children: list[Any]) -> None:
+    """Show ``children`` in ``box`` and close the ones they replace (their views are gone first)."""
+    old, box.children = box.children, children
+    for child in old:
         _close(child)
+
+
+def _close(widget: Any) -> None:
+    """Close a widget, then what it refers to: its children, layout and style (each a comm of its own).
+
+    A model closes before those it refers to: no open model ever refers to a closed one.
+    """
+    parts = [
+        *getattr(widget, "children", ()),
+        getattr(widget, "layout", None),
+        getattr(widget, "style", None),
+    ]
     widget.close()
+    for part in parts:
+        if part is not None:
+            _close(part)
