@@ -21,7 +21,6 @@ Rules that keep the picture right without the user's help:
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from perfmagic.clock import REAL_CLOCK, Clock
+from perfmagic.collect.nvtx_ranges import NVTX as _NVTX
+from perfmagic.collect.nvtx_ranges import nvtx_pop as _nvtx_pop
+from perfmagic.collect.nvtx_ranges import nvtx_push as _nvtx_push
 from perfmagic.collect.threadclock import ThreadClock
 from perfmagic.schema import (
     OPAQUE_STAGES,
@@ -59,28 +61,6 @@ _CLOSED = -1
 
 _UNREAD: _ClockReading = (None, None, 0.0)
 """The thread clock at a step end where nothing was due to be read (see ``boundary``)."""
-
-
-def _no_range(*_: Any, **__: Any) -> None:
-    return None
-
-
-def nvtx_listened() -> bool:
-    """Whether a tool collects NVTX ranges: Nsight Systems and Nsight Compute inject themselves through
-    these variables when they start the process. Without one, a range would cost for nothing."""
-    return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_PATH"))
-
-
-_nvtx_push: Callable[..., Any] = _no_range
-_nvtx_pop: Callable[..., Any] = _no_range
-_NVTX = False  # checked before each range: no call at all on the hot path when nothing listens
-if nvtx_listened():
-    try:
-        import nvtx as _nvtx
-
-        _nvtx_push, _nvtx_pop, _NVTX = _nvtx.push_range, _nvtx.pop_range, True
-    except Exception:  # nvtx is a dependency, but a broken install must not stop profiling
-        pass
 
 
 class DeviceClock(Protocol):

@@ -37,7 +37,6 @@ import contextlib
 import functools
 import importlib.util
 import logging
-import os
 import sys
 import weakref
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.loaders import loader_settings
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.saves import rebind_copies, safetensors_torch, saved_size, saved_what
 from perfmagic.collect.stacks import call_site
 from perfmagic.collect.threadclock import cpu_only_reading
 from perfmagic.schema import (
@@ -612,12 +612,12 @@ class TorchStages:
     def _install_checkpoint(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
         saves: dict[Any, Any] = {torch.save: self._timed_save(torch.save, "torch.save")}
         p.set(torch, "save", saves[torch.save])
-        st = _safetensors_torch()
+        st = safetensors_torch()
         for name in ("save_file", "save_model") if st is not None else ():
             orig = getattr(st, name)
             saves[orig] = self._timed_save(orig, f"safetensors.torch.{name}")
             p.set(st, name, saves[orig])
-        _rebind_copies(saves, p)
+        rebind_copies(saves, p)
 
     def _timed_save(self, orig: Any, label: str) -> Any:
         rec = self.recorder
@@ -631,7 +631,7 @@ class TorchStages:
                 try:  # a save inside a framework's checkpoint routine: only its size is noted
                     return orig(*args, **kwargs)
                 finally:
-                    self._inner_saves.append(_saved_size(args, kwargs))
+                    self._inner_saves.append(saved_size(args, kwargs))
             evaluation.checkpoint_starts()
             start = self._now()
             try:
@@ -643,8 +643,8 @@ class TorchStages:
                     "checkpoint",
                     fn=label,
                     seconds=self._now() - start,
-                    bytes=_saved_size(args, kwargs),
-                    **_saved_what(args, kwargs),
+                    bytes=saved_size(args, kwargs),
+                    **saved_what(args, kwargs),
                 )
 
         save.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -740,56 +740,6 @@ class _TimedStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
-
-
-def _safetensors_torch() -> Any:
-    """``safetensors.torch`` where installed (importing it is cheap), else None."""
-    if importlib.util.find_spec("safetensors") is None:
-        return None
-    try:
-        import safetensors.torch as st
-    except ImportError:
-        return None
-    return st
-
-
-_BINDS_COPIES = (
-    "transformers",
-    "accelerate",
-    "diffusers",
-    "peft",
-    "lightning",
-    "pytorch_lightning",
-    "lightning_fabric",
-    "timm",
-    "sentence_transformers",
-    "huggingface_hub",
-)
-"""Packages whose modules bind copies of save functions (``from safetensors.torch import save_file as
-safe_save_file``). Only their modules are searched: every module of a big environment would cost the
-start of each profile ~10 ms (3,000 modules with transformers and Lightning loaded), ~2 ms here."""
-
-
-def _rebind_copies(saves: dict[Any, Any], p: Patcher) -> None:
-    """Patch the copies of save functions that the frameworks' modules bound before profiling began.
-
-    ``from safetensors.torch import save_file as safe_save_file`` (transformers does)
-    copies the function into the importing module: patching ``safetensors.torch`` alone
-    leaves those calls unseen. Modules imported while profiling bind the patched ones.
-    """
-    by_id = {id(orig): wrapped for orig, wrapped in saves.items()}  # by identity: no user __eq__ runs
-    for name, module in list(sys.modules.items()):
-        if module is None or not name.startswith(_BINDS_COPIES):
-            continue
-        try:
-            namespace = vars(module)
-            if by_id.keys().isdisjoint(map(id, namespace.values())):
-                continue
-            found = [(attr, by_id[id(v)]) for attr, v in list(namespace.items()) if id(v) in by_id]
-        except (TypeError, RuntimeError):  # no __dict__ (a lazy proxy), or one changing under us
-            continue
-        for attr, wrapped in found:
-            p.set(module, attr, wrapped)
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -896,25 +846,3 @@ def _is_compiling(torch: Any) -> Callable[[], bool]:
         or getattr(dynamo, "is_compiling", None)
         or (lambda: False)
     )
-
-
-def _saved_what(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """What a save wrote: ``state_dict`` (tensors by name), a checkpoint dict's top-level keys, or its type."""
-    obj = kwargs.get("obj", kwargs.get("tensors", kwargs.get("model", args[0] if args else None)))
-    if isinstance(obj, dict) and obj and all(isinstance(k, str) for k in obj):
-        if all(type(v).__name__ in ("Tensor", "Parameter") for v in obj.values()):
-            return {"what": "state_dict"}
-        return {"what": "dict", "keys": list(obj)[:32]}
-    return {"what": type(obj).__name__}
-
-
-def _saved_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """Size of what a save wrote: the file's size, or a file object's position after it (None if unknown)."""
-    target = kwargs.get("f", kwargs.get("filename", args[1] if len(args) > 1 else None))
-    try:
-        if isinstance(target, (str, os.PathLike)):
-            return os.path.getsize(target)
-        tell = getattr(target, "tell", None)
-        return int(tell()) if callable(tell) else None
-    except Exception:  # a closed or unseekable stream, a file-like whose tell() is odd: size unknown
-        return None
