@@ -33,6 +33,7 @@ from perfmagic.collect.nvtx_ranges import NVTX as _NVTX
 from perfmagic.collect.nvtx_ranges import nvtx_pop as _nvtx_pop
 from perfmagic.collect.nvtx_ranges import nvtx_push as _nvtx_push
 from perfmagic.collect.threadclock import ThreadClock
+from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.schema import (
     OPAQUE_STAGES,
     STAGES,
@@ -472,12 +473,16 @@ class StageRecorder:
         enter, exit_ = self.enter, self.exit
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            if not enter(sid):
-                return fn(*args, **kwargs)
             try:
-                return fn(*args, **kwargs)
-            finally:
-                exit_()
+                if not enter(sid):
+                    return fn(*args, **kwargs)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    exit_()
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         recorded.__wrapped__ = fn  # type: ignore[attr-defined]
         recorded.__name__ = getattr(fn, "__name__", "recorded")

@@ -28,6 +28,7 @@ steps. On CUDA, a :class:`CudaEventClock` times stage boundaries on the device, 
 until the GPU has finished the work queued in it.
 
 Inside ``torch.compile``'s tracing the wrappers only call through: anything else would break the graph.
+An exception passes through each wrapper without its frame (``collect.tracebacks``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.saves import rebind_copies, safetensors_torch, saved_size, saved_what
 from perfmagic.collect.stacks import call_site
 from perfmagic.collect.threadclock import cpu_only_reading
+from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.schema import (
     THREAD_DATA_CPU,
     THREAD_DATA_TIMED,
@@ -297,6 +299,9 @@ class TorchStages:
                 if began_pass is not None and began_pass[1:] == trained:  # trained nothing: an evaluation
                     evaluation.seen(began_pass[0])
                 raise
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
             finally:
                 if entered:
                     rec.exit()
@@ -328,6 +333,9 @@ class TorchStages:
             entered = rec.enter(data_id)
             try:
                 it = orig_iter(loader)
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
             finally:
                 if entered:
                     rec.exit()
@@ -357,28 +365,32 @@ class TorchStages:
         active = rec.active
 
         def call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            # a module inside the forward pass (most calls): one list read and on
-            if active[forward_id] or is_compiling() or not rec.enter(forward_id):
-                return orig_call(module, *args, **kwargs)
             try:
-                stats["forwards"] += 1
-                if grad_enabled():
-                    stats["grad_enabled_forwards"] += 1
-                for device in autocast_devices if any_autocast() else ():
-                    if is_autocast(device):
-                        stats["autocast_forwards"] += 1
-                        dtype = str(autocast_dtype(device)).replace("torch.", "")
-                        key = f"{device}:{dtype}"
-                        stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
-                        break
-                result = orig_call(module, *args, **kwargs)
-                if id(module) not in seen:  # after the call: a lazy module's parameters exist
-                    self._record_once(self._record_model, module)
-                if self.keep_inputs:
-                    self.inputs[id(module)] = (weakref.ref(module), args, kwargs)
-                return result
-            finally:
-                rec.exit()
+                # a module inside the forward pass (most calls): one list read and on
+                if active[forward_id] or is_compiling() or not rec.enter(forward_id):
+                    return orig_call(module, *args, **kwargs)
+                try:
+                    stats["forwards"] += 1
+                    if grad_enabled():
+                        stats["grad_enabled_forwards"] += 1
+                    for device in autocast_devices if any_autocast() else ():
+                        if is_autocast(device):
+                            stats["autocast_forwards"] += 1
+                            dtype = str(autocast_dtype(device)).replace("torch.", "")
+                            key = f"{device}:{dtype}"
+                            stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
+                            break
+                    result = orig_call(module, *args, **kwargs)
+                    if id(module) not in seen:  # after the call: a lazy module's parameters exist
+                        self._record_once(self._record_model, module)
+                    if self.keep_inputs:
+                        self.inputs[id(module)] = (weakref.ref(module), args, kwargs)
+                    return result
+                finally:
+                    rec.exit()
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         p.set(torch.nn.Module, "__call__", call)
 
@@ -428,41 +440,54 @@ class TorchStages:
 
         def copy_to_device(orig: Any, always_cuda: bool) -> Any:
             def copy(t: Any, *args: Any, **kwargs: Any) -> Any:
-                if (
-                    t.is_cuda
-                    # model.to("cuda") moves parameters once (Module._apply): set-up, not batch copies
-                    or isinstance(t, parameter_cls)
-                    or not (always_cuda or targets_cuda(args, kwargs))
-                    or is_compiling()
-                    or not rec.enter(h2d_id)
-                ):
-                    return orig(t, *args, **kwargs)
                 try:
-                    stats["h2d_copies"] += 1
-                    nbytes = t.numel() * t.element_size()
-                    stats["h2d_bytes"] += nbytes
-                    if t.is_pinned():
-                        stats["h2d_pinned_bytes"] += nbytes
-                    if non_blocking(args, kwargs):
-                        stats["h2d_non_blocking"] += 1
-                    return orig(t, *args, **kwargs)
-                finally:
-                    rec.exit()
-                    self._maybe_start_device_clock()
+                    if (
+                        t.is_cuda
+                        # model.to("cuda") moves parameters once (Module._apply): set-up, not batch copies
+                        or isinstance(t, parameter_cls)
+                        or not (always_cuda or targets_cuda(args, kwargs))
+                        or is_compiling()
+                        or not rec.enter(h2d_id)
+                    ):
+                        return orig(t, *args, **kwargs)
+                    try:
+                        stats["h2d_copies"] += 1
+                        nbytes = t.numel() * t.element_size()
+                        stats["h2d_bytes"] += nbytes
+                        if t.is_pinned():
+                            stats["h2d_pinned_bytes"] += nbytes
+                        if non_blocking(args, kwargs):
+                            stats["h2d_non_blocking"] += 1
+                        return orig(t, *args, **kwargs)
+                    finally:
+                        rec.exit()
+                        self._maybe_start_device_clock()
+                except BaseException as e:
+                    drop_own_frame(e)
+                    raise
 
             return copy
 
         def sync(orig: Any, name: str) -> Any:
             def synced(t: Any, *args: Any, **kwargs: Any) -> Any:
-                # A sync inside the optimizer step (GradScaler's inf check) is the optimizer's time.
-                if not t.is_cuda or is_compiling() or rec.is_open(optimizer_id) or not rec.enter(logging_id):
-                    return orig(t, *args, **kwargs)
                 try:
-                    stats["syncs"] += 1
-                    add_mark(now(), "sync", op=name)
-                    return orig(t, *args, **kwargs)
-                finally:
-                    rec.exit()
+                    # A sync inside the optimizer step (GradScaler's inf check) is the optimizer's time.
+                    if (
+                        not t.is_cuda
+                        or is_compiling()
+                        or rec.is_open(optimizer_id)
+                        or not rec.enter(logging_id)
+                    ):
+                        return orig(t, *args, **kwargs)
+                    try:
+                        stats["syncs"] += 1
+                        add_mark(now(), "sync", op=name)
+                        return orig(t, *args, **kwargs)
+                    finally:
+                        rec.exit()
+                except BaseException as e:
+                    drop_own_frame(e)
+                    raise
 
             return synced
 
@@ -491,6 +516,9 @@ class TorchStages:
                 depth = len(open_steps)
                 try:
                     return step(*args, **kwargs)
+                except BaseException as e:
+                    drop_own_frame(e)
+                    raise
                 finally:
                     while len(open_steps) > depth:
                         if open_steps.pop():
@@ -539,12 +567,16 @@ class TorchStages:
                 return None
 
             def timed_closure(*a: Any, **k: Any) -> Any:
-                if not enter(other_id):
-                    return closure(*a, **k)
                 try:
-                    return closure(*a, **k)
-                finally:
-                    exit_()
+                    if not enter(other_id):
+                        return closure(*a, **k)
+                    try:
+                        return closure(*a, **k)
+                    finally:
+                        exit_()
+                except BaseException as e:
+                    drop_own_frame(e)
+                    raise
 
             if "closure" in kwargs:
                 return args, {**kwargs, "closure": timed_closure}
@@ -580,17 +612,21 @@ class TorchStages:
         stats = self.stats
 
         def scaler_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            if not rec.enter(optimizer_id):
-                return orig_step(scaler, optimizer, *args, **kwargs)
-            steps = stats["optimizer_steps"]
             try:
-                result = orig_step(scaler, optimizer, *args, **kwargs)
-            finally:
-                rec.exit()
-            if stats["optimizer_steps"] == steps:
-                # inf/NaN gradients: the scaler skipped optimizer.step(), yet a training step ended
-                rec.boundary("optimizer")
-            return result
+                if not rec.enter(optimizer_id):
+                    return orig_step(scaler, optimizer, *args, **kwargs)
+                steps = stats["optimizer_steps"]
+                try:
+                    result = orig_step(scaler, optimizer, *args, **kwargs)
+                finally:
+                    rec.exit()
+                if stats["optimizer_steps"] == steps:
+                    # inf/NaN gradients: the scaler skipped optimizer.step(), yet a training step ended
+                    rec.boundary("optimizer")
+                return result
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         scaler_step.__wrapped__ = orig_step  # type: ignore[attr-defined]
         p.set(scaler_cls, "step", scaler_step)
@@ -625,27 +661,31 @@ class TorchStages:
         evaluation = self.evaluation
 
         def save(*args: Any, **kwargs: Any) -> Any:
-            if not rec.enter(checkpoint_id):
-                if self._inner_saves is None or not rec.on_recorded_thread():
-                    return orig(*args, **kwargs)
-                try:  # a save inside a framework's checkpoint routine: only its size is noted
+            try:
+                if not rec.enter(checkpoint_id):
+                    if self._inner_saves is None or not rec.on_recorded_thread():
+                        return orig(*args, **kwargs)
+                    try:  # a save inside a framework's checkpoint routine: only its size is noted
+                        return orig(*args, **kwargs)
+                    finally:
+                        self._inner_saves.append(saved_size(args, kwargs))
+                evaluation.checkpoint_starts()
+                start = self._now()
+                try:
                     return orig(*args, **kwargs)
                 finally:
-                    self._inner_saves.append(saved_size(args, kwargs))
-            evaluation.checkpoint_starts()
-            start = self._now()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                rec.exit()
-                rec.timeline.add_mark(
-                    start,
-                    "checkpoint",
-                    fn=label,
-                    seconds=self._now() - start,
-                    bytes=saved_size(args, kwargs),
-                    **saved_what(args, kwargs),
-                )
+                    rec.exit()
+                    rec.timeline.add_mark(
+                        start,
+                        "checkpoint",
+                        fn=label,
+                        seconds=self._now() - start,
+                        bytes=saved_size(args, kwargs),
+                        **saved_what(args, kwargs),
+                    )
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         save.__wrapped__ = orig  # type: ignore[attr-defined]
         return save
@@ -657,26 +697,30 @@ class TorchStages:
         and RNG state, its own files, the rotation of old checkpoints), recorded as one ``checkpoint``;
         the size of a checkpoint is what the saves inside it wrote."""
         rec = self.recorder
-        if not rec.enter(rec.stage_id("checkpoint")):
-            return orig(*args, **kwargs)
-        self.evaluation.checkpoint_starts()
-        start = self._now()
-        outer, self._inner_saves = self._inner_saves, []
         try:
-            return orig(*args, **kwargs)
-        finally:
-            inner, self._inner_saves = self._inner_saves, outer
-            rec.exit()
-            sizes = [n for n in inner if n is not None]
-            rec.timeline.add_mark(
-                start,
-                "checkpoint",
-                fn=label,
-                seconds=self._now() - start,
-                bytes=sum(sizes) if inner and len(sizes) == len(inner) else None,
-                what="checkpoint",
-                files=len(inner),
-            )
+            if not rec.enter(rec.stage_id("checkpoint")):
+                return orig(*args, **kwargs)
+            self.evaluation.checkpoint_starts()
+            start = self._now()
+            outer, self._inner_saves = self._inner_saves, []
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                inner, self._inner_saves = self._inner_saves, outer
+                rec.exit()
+                sizes = [n for n in inner if n is not None]
+                rec.timeline.add_mark(
+                    start,
+                    "checkpoint",
+                    fn=label,
+                    seconds=self._now() - start,
+                    bytes=sum(sizes) if inner and len(sizes) == len(inner) else None,
+                    what="checkpoint",
+                    files=len(inner),
+                )
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
 
     # -- logging ---------------------------------------------------------
 
@@ -715,9 +759,13 @@ class TorchStages:
         init = dist.init_process_group
 
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            result = init(*args, **kwargs)
-            _note_rank(dist, rec)
-            return result
+            try:
+                result = init(*args, **kwargs)
+                _note_rank(dist, rec)
+                return result
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         p.set(dist, "init_process_group", functools.wraps(init)(init_process_group))
 
