@@ -127,7 +127,10 @@ class PerfMagics(Magics):
         usual (its variables stay, its last value is shown, its traceback is the
         usual one) and shows what each training stage and the hardware did. If the
         cell raises or is interrupted, the report of what ran is shown, then the
-        traceback. ``%gpuprofile --compare A B`` shows two reports side by side.
+        traceback; one that fails before its first training step shows its
+        traceback alone, and leaves -v's variable and the --json and --html
+        files as they were. ``%gpuprofile --compare A B`` shows two reports
+        side by side.
 
         Steps are counted at each optimizer step or DataLoader batch; a loop that
         has neither (a custom or non-torch loop) calls ``perfmagic.step()`` at the
@@ -263,6 +266,11 @@ class PerfMagics(Magics):
             if view is not None:
                 view.close(None, "the report could not be built")
             return None
+        if error is not None and not report.steps.get("count"):
+            # It failed before training: its traceback alone says why, and -v, --json and --html keep what
+            # they held (an earlier run's report, say) rather than an empty one.
+            self._note_unprofiled(view, args, type(error).__name__, session.outdir)
+            return None
         if args.var is not None:
             self._shell.user_ns[args.var] = report
         links = self._export(report, session.outdir, args)
@@ -276,6 +284,15 @@ class PerfMagics(Magics):
         elif bundle is not None:
             display(bundle, raw=True)
         return report
+
+    def _note_unprofiled(self, view: _LiveView | None, args: Any, error: str, outdir: Path) -> None:
+        from perfmagic.render.notebook import unprofiled_bundle
+
+        note = unprofiled_bundle(error, str(outdir))
+        if view is not None:
+            view.close(None, error, summary=note)
+        elif not args.quiet:
+            display(note, raw=True)
 
     def _export(self, report: Report, outdir: Path, args: Any) -> list[tuple[str, str]]:
         written: list[tuple[str, Path]] = []
@@ -385,11 +402,18 @@ class _LiveView:
         )
         self._panel = display(self.panel.widget, display_id=True)
 
-    def close(self, report: Report | None, error: str | None, bundle: dict[str, str] | None = None) -> None:
+    def close(
+        self,
+        report: Report | None,
+        error: str | None,
+        bundle: dict[str, str] | None = None,
+        summary: dict[str, str] | None = None,
+    ) -> None:
+        """The caption becomes ``summary`` (by default, the report's in one line), the panel ``bundle``."""
         from perfmagic.render.notebook import finished_bundle
 
         self.panel.close()
-        summary = finished_bundle(report.to_dict() if report is not None else None, error)
+        summary = summary or finished_bundle(report.to_dict() if report is not None else None, error)
         if self._caption is not None:
             self._caption.update(summary, raw=True)
         if self._panel is not None:

@@ -300,6 +300,19 @@ def test_syntax_error_stops_before_profiling(ip: InteractiveShell) -> None:
     assert snapshot() == before
 
 
+def test_a_cell_failing_before_training_keeps_v_and_shows_no_report(
+    ip: InteractiveShell, tmp_path: Path
+) -> None:
+    ip.user_ns["kept"] = "an earlier report"
+    out = tmp_path / "r.json"
+    result, cap = run(ip, f"%%gpuprofile --no-live -v kept --json {out}\n\nundefined_name\n" + TRAIN)
+    assert isinstance(result.error_in_exec, NameError)
+    assert ip.user_ns["kept"] == "an earlier report" and not out.exists()
+    (note,) = cap.outputs  # one line, no report
+    assert "before its first training step" in note.data["text/plain"] and "\n" not in note.data["text/plain"]
+    assert "NameError" in cap.stdout
+
+
 def test_trace_runs_torch_profiler_for_a_few_steps(ip: InteractiveShell, tmp_path: Path) -> None:
     before = snapshot()
     result, _ = run(ip, f"%%gpuprofile --trace --steps 3 --no-live -v traced --outdir {tmp_path}\n" + TRAIN)
