@@ -5,12 +5,12 @@ the last expression's value as the cell's result, the usual traceback), with a
 profile around it. As ``%time`` does, the cell is compiled here and executed in
 the user namespace rather than through a nested ``run_cell``: then an exception
 or Ctrl-C leaves the cell itself failed, so "run all" stops there, and the
-traceback is shown once.
+traceback is shown once: the one the same cell shows without the magic, its
+syntax errors too (``perfmagic.cells``).
 """
 
 from __future__ import annotations
 
-import ast
 import html
 import shlex
 from collections.abc import Callable
@@ -24,7 +24,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, output_can_be_silenced
 
-from perfmagic.places import note_cell_body
+from perfmagic.cells import compile_body, shown_from_body, syntax_check
 from perfmagic.report import Report
 from perfmagic.session import Session, active_session
 
@@ -173,7 +173,7 @@ class PerfMagics(Magics):
             raise UsageError("--tune-budget sets how long --tune may take: add --tune")
         if args.tune_budget is not None and not 0 < args.tune_budget < float("inf"):
             raise UsageError(f"--tune-budget must be a positive number of seconds, got {args.tune_budget}")
-        report, value = self._profile_cell(args, cell)
+        report, value = self._profile_cell(args, line, cell)
         if args.return_report:
             if value is not _NOTHING and value is not None:
                 self._shell.displayhook(value)
@@ -220,9 +220,9 @@ class PerfMagics(Magics):
 
     # -- %%gpuprofile ------------------------------------------------------
 
-    def _profile_cell(self, args: Any, cell: str) -> tuple[Report | None, Any]:
+    def _profile_cell(self, args: Any, line: str, cell: str) -> tuple[Report | None, Any]:
         __tracebackhide__ = True
-        body, last = self._compile(cell)
+        body, last, filename = self._compile(line, cell)
         if active_session() is not None:
             raise UsageError(_ALREADY)
         if args.trace:
@@ -251,6 +251,7 @@ class PerfMagics(Magics):
                     value = eval(last, gns, ns)
         except BaseException as e:
             error = e
+            shown_from_body(e, self._shell, filename)  # the traceback the cell shows without the magic
             raise
         finally:
             report = self._deliver(session, view, args, error)
@@ -317,21 +318,13 @@ class PerfMagics(Magics):
             print(f"perfmagic: {problem}")
         return [(label, _href(path)) for label, path in written]
 
-    def _compile(self, cell: str) -> tuple[CodeType, CodeType | None]:
-        """The cell as IPython would run it: input transforms, AST transforms, last expression apart."""
+    def _compile(self, line: str, cell: str) -> tuple[CodeType, CodeType | None, str]:
+        """The cell as IPython would run it (``cells.compile_body``), and the file name it is compiled as."""
         shell: Any = self._shell
         source = shell.transform_cell(cell)
         if shell.should_run_async(cell, transformed_cell=source, preprocessing_exc_tuple=None):
             raise UsageError(_ASYNC)
-        filename = shell.compile.cache(source, _cell_number(shell, cell), raw_code=cell)
-        note_cell_body(filename)  # its lines start below this magic's own, in the cell the user sees
-        tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            expression: Any = ast.Expression(tree.body.pop().value)
-            last = shell.compile(expression, filename, "eval")
-        body: Any = tree
-        return shell.compile(body, filename, "exec"), last
+        return compile_body(shell, line, cell, source, _cell_number(shell, cell))
 
     # -- %gpuprofile --compare ---------------------------------------------
 
@@ -428,12 +421,20 @@ def _href(path: Path) -> str:
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(PerfMagics)
+    _drop_syntax_check(ipython)
+    ipython.input_transformers_cleanup.append(syntax_check(ipython))
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     magics = ipython.magics_manager.registry.get("PerfMagics")
     if magics is not None:
         magics.stop_monitor()
+    _drop_syntax_check(ipython)
+
+
+def _drop_syntax_check(ipython: Any) -> None:
+    transforms = ipython.input_transformers_cleanup
+    transforms[:] = [t for t in transforms if not getattr(t, "perfmagic", False)]
 
 
 def _cell_number(shell: Any, body: str) -> int:
