@@ -65,8 +65,12 @@ def syntax_check(shell: Any) -> Callable[[list[str]], list[str]]:
         if lines and _MAGIC_LINE.match(lines[0]):
             body = "".join(lines[1:])
             line = lines[0][2:].rstrip().partition(" ")[2]  # what IPython hands the magic as its line
-            # the cell runs under the count the shell has now: it counts the cell once it runs it
-            _parsed(shell, line, body, shell.transform_cell(body), int(shell.execution_count))
+            try:  # the cell runs under the count the shell has now: it counts the cell once it runs it
+                _parsed(shell, line, body, shell.transform_cell(body), int(shell.execution_count))
+            except SyntaxError:
+                raise
+            except Exception:  # anything else is the magic's to report when it runs, as before
+                pass
         return lines
 
     check.has_side_effects = True  # type: ignore[attr-defined]  # caches the cell: not for check_complete
