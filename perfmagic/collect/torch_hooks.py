@@ -101,6 +101,18 @@ def non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return next((a for a in args if isinstance(a, bool)), False)
 
 
+def targets_cuda(args: tuple[Any, ...], kwargs: dict[str, Any], device_cls: Any, tensor_cls: Any) -> bool:
+    """Whether a ``Tensor.to`` call's target (``device=``, or its first argument) is a CUDA device."""
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, str):
+        return target.startswith("cuda")
+    if isinstance(target, device_cls):
+        return bool(target.type == "cuda")
+    if isinstance(target, tensor_cls):
+        return bool(target.is_cuda)
+    return isinstance(target, int) and not isinstance(target, bool)
+
+
 def torch_available() -> bool:
     return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
@@ -328,6 +340,15 @@ class TorchStages:
                     add_sample(THREAD_TOKENS, t, counted[1])
             return batch
 
+        p.set(dl._BaseDataLoaderIter, "__next__", next_batch)
+        p.set(dl.DataLoader, "__iter__", self._start_iter(orig_iter, data_id, passes))
+
+    def _start_iter(
+        self, orig_iter: Callable[[Any], Any], data_id: int, passes: dict[int, tuple[float, int, int]]
+    ) -> Callable[[Any], Any]:
+        """``DataLoader.__iter__``: its worker start-up as ``data``, and when each pass began (``passes``)."""
+        rec, stats, now = self.recorder, self.stats, self._now
+
         def start_iter(loader: Any) -> Any:
             self._record_once(self._record_loader, loader)
             entered = rec.enter(data_id)
@@ -342,8 +363,7 @@ class TorchStages:
             passes[id(it)] = (now(), stats["optimizer_steps"], stats["grad_enabled_forwards"])
             return it
 
-        p.set(dl._BaseDataLoaderIter, "__next__", next_batch)
-        p.set(dl.DataLoader, "__iter__", start_iter)
+        return start_iter
 
     def _record_loader(self, loader: Any) -> None:
         settings = loader_settings(loader, self._torch, sys._getframe(2))  # 2: the loop's `for`, or above
@@ -425,17 +445,6 @@ class TorchStages:
         device_cls = torch.device
         now = self._now
         add_mark = rec.timeline.add_mark
-
-        def targets_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-            target = kwargs.get("device", args[0] if args else None)
-            if isinstance(target, str):
-                return target.startswith("cuda")
-            if isinstance(target, device_cls):
-                return bool(target.type == "cuda")
-            if isinstance(target, Tensor):
-                return bool(target.is_cuda)
-            return isinstance(target, int) and not isinstance(target, bool)
-
         parameter_cls = torch.nn.Parameter
 
         def copy_to_device(orig: Any, always_cuda: bool) -> Any:
@@ -445,7 +454,7 @@ class TorchStages:
                         t.is_cuda
                         # model.to("cuda") moves parameters once (Module._apply): set-up, not batch copies
                         or isinstance(t, parameter_cls)
-                        or not (always_cuda or targets_cuda(args, kwargs))
+                        or not (always_cuda or targets_cuda(args, kwargs, device_cls, Tensor))
                         or is_compiling()
                         or not rec.enter(h2d_id)
                     ):
@@ -531,7 +540,6 @@ class TorchStages:
 
         stepped = self._stepped
         other_id = rec.stage_id("other")
-        enter, exit_ = rec.enter, rec.exit
 
         seen = self._seen
         maybe_start_device_clock = self._maybe_start_device_clock if self._cuda_available else None
@@ -557,30 +565,7 @@ class TorchStages:
             # torch hands the hooks the step's own arguments: (optimizer, closure?, ...)
             if len(args) < 2 and not kwargs:  # no closure: most loops, every step
                 return None
-            return _with_timed_closure(args, kwargs)
-
-        def _with_timed_closure(args: Any, kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
-            """A closure (Lightning runs ``training_step`` in one, LBFGS re-evaluates the loss) is not the
-            optimizer's time: inside it, what is no forward or backward is ``other``."""
-            closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-            if closure is None or not callable(closure):
-                return None
-
-            def timed_closure(*a: Any, **k: Any) -> Any:
-                try:
-                    if not enter(other_id):
-                        return closure(*a, **k)
-                    try:
-                        return closure(*a, **k)
-                    finally:
-                        exit_()
-                except BaseException as e:
-                    drop_own_frame(e)
-                    raise
-
-            if "closure" in kwargs:
-                return args, {**kwargs, "closure": timed_closure}
-            return (args[0], timed_closure, *args[2:]), kwargs
+            return _with_timed_closure(args, kwargs, rec, other_id)
 
         def post(optimizer: Any, args: Any, kwargs: Any) -> None:
             if open_steps and open_steps.pop():
@@ -768,6 +753,34 @@ class TorchStages:
                 raise
 
         p.set(dist, "init_process_group", functools.wraps(init)(init_process_group))
+
+
+def _with_timed_closure(
+    args: Any, kwargs: Any, rec: StageRecorder, other_id: int
+) -> tuple[Any, dict[str, Any]] | None:
+    """An optimizer step's arguments with its closure timed: a closure (Lightning runs ``training_step``
+    in one, LBFGS re-evaluates the loss) is not the optimizer's time: inside it, what is no forward or
+    backward is ``other``."""
+    closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+    if closure is None or not callable(closure):
+        return None
+    enter, exit_ = rec.enter, rec.exit
+
+    def timed_closure(*a: Any, **k: Any) -> Any:
+        try:
+            if not enter(other_id):
+                return closure(*a, **k)
+            try:
+                return closure(*a, **k)
+            finally:
+                exit_()
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": timed_closure}
+    return (args[0], timed_closure, *args[2:]), kwargs
 
 
 def _note_rank(dist: Any, rec: StageRecorder) -> None:
