@@ -5,12 +5,12 @@ the last expression's value as the cell's result, the usual traceback), with a
 profile around it. As ``%time`` does, the cell is compiled here and executed in
 the user namespace rather than through a nested ``run_cell``: then an exception
 or Ctrl-C leaves the cell itself failed, so "run all" stops there, and the
-traceback is shown once.
+traceback is shown once: the one the same cell shows without the magic, its
+syntax errors too (``perfmagic.cells``).
 """
 
 from __future__ import annotations
 
-import ast
 import html
 import shlex
 from collections.abc import Callable
@@ -24,7 +24,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, output_can_be_silenced
 
-from perfmagic.places import note_cell_body
+from perfmagic.cells import compile_body, shown_from_body, syntax_check
 from perfmagic.report import Report
 from perfmagic.session import Session, active_session
 
@@ -127,7 +127,10 @@ class PerfMagics(Magics):
         usual (its variables stay, its last value is shown, its traceback is the
         usual one) and shows what each training stage and the hardware did. If the
         cell raises or is interrupted, the report of what ran is shown, then the
-        traceback. ``%gpuprofile --compare A B`` shows two reports side by side.
+        traceback; one that fails before its first training step shows its
+        traceback alone, and leaves -v's variable and the --json and --html
+        files as they were. ``%gpuprofile --compare A B`` shows two reports
+        side by side.
 
         Steps are counted at each optimizer step or DataLoader batch; a loop that
         has neither (a custom or non-torch loop) calls ``perfmagic.step()`` at the
@@ -170,7 +173,7 @@ class PerfMagics(Magics):
             raise UsageError("--tune-budget sets how long --tune may take: add --tune")
         if args.tune_budget is not None and not 0 < args.tune_budget < float("inf"):
             raise UsageError(f"--tune-budget must be a positive number of seconds, got {args.tune_budget}")
-        report, value = self._profile_cell(args, cell)
+        report, value = self._profile_cell(args, line, cell)
         if args.return_report:
             if value is not _NOTHING and value is not None:
                 self._shell.displayhook(value)
@@ -222,9 +225,9 @@ class PerfMagics(Magics):
 
     # -- %%gpuprofile ------------------------------------------------------
 
-    def _profile_cell(self, args: Any, cell: str) -> tuple[Report | None, Any]:
+    def _profile_cell(self, args: Any, line: str, cell: str) -> tuple[Report | None, Any]:
         __tracebackhide__ = True
-        body, last = self._compile(cell)
+        body, last, filename = self._compile(line, cell)
         if active_session() is not None:
             raise UsageError(_ALREADY)
         if args.trace:
@@ -253,6 +256,7 @@ class PerfMagics(Magics):
                     value = eval(last, gns, ns)
         except BaseException as e:
             error = e
+            shown_from_body(e, self._shell, filename)  # the traceback the cell shows without the magic
             raise
         finally:
             try:
@@ -272,6 +276,11 @@ class PerfMagics(Magics):
             if view is not None:
                 view.close(None, "the report could not be built")
             return None
+        if error is not None and not report.steps.get("count"):
+            # It failed before training: its traceback alone says why, and -v, --json and --html keep what
+            # they held (an earlier run's report, say) rather than an empty one.
+            self._note_unprofiled(view, args, type(error).__name__, session.outdir)
+            return None
         if args.var is not None:
             self._shell.user_ns[args.var] = report
         links = self._export(report, session.outdir, args)
@@ -285,6 +294,15 @@ class PerfMagics(Magics):
         elif bundle is not None:
             display(bundle, raw=True)
         return report
+
+    def _note_unprofiled(self, view: _LiveView | None, args: Any, error: str, outdir: Path) -> None:
+        from perfmagic.render.notebook import unprofiled_bundle
+
+        note = unprofiled_bundle(error, str(outdir))
+        if view is not None:
+            view.close(None, error, summary=note)
+        elif not args.quiet:
+            display(note, raw=True)
 
     def _export(self, report: Report, outdir: Path, args: Any) -> list[tuple[str, str]]:
         written: list[tuple[str, Path]] = []
@@ -309,21 +327,13 @@ class PerfMagics(Magics):
             print(f"perfmagic: {problem}")
         return [(label, _href(path)) for label, path in written]
 
-    def _compile(self, cell: str) -> tuple[CodeType, CodeType | None]:
-        """The cell as IPython would run it: input transforms, AST transforms, last expression apart."""
+    def _compile(self, line: str, cell: str) -> tuple[CodeType, CodeType | None, str]:
+        """The cell as IPython would run it (``cells.compile_body``), and the file name it is compiled as."""
         shell: Any = self._shell
         source = shell.transform_cell(cell)
         if shell.should_run_async(cell, transformed_cell=source, preprocessing_exc_tuple=None):
             raise UsageError(_ASYNC)
-        filename = shell.compile.cache(source, _cell_number(shell, cell), raw_code=cell)
-        note_cell_body(filename)  # its lines start below this magic's own, in the cell the user sees
-        tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            expression: Any = ast.Expression(tree.body.pop().value)
-            last = shell.compile(expression, filename, "eval")
-        body: Any = tree
-        return shell.compile(body, filename, "exec"), last
+        return compile_body(shell, line, cell, source, _cell_number(shell, cell))
 
     # -- %gpuprofile --compare ---------------------------------------------
 
@@ -398,8 +408,15 @@ class _LiveView:
             self.panel.close()
             raise
 
-    def close(self, report: Report | None, error: str | None, bundle: dict[str, str] | None = None) -> None:
-        """Put the summary and the report in the outputs' place, then close the widgets; once.
+    def close(
+        self,
+        report: Report | None,
+        error: str | None,
+        bundle: dict[str, str] | None = None,
+        summary: dict[str, str] | None = None,
+    ) -> None:
+        """The caption becomes ``summary`` (by default, the report's in one line), the panel ``bundle``;
+        then the widgets close; once.
 
         In that order: the browser drops the widgets' views before their models close, and the
         saved notebook holds no view of a model that only the kernel had.
@@ -411,7 +428,7 @@ class _LiveView:
         self._closed = True
         self.panel.freeze()
         try:
-            summary = finished_bundle(report.to_dict() if report is not None else None, error)
+            summary = summary or finished_bundle(report.to_dict() if report is not None else None, error)
             if self._caption is not None:
                 self._caption.update(summary, raw=True)
             if self._panel is not None:
@@ -428,12 +445,20 @@ def _href(path: Path) -> str:
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(PerfMagics)
+    _drop_syntax_check(ipython)
+    ipython.input_transformers_cleanup.append(syntax_check(ipython))
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     magics = ipython.magics_manager.registry.get("PerfMagics")
     if magics is not None:
         magics.stop_monitor()
+    _drop_syntax_check(ipython)
+
+
+def _drop_syntax_check(ipython: Any) -> None:
+    transforms = ipython.input_transformers_cleanup
+    transforms[:] = [t for t in transforms if not getattr(t, "perfmagic", False)]
 
 
 def _cell_number(shell: Any, body: str) -> int:

@@ -12,8 +12,8 @@ kernel, or a DataLoader worker forked from it, which has a copy) and stored as p
 IPython is never imported here: a process that has not imported it runs no cells.
 
 IPython numbers a cell's lines after dropping its leading blank lines, which the user's cell still
-shows: they are added back. ``%%gpuprofile`` compiles its cell's body apart (``note_cell_body``):
-its lines start below the magic's own line.
+shows: they are added back. ``%%gpuprofile`` compiles its cell's body at the lines IPython gives them
+in the cell (``perfmagic.cells``): a body is named as any cell is.
 """
 
 from __future__ import annotations
@@ -53,13 +53,6 @@ STAND_IN_FILES = frozenset(os.path.join(d, "demo.py") for d in _PACKAGE_DIRS)
 demo``'s training job stands for the user's, so its report names the demo's dataset and loop where a
 user's would name theirs (as perfmagic's own code it was skipped, and the report named the console
 script's line that started it)."""
-
-_CELL_BODIES: set[str] = set()
-
-
-def note_cell_body(filename: str) -> None:
-    """Code compiled as ``filename`` is a cell magic's body: its first line is below the magic's."""
-    _CELL_BODIES.add(filename)
 
 
 def code_place(filename: str, line: int, function: str) -> CodePlace:
@@ -115,24 +108,14 @@ def _cell(filename: str) -> tuple[int, int] | None:
         raw = shell.history_manager.input_hist_raw[number]
     except (AttributeError, IndexError, TypeError):  # no history kept: IPython's own numbering
         raw = None
-    return number, _lines_above(raw if isinstance(raw, str) else "", filename in _CELL_BODIES)
+    return number, _blank_lines_on_top(raw if isinstance(raw, str) else "")
 
 
-def _lines_above(raw: str, body: bool) -> int:
-    """Lines of the user's cell ``raw`` above the first one IPython compiled: the leading blank lines,
-    and for a cell magic's body, the magic's line and the blank lines after it."""
+def _blank_lines_on_top(raw: str) -> int:
+    """Lines of the user's cell ``raw`` above the first one IPython numbered: its leading blank lines
+    (none where no history of the cell is kept: IPython's numbering)."""
     lines = raw.splitlines()
-    if not lines:  # no history of the cell: IPython's numbering, below the magic's line for a body
-        return 1 if body else 0
-    first = _first_text(lines, 0)
-    if body and first < len(lines) and lines[first].lstrip().startswith("%%"):
-        first = _first_text(lines, first + 1)
-    return first
-
-
-def _first_text(lines: list[str], start: int) -> int:
-    """The first line from ``start`` on that is not blank (``len(lines)``: none)."""
-    return next((i for i in range(start, len(lines)) if lines[i].strip()), len(lines))
+    return next((i for i, line in enumerate(lines) if line.strip()), 0)
 
 
 def _shell() -> Any:

@@ -30,6 +30,7 @@ from typing import Any
 
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.tracebacks import drop_own_frame
 
 
 class ReducerWait:
@@ -56,10 +57,14 @@ class ReducerWait:
         grad_enabled = torch.is_grad_enabled
 
         def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
-            # the Reducer prepares for backward under the same condition (DDP._pre_forward)
-            if grad_enabled() and module.require_backward_grad_sync:
-                self.pending = True
-            return orig_forward(module, *args, **kwargs)
+            try:
+                # the Reducer prepares for backward under the same condition (DDP._pre_forward)
+                if grad_enabled() and module.require_backward_grad_sync:
+                    self.pending = True
+                return orig_forward(module, *args, **kwargs)
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         p.set(self._ddp, "forward", forward)
 
@@ -69,24 +74,28 @@ class ReducerWait:
         enter, exit_ = rec.enter, rec.exit
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            if not enter(backward_id):
-                return fn(*args, **kwargs)
-            handle = None
             try:
-                if self.pending:
-                    self.pending = False
-                    handle = self._arm(args[0] if args else kwargs.get("tensors"))
-                return fn(*args, **kwargs)
-            finally:
-                if handle is not None:
-                    handle.remove()
-                if self._waits:
-                    waits, self._waits = self._waits, []
-                    for start, end, start_mark, end_mark in waits:
-                        rec.record_within(comm_id, start, end, (start_mark, end_mark))
-                exit_()
-                if rec.rhythm_wanted:  # no optimizer step, batch or perfmagic.step() yet (step_policy)
-                    rec.boundary("backward")
+                if not enter(backward_id):
+                    return fn(*args, **kwargs)
+                handle = None
+                try:
+                    if self.pending:
+                        self.pending = False
+                        handle = self._arm(args[0] if args else kwargs.get("tensors"))
+                    return fn(*args, **kwargs)
+                finally:
+                    if handle is not None:
+                        handle.remove()
+                    if self._waits:
+                        waits, self._waits = self._waits, []
+                        for start, end, start_mark, end_mark in waits:
+                            rec.record_within(comm_id, start, end, (start_mark, end_mark))
+                    exit_()
+                    if rec.rhythm_wanted:  # no optimizer step, batch or perfmagic.step() yet (step_policy)
+                        rec.boundary("backward")
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         recorded.__wrapped__ = fn  # type: ignore[attr-defined]
         recorded.__name__ = getattr(fn, "__name__", "recorded")

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from perfmagic.collect.call_hints import call_hint
 from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.patching import Patcher
+from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.schema import TRAINER_MARK
 
 if TYPE_CHECKING:
@@ -165,10 +166,14 @@ class FrameworkHooks:
 
     def _checkpoint(self, method: Callable[..., Any], label: str) -> Callable[..., Any]:
         def save(*args: Any, **kwargs: Any) -> Any:
-            stages = self._torch_stages()
-            if stages is None:
-                return method(*args, **kwargs)
-            return stages.run_checkpoint_routine(method, label, args, kwargs)
+            try:
+                stages = self._torch_stages()
+                if stages is None:
+                    return method(*args, **kwargs)
+                return stages.run_checkpoint_routine(method, label, args, kwargs)
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         save.__wrapped__ = method  # type: ignore[attr-defined]
         return save
@@ -177,23 +182,31 @@ class FrameworkHooks:
         evaluation = self._evaluation
 
         def evaluate(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            if not evaluation.begin(_pass_kind(obj, kind)):
-                return method(obj, *args, **kwargs)
             try:
-                return method(obj, *args, **kwargs)
-            finally:
-                evaluation.end()
+                if not evaluation.begin(_pass_kind(obj, kind)):
+                    return method(obj, *args, **kwargs)
+                try:
+                    return method(obj, *args, **kwargs)
+                finally:
+                    evaluation.end()
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         evaluate.__wrapped__ = method  # type: ignore[attr-defined]
         return evaluate
 
     def _trainer(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
         def drive(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            key = (id(obj), name)
-            if key not in self._seen:
-                self._seen.add(key)
-                self._record_trainer(obj, name)
-            return method(obj, *args, **kwargs)
+            try:
+                key = (id(obj), name)
+                if key not in self._seen:
+                    self._seen.add(key)
+                    self._record_trainer(obj, name)
+                return method(obj, *args, **kwargs)
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         drive.__wrapped__ = method  # type: ignore[attr-defined]
         return drive

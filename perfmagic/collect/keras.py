@@ -37,6 +37,7 @@ from perfmagic.collect.call_hints import call_hint
 from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.schema import TRAINER_MARK
 
 KERAS_TRAINER = "keras.Model.fit"
@@ -96,19 +97,23 @@ class KerasHooks:
         recorder = self._recorder
 
         def fit_profiled(model: Any, *args: Any, **kwargs: Any) -> Any:
-            if not recorder.on_recorded_thread():
-                return fit(model, *args, **kwargs)
-            self._note(model)
-            bound = signature.bind(model, *args, **kwargs)
-            callbacks = bound.arguments.get("callbacks")
-            if callbacks is None or isinstance(callbacks, (list, tuple)):
-                bound.arguments["callbacks"] = [
-                    *(callbacks or []),
-                    _step_callback(recorder, self._evaluation),
-                ]
-            else:  # a CallbackList the user built: adding to it would change their object
-                self.warnings.append("Model.fit was given a CallbackList: its steps were not marked")
-            return fit(*bound.args, **bound.kwargs)
+            try:
+                if not recorder.on_recorded_thread():
+                    return fit(model, *args, **kwargs)
+                self._note(model)
+                bound = signature.bind(model, *args, **kwargs)
+                callbacks = bound.arguments.get("callbacks")
+                if callbacks is None or isinstance(callbacks, (list, tuple)):
+                    bound.arguments["callbacks"] = [
+                        *(callbacks or []),
+                        _step_callback(recorder, self._evaluation),
+                    ]
+                else:  # a CallbackList the user built: adding to it would change their object
+                    self.warnings.append("Model.fit was given a CallbackList: its steps were not marked")
+                return fit(*bound.args, **bound.kwargs)
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         fit_profiled.__wrapped__ = fit  # type: ignore[attr-defined]
         return fit_profiled
@@ -145,13 +150,17 @@ class KerasHooks:
 
     def _make_train_function(self, make: Callable[..., Any]) -> Callable[..., Any]:
         def make_profiled(model: Any, *args: Any, **kwargs: Any) -> Any:
-            out = make(model, *args, **kwargs)
-            function = getattr(model, "train_function", None)
-            if function is not None and not getattr(function, "_perfmagic", False):
-                wrapper = self._split_data(model, function)
-                model.train_function = wrapper
-                self._wrapped.append((weakref.ref(model), wrapper, function))
-            return out
+            try:
+                out = make(model, *args, **kwargs)
+                function = getattr(model, "train_function", None)
+                if function is not None and not getattr(function, "_perfmagic", False):
+                    wrapper = self._split_data(model, function)
+                    model.train_function = wrapper
+                    self._wrapped.append((weakref.ref(model), wrapper, function))
+                return out
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         make_profiled.__wrapped__ = make  # type: ignore[attr-defined]
         return make_profiled
@@ -166,20 +175,24 @@ class KerasHooks:
         whole = recorder.wrap(function, "forward")
 
         def train_function(iterator: Any) -> Any:
-            if getattr(model, "steps_per_execution", 1) != 1 or not isinstance(iterator, iterators):
-                return whole(iterator)  # several steps per call: the loop stays in the graph
-            if not recorder.enter(data):
-                return function(iterator)
             try:
-                element = iterator.get_next()  # the end of the data: OutOfRangeError, as Keras expects
-            finally:
-                recorder.exit()
-            recorded = recorder.enter(forward)
-            try:
-                return function(iter((element,)))
-            finally:
-                if recorded:
+                if getattr(model, "steps_per_execution", 1) != 1 or not isinstance(iterator, iterators):
+                    return whole(iterator)  # several steps per call: the loop stays in the graph
+                if not recorder.enter(data):
+                    return function(iterator)
+                try:
+                    element = iterator.get_next()  # the end of the data: OutOfRangeError, as Keras expects
+                finally:
                     recorder.exit()
+                recorded = recorder.enter(forward)
+                try:
+                    return function(iter((element,)))
+                finally:
+                    if recorded:
+                        recorder.exit()
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         train_function._perfmagic = True  # type: ignore[attr-defined]
         train_function.__wrapped__ = function  # type: ignore[attr-defined]

@@ -21,7 +21,6 @@ Rules that keep the picture right without the user's help:
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,7 +29,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from perfmagic.clock import REAL_CLOCK, Clock
+from perfmagic.collect.nvtx_ranges import NVTX as _NVTX
+from perfmagic.collect.nvtx_ranges import nvtx_pop as _nvtx_pop
+from perfmagic.collect.nvtx_ranges import nvtx_push as _nvtx_push
 from perfmagic.collect.threadclock import ThreadClock
+from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.schema import (
     OPAQUE_STAGES,
     STAGES,
@@ -59,28 +62,6 @@ _CLOSED = -1
 
 _UNREAD: _ClockReading = (None, None, 0.0)
 """The thread clock at a step end where nothing was due to be read (see ``boundary``)."""
-
-
-def _no_range(*_: Any, **__: Any) -> None:
-    return None
-
-
-def nvtx_listened() -> bool:
-    """Whether a tool collects NVTX ranges: Nsight Systems and Nsight Compute inject themselves through
-    these variables when they start the process. Without one, a range would cost for nothing."""
-    return bool(os.environ.get("NVTX_INJECTION64_PATH") or os.environ.get("NVTX_INJECTION32_PATH"))
-
-
-_nvtx_push: Callable[..., Any] = _no_range
-_nvtx_pop: Callable[..., Any] = _no_range
-_NVTX = False  # checked before each range: no call at all on the hot path when nothing listens
-if nvtx_listened():
-    try:
-        import nvtx as _nvtx
-
-        _nvtx_push, _nvtx_pop, _NVTX = _nvtx.push_range, _nvtx.pop_range, True
-    except Exception:  # nvtx is a dependency, but a broken install must not stop profiling
-        pass
 
 
 class DeviceClock(Protocol):
@@ -492,12 +473,16 @@ class StageRecorder:
         enter, exit_ = self.enter, self.exit
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            if not enter(sid):
-                return fn(*args, **kwargs)
             try:
-                return fn(*args, **kwargs)
-            finally:
-                exit_()
+                if not enter(sid):
+                    return fn(*args, **kwargs)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    exit_()
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         recorded.__wrapped__ = fn  # type: ignore[attr-defined]
         recorded.__name__ = getattr(fn, "__name__", "recorded")

@@ -15,6 +15,7 @@ from typing import Any
 
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.schema import TF_DATA_MARK
 
 _MAX_DEPTH = 64
@@ -86,14 +87,18 @@ class TfDataLoop:
                 record_pipeline(recorder, dataset, seen)
 
         def __next__(it: Any) -> Any:
-            if not recorder.enter(data):
-                return next_(it)
             try:
-                batch = next_(it)
-            finally:
-                recorder.exit()
-            recorder.boundary("batch")
-            return batch
+                if not recorder.enter(data):
+                    return next_(it)
+                try:
+                    batch = next_(it)
+                finally:
+                    recorder.exit()
+                recorder.boundary("batch")
+                return batch
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         self._patcher.set(owned, "__init__", __init__)
         self._patcher.set(owned, "__next__", __next__)

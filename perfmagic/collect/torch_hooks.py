@@ -28,6 +28,7 @@ steps. On CUDA, a :class:`CudaEventClock` times stage boundaries on the device, 
 until the GPU has finished the work queued in it.
 
 Inside ``torch.compile``'s tracing the wrappers only call through: anything else would break the graph.
+An exception passes through each wrapper without its frame (``collect.tracebacks``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import contextlib
 import functools
 import importlib.util
 import logging
-import os
 import sys
 import weakref
 from collections.abc import Callable
@@ -49,8 +49,10 @@ from perfmagic.collect.evaluation import EvaluationPasses
 from perfmagic.collect.loaders import loader_settings
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.saves import rebind_copies, safetensors_torch, saved_size, saved_what
 from perfmagic.collect.stacks import call_site
 from perfmagic.collect.threadclock import cpu_only_reading
+from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.schema import (
     THREAD_DATA_CPU,
     THREAD_DATA_TIMED,
@@ -97,6 +99,18 @@ def non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     if "non_blocking" in kwargs:
         return bool(kwargs["non_blocking"])
     return next((a for a in args if isinstance(a, bool)), False)
+
+
+def targets_cuda(args: tuple[Any, ...], kwargs: dict[str, Any], device_cls: Any, tensor_cls: Any) -> bool:
+    """Whether a ``Tensor.to`` call's target (``device=``, or its first argument) is a CUDA device."""
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, str):
+        return target.startswith("cuda")
+    if isinstance(target, device_cls):
+        return bool(target.type == "cuda")
+    if isinstance(target, tensor_cls):
+        return bool(target.is_cuda)
+    return isinstance(target, int) and not isinstance(target, bool)
 
 
 def torch_available() -> bool:
@@ -297,6 +311,9 @@ class TorchStages:
                 if began_pass is not None and began_pass[1:] == trained:  # trained nothing: an evaluation
                     evaluation.seen(began_pass[0])
                 raise
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
             finally:
                 if entered:
                     rec.exit()
@@ -323,19 +340,30 @@ class TorchStages:
                     add_sample(THREAD_TOKENS, t, counted[1])
             return batch
 
+        p.set(dl._BaseDataLoaderIter, "__next__", next_batch)
+        p.set(dl.DataLoader, "__iter__", self._start_iter(orig_iter, data_id, passes))
+
+    def _start_iter(
+        self, orig_iter: Callable[[Any], Any], data_id: int, passes: dict[int, tuple[float, int, int]]
+    ) -> Callable[[Any], Any]:
+        """``DataLoader.__iter__``: its worker start-up as ``data``, and when each pass began (``passes``)."""
+        rec, stats, now = self.recorder, self.stats, self._now
+
         def start_iter(loader: Any) -> Any:
             self._record_once(self._record_loader, loader)
             entered = rec.enter(data_id)
             try:
                 it = orig_iter(loader)
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
             finally:
                 if entered:
                     rec.exit()
             passes[id(it)] = (now(), stats["optimizer_steps"], stats["grad_enabled_forwards"])
             return it
 
-        p.set(dl._BaseDataLoaderIter, "__next__", next_batch)
-        p.set(dl.DataLoader, "__iter__", start_iter)
+        return start_iter
 
     def _record_loader(self, loader: Any) -> None:
         settings = loader_settings(loader, self._torch, sys._getframe(2))  # 2: the loop's `for`, or above
@@ -357,28 +385,32 @@ class TorchStages:
         active = rec.active
 
         def call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            # a module inside the forward pass (most calls): one list read and on
-            if active[forward_id] or is_compiling() or not rec.enter(forward_id):
-                return orig_call(module, *args, **kwargs)
             try:
-                stats["forwards"] += 1
-                if grad_enabled():
-                    stats["grad_enabled_forwards"] += 1
-                for device in autocast_devices if any_autocast() else ():
-                    if is_autocast(device):
-                        stats["autocast_forwards"] += 1
-                        dtype = str(autocast_dtype(device)).replace("torch.", "")
-                        key = f"{device}:{dtype}"
-                        stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
-                        break
-                result = orig_call(module, *args, **kwargs)
-                if id(module) not in seen:  # after the call: a lazy module's parameters exist
-                    self._record_once(self._record_model, module)
-                if self.keep_inputs:
-                    self.inputs[id(module)] = (weakref.ref(module), args, kwargs)
-                return result
-            finally:
-                rec.exit()
+                # a module inside the forward pass (most calls): one list read and on
+                if active[forward_id] or is_compiling() or not rec.enter(forward_id):
+                    return orig_call(module, *args, **kwargs)
+                try:
+                    stats["forwards"] += 1
+                    if grad_enabled():
+                        stats["grad_enabled_forwards"] += 1
+                    for device in autocast_devices if any_autocast() else ():
+                        if is_autocast(device):
+                            stats["autocast_forwards"] += 1
+                            dtype = str(autocast_dtype(device)).replace("torch.", "")
+                            key = f"{device}:{dtype}"
+                            stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
+                            break
+                    result = orig_call(module, *args, **kwargs)
+                    if id(module) not in seen:  # after the call: a lazy module's parameters exist
+                        self._record_once(self._record_model, module)
+                    if self.keep_inputs:
+                        self.inputs[id(module)] = (weakref.ref(module), args, kwargs)
+                    return result
+                finally:
+                    rec.exit()
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         p.set(torch.nn.Module, "__call__", call)
 
@@ -413,56 +445,58 @@ class TorchStages:
         device_cls = torch.device
         now = self._now
         add_mark = rec.timeline.add_mark
-
-        def targets_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-            target = kwargs.get("device", args[0] if args else None)
-            if isinstance(target, str):
-                return target.startswith("cuda")
-            if isinstance(target, device_cls):
-                return bool(target.type == "cuda")
-            if isinstance(target, Tensor):
-                return bool(target.is_cuda)
-            return isinstance(target, int) and not isinstance(target, bool)
-
         parameter_cls = torch.nn.Parameter
 
         def copy_to_device(orig: Any, always_cuda: bool) -> Any:
             def copy(t: Any, *args: Any, **kwargs: Any) -> Any:
-                if (
-                    t.is_cuda
-                    # model.to("cuda") moves parameters once (Module._apply): set-up, not batch copies
-                    or isinstance(t, parameter_cls)
-                    or not (always_cuda or targets_cuda(args, kwargs))
-                    or is_compiling()
-                    or not rec.enter(h2d_id)
-                ):
-                    return orig(t, *args, **kwargs)
                 try:
-                    stats["h2d_copies"] += 1
-                    nbytes = t.numel() * t.element_size()
-                    stats["h2d_bytes"] += nbytes
-                    if t.is_pinned():
-                        stats["h2d_pinned_bytes"] += nbytes
-                    if non_blocking(args, kwargs):
-                        stats["h2d_non_blocking"] += 1
-                    return orig(t, *args, **kwargs)
-                finally:
-                    rec.exit()
-                    self._maybe_start_device_clock()
+                    if (
+                        t.is_cuda
+                        # model.to("cuda") moves parameters once (Module._apply): set-up, not batch copies
+                        or isinstance(t, parameter_cls)
+                        or not (always_cuda or targets_cuda(args, kwargs, device_cls, Tensor))
+                        or is_compiling()
+                        or not rec.enter(h2d_id)
+                    ):
+                        return orig(t, *args, **kwargs)
+                    try:
+                        stats["h2d_copies"] += 1
+                        nbytes = t.numel() * t.element_size()
+                        stats["h2d_bytes"] += nbytes
+                        if t.is_pinned():
+                            stats["h2d_pinned_bytes"] += nbytes
+                        if non_blocking(args, kwargs):
+                            stats["h2d_non_blocking"] += 1
+                        return orig(t, *args, **kwargs)
+                    finally:
+                        rec.exit()
+                        self._maybe_start_device_clock()
+                except BaseException as e:
+                    drop_own_frame(e)
+                    raise
 
             return copy
 
         def sync(orig: Any, name: str) -> Any:
             def synced(t: Any, *args: Any, **kwargs: Any) -> Any:
-                # A sync inside the optimizer step (GradScaler's inf check) is the optimizer's time.
-                if not t.is_cuda or is_compiling() or rec.is_open(optimizer_id) or not rec.enter(logging_id):
-                    return orig(t, *args, **kwargs)
                 try:
-                    stats["syncs"] += 1
-                    add_mark(now(), "sync", op=name)
-                    return orig(t, *args, **kwargs)
-                finally:
-                    rec.exit()
+                    # A sync inside the optimizer step (GradScaler's inf check) is the optimizer's time.
+                    if (
+                        not t.is_cuda
+                        or is_compiling()
+                        or rec.is_open(optimizer_id)
+                        or not rec.enter(logging_id)
+                    ):
+                        return orig(t, *args, **kwargs)
+                    try:
+                        stats["syncs"] += 1
+                        add_mark(now(), "sync", op=name)
+                        return orig(t, *args, **kwargs)
+                    finally:
+                        rec.exit()
+                except BaseException as e:
+                    drop_own_frame(e)
+                    raise
 
             return synced
 
@@ -491,6 +525,9 @@ class TorchStages:
                 depth = len(open_steps)
                 try:
                     return step(*args, **kwargs)
+                except BaseException as e:
+                    drop_own_frame(e)
+                    raise
                 finally:
                     while len(open_steps) > depth:
                         if open_steps.pop():
@@ -503,7 +540,6 @@ class TorchStages:
 
         stepped = self._stepped
         other_id = rec.stage_id("other")
-        enter, exit_ = rec.enter, rec.exit
 
         seen = self._seen
         maybe_start_device_clock = self._maybe_start_device_clock if self._cuda_available else None
@@ -529,26 +565,7 @@ class TorchStages:
             # torch hands the hooks the step's own arguments: (optimizer, closure?, ...)
             if len(args) < 2 and not kwargs:  # no closure: most loops, every step
                 return None
-            return _with_timed_closure(args, kwargs)
-
-        def _with_timed_closure(args: Any, kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
-            """A closure (Lightning runs ``training_step`` in one, LBFGS re-evaluates the loss) is not the
-            optimizer's time: inside it, what is no forward or backward is ``other``."""
-            closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-            if closure is None or not callable(closure):
-                return None
-
-            def timed_closure(*a: Any, **k: Any) -> Any:
-                if not enter(other_id):
-                    return closure(*a, **k)
-                try:
-                    return closure(*a, **k)
-                finally:
-                    exit_()
-
-            if "closure" in kwargs:
-                return args, {**kwargs, "closure": timed_closure}
-            return (args[0], timed_closure, *args[2:]), kwargs
+            return _with_timed_closure(args, kwargs, rec, other_id)
 
         def post(optimizer: Any, args: Any, kwargs: Any) -> None:
             if open_steps and open_steps.pop():
@@ -580,17 +597,21 @@ class TorchStages:
         stats = self.stats
 
         def scaler_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            if not rec.enter(optimizer_id):
-                return orig_step(scaler, optimizer, *args, **kwargs)
-            steps = stats["optimizer_steps"]
             try:
-                result = orig_step(scaler, optimizer, *args, **kwargs)
-            finally:
-                rec.exit()
-            if stats["optimizer_steps"] == steps:
-                # inf/NaN gradients: the scaler skipped optimizer.step(), yet a training step ended
-                rec.boundary("optimizer")
-            return result
+                if not rec.enter(optimizer_id):
+                    return orig_step(scaler, optimizer, *args, **kwargs)
+                steps = stats["optimizer_steps"]
+                try:
+                    result = orig_step(scaler, optimizer, *args, **kwargs)
+                finally:
+                    rec.exit()
+                if stats["optimizer_steps"] == steps:
+                    # inf/NaN gradients: the scaler skipped optimizer.step(), yet a training step ended
+                    rec.boundary("optimizer")
+                return result
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         scaler_step.__wrapped__ = orig_step  # type: ignore[attr-defined]
         p.set(scaler_cls, "step", scaler_step)
@@ -612,12 +633,12 @@ class TorchStages:
     def _install_checkpoint(self, torch: Any, rec: StageRecorder, p: Patcher) -> None:
         saves: dict[Any, Any] = {torch.save: self._timed_save(torch.save, "torch.save")}
         p.set(torch, "save", saves[torch.save])
-        st = _safetensors_torch()
+        st = safetensors_torch()
         for name in ("save_file", "save_model") if st is not None else ():
             orig = getattr(st, name)
             saves[orig] = self._timed_save(orig, f"safetensors.torch.{name}")
             p.set(st, name, saves[orig])
-        _rebind_copies(saves, p)
+        rebind_copies(saves, p)
 
     def _timed_save(self, orig: Any, label: str) -> Any:
         rec = self.recorder
@@ -625,27 +646,31 @@ class TorchStages:
         evaluation = self.evaluation
 
         def save(*args: Any, **kwargs: Any) -> Any:
-            if not rec.enter(checkpoint_id):
-                if self._inner_saves is None or not rec.on_recorded_thread():
-                    return orig(*args, **kwargs)
-                try:  # a save inside a framework's checkpoint routine: only its size is noted
+            try:
+                if not rec.enter(checkpoint_id):
+                    if self._inner_saves is None or not rec.on_recorded_thread():
+                        return orig(*args, **kwargs)
+                    try:  # a save inside a framework's checkpoint routine: only its size is noted
+                        return orig(*args, **kwargs)
+                    finally:
+                        self._inner_saves.append(saved_size(args, kwargs))
+                evaluation.checkpoint_starts()
+                start = self._now()
+                try:
                     return orig(*args, **kwargs)
                 finally:
-                    self._inner_saves.append(_saved_size(args, kwargs))
-            evaluation.checkpoint_starts()
-            start = self._now()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                rec.exit()
-                rec.timeline.add_mark(
-                    start,
-                    "checkpoint",
-                    fn=label,
-                    seconds=self._now() - start,
-                    bytes=_saved_size(args, kwargs),
-                    **_saved_what(args, kwargs),
-                )
+                    rec.exit()
+                    rec.timeline.add_mark(
+                        start,
+                        "checkpoint",
+                        fn=label,
+                        seconds=self._now() - start,
+                        bytes=saved_size(args, kwargs),
+                        **saved_what(args, kwargs),
+                    )
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         save.__wrapped__ = orig  # type: ignore[attr-defined]
         return save
@@ -657,26 +682,30 @@ class TorchStages:
         and RNG state, its own files, the rotation of old checkpoints), recorded as one ``checkpoint``;
         the size of a checkpoint is what the saves inside it wrote."""
         rec = self.recorder
-        if not rec.enter(rec.stage_id("checkpoint")):
-            return orig(*args, **kwargs)
-        self.evaluation.checkpoint_starts()
-        start = self._now()
-        outer, self._inner_saves = self._inner_saves, []
         try:
-            return orig(*args, **kwargs)
-        finally:
-            inner, self._inner_saves = self._inner_saves, outer
-            rec.exit()
-            sizes = [n for n in inner if n is not None]
-            rec.timeline.add_mark(
-                start,
-                "checkpoint",
-                fn=label,
-                seconds=self._now() - start,
-                bytes=sum(sizes) if inner and len(sizes) == len(inner) else None,
-                what="checkpoint",
-                files=len(inner),
-            )
+            if not rec.enter(rec.stage_id("checkpoint")):
+                return orig(*args, **kwargs)
+            self.evaluation.checkpoint_starts()
+            start = self._now()
+            outer, self._inner_saves = self._inner_saves, []
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                inner, self._inner_saves = self._inner_saves, outer
+                rec.exit()
+                sizes = [n for n in inner if n is not None]
+                rec.timeline.add_mark(
+                    start,
+                    "checkpoint",
+                    fn=label,
+                    seconds=self._now() - start,
+                    bytes=sum(sizes) if inner and len(sizes) == len(inner) else None,
+                    what="checkpoint",
+                    files=len(inner),
+                )
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
 
     # -- logging ---------------------------------------------------------
 
@@ -715,11 +744,43 @@ class TorchStages:
         init = dist.init_process_group
 
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            result = init(*args, **kwargs)
-            _note_rank(dist, rec)
-            return result
+            try:
+                result = init(*args, **kwargs)
+                _note_rank(dist, rec)
+                return result
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
         p.set(dist, "init_process_group", functools.wraps(init)(init_process_group))
+
+
+def _with_timed_closure(
+    args: Any, kwargs: Any, rec: StageRecorder, other_id: int
+) -> tuple[Any, dict[str, Any]] | None:
+    """An optimizer step's arguments with its closure timed: a closure (Lightning runs ``training_step``
+    in one, LBFGS re-evaluates the loss) is not the optimizer's time: inside it, what is no forward or
+    backward is ``other``."""
+    closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+    if closure is None or not callable(closure):
+        return None
+    enter, exit_ = rec.enter, rec.exit
+
+    def timed_closure(*a: Any, **k: Any) -> Any:
+        try:
+            if not enter(other_id):
+                return closure(*a, **k)
+            try:
+                return closure(*a, **k)
+            finally:
+                exit_()
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": timed_closure}
+    return (args[0], timed_closure, *args[2:]), kwargs
 
 
 def _note_rank(dist: Any, rec: StageRecorder) -> None:
@@ -740,56 +801,6 @@ class _TimedStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
-
-
-def _safetensors_torch() -> Any:
-    """``safetensors.torch`` where installed (importing it is cheap), else None."""
-    if importlib.util.find_spec("safetensors") is None:
-        return None
-    try:
-        import safetensors.torch as st
-    except ImportError:
-        return None
-    return st
-
-
-_BINDS_COPIES = (
-    "transformers",
-    "accelerate",
-    "diffusers",
-    "peft",
-    "lightning",
-    "pytorch_lightning",
-    "lightning_fabric",
-    "timm",
-    "sentence_transformers",
-    "huggingface_hub",
-)
-"""Packages whose modules bind copies of save functions (``from safetensors.torch import save_file as
-safe_save_file``). Only their modules are searched: every module of a big environment would cost the
-start of each profile ~10 ms (3,000 modules with transformers and Lightning loaded), ~2 ms here."""
-
-
-def _rebind_copies(saves: dict[Any, Any], p: Patcher) -> None:
-    """Patch the copies of save functions that the frameworks' modules bound before profiling began.
-
-    ``from safetensors.torch import save_file as safe_save_file`` (transformers does)
-    copies the function into the importing module: patching ``safetensors.torch`` alone
-    leaves those calls unseen. Modules imported while profiling bind the patched ones.
-    """
-    by_id = {id(orig): wrapped for orig, wrapped in saves.items()}  # by identity: no user __eq__ runs
-    for name, module in list(sys.modules.items()):
-        if module is None or not name.startswith(_BINDS_COPIES):
-            continue
-        try:
-            namespace = vars(module)
-            if by_id.keys().isdisjoint(map(id, namespace.values())):
-                continue
-            found = [(attr, by_id[id(v)]) for attr, v in list(namespace.items()) if id(v) in by_id]
-        except (TypeError, RuntimeError):  # no __dict__ (a lazy proxy), or one changing under us
-            continue
-        for attr, wrapped in found:
-            p.set(module, attr, wrapped)
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -896,25 +907,3 @@ def _is_compiling(torch: Any) -> Callable[[], bool]:
         or getattr(dynamo, "is_compiling", None)
         or (lambda: False)
     )
-
-
-def _saved_what(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """What a save wrote: ``state_dict`` (tensors by name), a checkpoint dict's top-level keys, or its type."""
-    obj = kwargs.get("obj", kwargs.get("tensors", kwargs.get("model", args[0] if args else None)))
-    if isinstance(obj, dict) and obj and all(isinstance(k, str) for k in obj):
-        if all(type(v).__name__ in ("Tensor", "Parameter") for v in obj.values()):
-            return {"what": "state_dict"}
-        return {"what": "dict", "keys": list(obj)[:32]}
-    return {"what": type(obj).__name__}
-
-
-def _saved_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """Size of what a save wrote: the file's size, or a file object's position after it (None if unknown)."""
-    target = kwargs.get("f", kwargs.get("filename", args[1] if len(args) > 1 else None))
-    try:
-        if isinstance(target, (str, os.PathLike)):
-            return os.path.getsize(target)
-        tell = getattr(target, "tell", None)
-        return int(tell()) if callable(tell) else None
-    except Exception:  # a closed or unseekable stream, a file-like whose tell() is odd: size unknown
-        return None

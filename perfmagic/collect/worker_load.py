@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.collect.worker_stacks import WorkerSampler, WorkerStacks
 from perfmagic.schema import LOADER_BATCHES, LOADER_BUSY, LOADER_BUSY_CPU, LOADER_BUSY_QUEUED, WORKER_STACKS
 from perfmagic.timeline import Timeline
@@ -135,19 +136,27 @@ def _timed(fetch: Callable[[Any, Any], Any], child: _Child) -> Callable[[Any, An
     row = child.row
 
     def timed_fetch(fetcher: Any, index: Any) -> Any:
-        if child.window_closed():
-            return fetch(fetcher, index)
-        stacks = child.stacks
-        if stacks is not None:
-            stacks.begin()
-        began, cpu, queued = time.perf_counter(), time.thread_time(), row.queued()
         try:
-            return fetch(fetcher, index)
-        finally:  # the fetch's own time, without the sampler's writing it down
-            wall, cpu, queued = time.perf_counter() - began, time.thread_time() - cpu, row.queued() - queued
+            if child.window_closed():
+                return fetch(fetcher, index)
+            stacks = child.stacks
             if stacks is not None:
-                stacks.end()
-            row.add(wall, cpu, queued)
+                stacks.begin()
+            began, cpu, queued = time.perf_counter(), time.thread_time(), row.queued()
+            try:
+                return fetch(fetcher, index)
+            finally:  # the fetch's own time, without the sampler's writing it down
+                wall, cpu, queued = (
+                    time.perf_counter() - began,
+                    time.thread_time() - cpu,
+                    row.queued() - queued,
+                )
+                if stacks is not None:
+                    stacks.end()
+                row.add(wall, cpu, queued)
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
 
     return timed_fetch
 

@@ -48,6 +48,19 @@ def finished_bundle(report: ReportData | None, error: str | None = None) -> Bund
         text += f" — {headline(report)}"
         if error:
             text += f" (the cell ended with {error})"
+    return note_bundle(text)
+
+
+def unprofiled_bundle(error: str, outdir: str) -> Bundle:
+    """What a cell that failed before its first training step shows of perfmagic: one line, no report."""
+    return note_bundle(
+        f"perfmagic: no report, the cell ended with {error} before its first training step "
+        f"(what ran: perfmagic.load({outdir!r}))"
+    )
+
+
+def note_bundle(text: str) -> Bundle:
+    """One line of perfmagic's among the cell's outputs, quieter than they are."""
     return {
         "text/plain": text,
         "text/html": f'<div style="font-size:12px;opacity:.75">{html.escape(text)}</div>',

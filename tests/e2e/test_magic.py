@@ -223,7 +223,7 @@ def test_live_panel_updates_and_turns_into_the_report(ip: InteractiveShell) -> N
     panels: list[Any] = []
     original = PerfMagics._profile_cell
 
-    def spy(self: PerfMagics, args: Any, cell: str) -> Any:
+    def spy(self: PerfMagics, *args: Any) -> Any:
         from perfmagic.render import live
 
         init = live.LivePanel.__init__
@@ -234,7 +234,7 @@ def test_live_panel_updates_and_turns_into_the_report(ip: InteractiveShell) -> N
 
         live.LivePanel.__init__ = record  # type: ignore[method-assign]
         try:
-            return original(self, args, cell)
+            return original(self, *args)
         finally:
             live.LivePanel.__init__ = init  # type: ignore[method-assign]
 
@@ -297,13 +297,41 @@ def test_async_cell_is_refused_clearly(ip: InteractiveShell) -> None:
 
 
 def test_syntax_error_stops_before_profiling(ip: InteractiveShell) -> None:
-    """As with %%time, a syntax error is IPython's SyntaxError display, pointing into the cell."""
+    """As in a cell without the magic, a syntax error is found before the cell runs and shown alone,
+    at the cell's own line (the magic's is line 1)."""
     before = snapshot()
-    result, cap = run(ip, "%%gpuprofile\nx = (\n")
-    assert isinstance(result.error_in_exec, SyntaxError)
-    assert "Cell In[" in cap.stdout and "x = (" in cap.stdout and "SyntaxError" in cap.stdout
+    result, cap = run(ip, "%%gpuprofile\nx = 1\ny = (\n")
+    assert isinstance(result.error_before_exec, SyntaxError)
+    assert "line 3" in cap.stdout and "y = (" in cap.stdout and "SyntaxError" in cap.stdout
+    assert "magic.py" not in cap.stdout and "interactiveshell.py" not in cap.stdout
     assert cap.outputs == []
     assert snapshot() == before
+
+
+def test_the_syntax_check_comes_and_goes_with_the_extension(ip: InteractiveShell) -> None:
+    def ours() -> list[Any]:
+        return [t for t in ip.input_transformers_cleanup if getattr(t, "perfmagic", False)]
+
+    assert len(ours()) == 1
+    ip.run_line_magic("reload_ext", "perfmagic")
+    assert len(ours()) == 1
+    ip.run_line_magic("unload_ext", "perfmagic")
+    assert ours() == []
+    ip.run_line_magic("load_ext", "perfmagic")
+    assert len(ours()) == 1
+
+
+def test_a_cell_failing_before_training_keeps_v_and_shows_no_report(
+    ip: InteractiveShell, tmp_path: Path
+) -> None:
+    ip.user_ns["kept"] = "an earlier report"
+    out = tmp_path / "r.json"
+    result, cap = run(ip, f"%%gpuprofile --no-live -v kept --json {out}\n\nundefined_name\n" + TRAIN)
+    assert isinstance(result.error_in_exec, NameError)
+    assert ip.user_ns["kept"] == "an earlier report" and not out.exists()
+    (note,) = cap.outputs  # one line, no report
+    assert "before its first training step" in note.data["text/plain"] and "\n" not in note.data["text/plain"]
+    assert "Cell In[" in cap.stdout and "----> 3 undefined_name" in cap.stdout  # the cell's own line
 
 
 def test_trace_runs_torch_profiler_for_a_few_steps(ip: InteractiveShell, tmp_path: Path) -> None:

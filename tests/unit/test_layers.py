@@ -42,6 +42,7 @@ LAYERS = {
     "perfmagic.report": TOP,
     "perfmagic.session": TOP,
     "perfmagic.magic": TOP,
+    "perfmagic.cells": TOP,
     "perfmagic.cli": TOP,
     "perfmagic.server": TOP,
     "perfmagic.bootstrap": TOP,

@@ -15,7 +15,7 @@ from types import FrameType, SimpleNamespace
 import pytest
 
 from perfmagic import places
-from perfmagic.places import code_place, line_name, note_cell_body, shown_path
+from perfmagic.places import code_place, line_name, shown_path
 
 CELL_FILE = "/tmp/ipykernel_4711/536531550.py"
 BODY_FILE = "/tmp/ipykernel_4711/977005114.py"
@@ -24,12 +24,13 @@ BODY_FILE = "/tmp/ipykernel_4711/977005114.py"
 @pytest.fixture
 def kernel(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """A kernel's shell that ran three cells: the second with two blank lines on top, the third a
-    ``%%gpuprofile`` cell whose body (compiled apart by the magic) starts after a blank line."""
+    ``%%gpuprofile`` cell with a blank line on top, whose body (compiled apart by the magic, at the lines
+    IPython gives them in the cell) starts after a blank line."""
     history = [
         "",
         "%load_ext perfmagic",
         "\n\nimport numpy as np\n\ndef spectrum(x):\n    return np.fft.fft2(x)\n",
-        "%%gpuprofile --quiet\n\nfor x, y in loader:\n    step(x, y)\n",
+        "\n%%gpuprofile --quiet\n\nfor x, y in loader:\n    step(x, y)\n",
     ]
     shell = SimpleNamespace(
         compile=SimpleNamespace(_filename_map={CELL_FILE: 2, BODY_FILE: 3}),
@@ -37,7 +38,6 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     )
     module = SimpleNamespace(InteractiveShell=SimpleNamespace(_instance=shell))
     monkeypatch.setitem(sys.modules, "IPython.core.interactiveshell", module)
-    monkeypatch.setattr(places, "_CELL_BODIES", set())  # what the magic notes stays in this test
     return shell
 
 
@@ -53,17 +53,16 @@ def test_a_cell_is_named_by_its_number_and_the_line_the_user_sees(kernel: Simple
     }
 
 
-def test_a_magic_cells_body_counts_the_magics_line_and_the_blank_after_it(kernel: SimpleNamespace) -> None:
-    note_cell_body(BODY_FILE)
-    # the body as compiled: "for x, y in loader:" is its line 1, the cell's line 3
-    assert code_place(BODY_FILE, 2, "<module>")["where"] == "<module> (In [3], line 4)"
+def test_a_magic_cells_body_is_named_as_any_cell(kernel: SimpleNamespace) -> None:
+    # the body as compiled: "step(x, y)" is the cell's line 4 in IPython's numbering (the magic's line is
+    # line 1), below the blank line the user's cell starts with
+    assert code_place(BODY_FILE, 4, "<module>")["where"] == "<module> (In [3], line 5)"
 
 
 def test_without_the_history_a_cell_keeps_ipythons_numbering(kernel: SimpleNamespace) -> None:
     kernel.history_manager = None
     assert code_place(CELL_FILE, 4, "spectrum")["where"] == "spectrum (In [2], line 4)"
-    note_cell_body(BODY_FILE)
-    assert code_place(BODY_FILE, 1, "<module>")["where"] == "<module> (In [3], line 2)"  # below the magic
+    assert code_place(BODY_FILE, 4, "<module>")["where"] == "<module> (In [3], line 4)"
 
 
 def test_a_cell_file_of_no_running_kernel_stays_a_path(monkeypatch: pytest.MonkeyPatch) -> None:
