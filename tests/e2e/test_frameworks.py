@@ -308,7 +308,10 @@ def test_frequent_lightning_checkpoints_get_model_checkpoint_every_n_train_steps
     assert cards, str(report)
     card = cards[0]
     # the user's ModelCheckpoint(...) statement, above: their arguments, the interval changed
-    assert card["replaces"] == {"file": __file__, "line": checkpoint_line, "end_line": checkpoint_line}
+    site = card["replaces"]
+    assert (site["file"], site["line"], site["end_line"]) == (__file__, checkpoint_line, checkpoint_line), (
+        site
+    )
     built = _run_fix(card["fix"], ModelCheckpoint=ModelCheckpoint, tmp_path=tmp_path)
     every = card["metrics"]["recommended_interval_steps"]
     assert every > 1 and built["checkpoint"]._every_n_train_steps == every
