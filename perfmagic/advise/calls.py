@@ -107,6 +107,8 @@ def _argument_line(
     if name is None or name not in changes or _same(text, changes[name]):
         return f"    {written},"
     change = changes[name]
+    if name in was and type(was[name]) is type(change) and was[name] == change:
+        return f"    {written},"  # an expression already worth the change: the user's text stays
     if change is DROP:
         keep = text in ("None", "False")  # what DataLoader accepts without workers
         return (

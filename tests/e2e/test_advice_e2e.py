@@ -308,7 +308,12 @@ def test_io_bound_loading_gets_the_workers_that_keep_up_and_they_deliver(tmp_pat
     before = _profile(tmp_path / "before", lambda: _train(model, _remote_loader(0)))
     card = next(c for c in before.advice if c["id"] == "dataloader_workers")
     workers = card["metrics"]["recommended_workers"]
-    assert card["metrics"]["loading"] == "io" and workers > len(os.sched_getaffinity(0)) - 1, str(before)
+    # workers that wait on storage need no CPU each: the machine affords more of them than its CPUs
+    # (how many the step needs follows the rest of the step, slower on a busy machine)
+    metrics = card["metrics"]
+    assert metrics["loading"] == "io" and metrics["affordable_workers"] > len(os.sched_getaffinity(0)), str(
+        before
+    )
     after = _profile(tmp_path / "after", lambda: _train(model, _remote_loader(workers)))
     assert before.analysis is not None and before.analysis.steady is not None
     assert after.analysis is not None and after.analysis.steady is not None

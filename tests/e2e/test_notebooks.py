@@ -126,6 +126,17 @@ def test_example_notebook_runs_and_shows_reports(name: str, tmp_path: Path) -> N
     assert "cdn.bokeh.org" not in html
 
 
+_STRAGGLER = re.compile(
+    r"Rank (\d+) works .*?;\s+([\d.]+)\s+(µs|ms|s)\s+of\s+the\s+difference\s+is\s+in\s+(\w+)", re.S
+)
+
+
+def _stragglers(page: str) -> list[tuple[int, str, float]]:
+    """(rank, stage, seconds more in it per step) of each straggler card on a report's HTML."""
+    unit = {"µs": 1e-6, "ms": 1e-3, "s": 1.0}
+    return [(int(r), stage, float(v) * unit[u]) for r, v, u, stage in _STRAGGLER.findall(page)]
+
+
 def test_multi_rank_notebook_reports_each_spawned_rank_and_names_the_straggler(tmp_path: Path) -> None:
     """Two gloo DDP ranks started by torch.multiprocessing.spawn from the kernel, rank 1 slow to load."""
     import shutil
@@ -139,8 +150,12 @@ def test_multi_rank_notebook_reports_each_spawned_rank_and_names_the_straggler(t
         assert re.search(r"^ranks \(", text, re.M) and re.search(r"^\s+1\*?\s", text, re.M), (
             text
         )  # both ranks
-        shown.append(set(re.findall(r'data-advice-id="([a-z_]+)"', report["data"]["text/html"])))
-    assert "rank_straggler" in shown[0] and "rank_straggler" not in shown[1], shown
+        shown.append(_stragglers(report["data"]["text/html"]))
+    # rank 1's 40 ms a batch leads; once its data is ready, any rank left behind (a busy machine gives
+    # one rank less CPU) trails by far less, and not for its data
+    (slow_rank, slow_stage, slow_excess), *_ = shown[0]
+    assert slow_rank == 1 and slow_stage == "data" and slow_excess > 0.02, shown
+    assert all(stage != "data" or excess < slow_excess / 4 for _, stage, excess in shown[1]), shown
     straggler = next(c for c in nb.cells if c.source == 'slow["straggler"]')
     (result,) = [o for o in straggler.outputs if o["output_type"] == "execute_result"]
     assert "'rank': 1" in result["data"]["text/plain"] and "'stage': 'data'" in result["data"]["text/plain"]

@@ -263,3 +263,19 @@ def test_a_checkpoint_card_says_how_much_of_saving_waited_on_storage() -> None:
     )
     quiet = loop.checkpoint_frequency(a)  # states not sampled: nothing said of storage
     assert quiet is not None and "storage" not in quiet.evidence and quiet.metrics["disk_wait_share"] is None
+
+
+def test_the_handoff_card_weighs_the_wait_against_building_batches_in_the_loop() -> None:
+    """Workers that keep up: loading in the training process saves the wait less building a batch
+    there, which the workers timed. A wait about as long as building the batch is no medium card."""
+    means = {CHILDREN_CPU: 0.2, CHILDREN_QUEUED: 0.0, LOADER_BUSY: 0.4, LOADER_BUSY_CPU: 0.38}
+    dear = run(0.012, 2, 0.4, 0.1, **means, **{LOADER_BUSY_QUEUED: 0.0, LOADER_BATCHES: 40.0})
+    assert loading_kind(dear) == "handoff" and dear.loading is not None and dear.loading.batch_s is not None
+    card = data.input_bound(dear)
+    assert card is not None and card.metrics["build_batch_s"] == pytest.approx(dear.loading.batch_s)
+    saving = 0.012 - dear.loading.batch_s
+    assert saving < 0.1 * card.metrics["step_s"] and card.severity == "low", card
+    assert "saves up to" in card.evidence and "an estimate" in card.evidence
+    cheap = run(0.012, 2, 0.4, 0.1, **means, **{LOADER_BUSY_QUEUED: 0.0, LOADER_BATCHES: 400.0})
+    bigger = data.input_bound(cheap)
+    assert bigger is not None and bigger.severity != "low", bigger
