@@ -19,7 +19,9 @@ from tests.sim_cuda import CaptureError, SimCuda, install
 
 torch = pytest.importorskip("torch")
 
-FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.003, 0.005, 0.001
+FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.015, 0.025, 0.005
+"""Kernel times long beside the host's work of a step, even on a loaded machine: the device stays behind
+the host, and its stage times are the kernels' own (as on a GPU-bound loop)."""
 
 
 class DeviceWork(torch.autograd.Function):  # type: ignore[misc]
@@ -92,7 +94,7 @@ def test_stage_times_are_the_devices_in_a_gpu_bound_loop(sim: SimCuda) -> None:
     assert sim.device_syncs == 0  # starting the clock and reading it never waits for the whole device
 
 
-ALLREDUCE_S = 0.004
+ALLREDUCE_S = 0.02
 
 
 def test_ddp_reduction_on_a_nccl_like_stream_is_comm_in_device_time(sim: SimCuda, gloo_group: None) -> None:
@@ -198,15 +200,15 @@ def test_a_model_split_over_two_devices_ends_its_stages_when_both_are_done(
 
     class Split(Net):
         def forward(self, x: Any) -> Any:
-            sim.launch(0.001, "forward", device=0)
-            return DeviceWork.apply(self.linear(x), _OnDevice(sim, 1), 0.004, 0.002)
+            sim.launch(0.005, "forward", device=0)
+            return DeviceWork.apply(self.linear(x), _OnDevice(sim, 1), 0.02, 0.01)
 
     with perfmagic.profile(sample=False) as session:
         train(sim, 20, Split(sim))
     clock = session.recorder.device_clock if session.recorder else None
     assert isinstance(clock, CudaEventClock) and clock.devices == (0, 1)
-    # device 1's 4 ms decide the forward pass, though device 0 (current) finished its part in 1 ms
-    assert stage_means(session.report)["forward"] == pytest.approx(0.004, rel=0.2, abs=5e-4)
+    # device 1's 20 ms decide the forward pass, though device 0 (current) finished its part in 5 ms
+    assert stage_means(session.report)["forward"] == pytest.approx(0.02, rel=0.2, abs=5e-4)
 
 
 class _OnDevice:
