@@ -179,7 +179,8 @@ def environment(check: Check) -> Any:
 
 def nvml_probe(check: Check) -> None:
     """What NVML gives on this machine: devices, available vs N/A metrics, GPM, samples, processes."""
-    from perfmagic.collect.nvml import READ_KEYS, Nvml, NvmlUnavailable
+    from perfmagic.collect.nvml import READ_KEYS, Nvml
+    from perfmagic.collect.nvml_query import NvmlUnavailable
 
     try:
         nv = Nvml.open()

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perfmagic.collect import nvml
+from perfmagic.collect import nvml, nvml_query
 from perfmagic.collect.host import HostSource
 from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.sources import default_sources
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     configs: list[tuple[str, Any]] = [("host", lambda: [HostSource()])]
     try:
         nvml.Nvml.open().close()
-    except nvml.NvmlUnavailable as e:
+    except nvml_query.NvmlUnavailable as e:
         print(f"host+nvml: skipped, NVML unavailable ({e})")
     else:
         configs.append(("host+nvml", default_sources))
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def with_fake() -> list[Source]:
         fake = fake_nvml.two_gpus()
-        nvml._load_pynvml = lambda: fake  # type: ignore[assignment]
+        nvml_query._load_pynvml = lambda: fake  # type: ignore[assignment]
         return default_sources()
 
     configs.append(("host+fake-nvml-2gpu", with_fake))

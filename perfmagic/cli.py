@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"perfmagic run: cannot start {cmd[0]!r}: {e.strerror}", file=sys.stderr)
         return 126 if isinstance(e, PermissionError) or os.path.exists(cmd[0]) else 127
     from perfmagic.collect.host import HostSource
-    from perfmagic.collect.nvml import NvmlSource
+    from perfmagic.collect.nvml_source import NvmlSource
 
     sampler = Session(
         interval=args.interval,

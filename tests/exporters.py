@@ -15,8 +15,8 @@ SITECUSTOMIZE = """
 import os, sys
 sys.path.insert(0, {tests!r})
 import fake_nvml
-from perfmagic.collect import nvml
-nvml._load_pynvml = getattr(fake_nvml, os.environ["FAKE_NVML_SCENARIO"])
+from perfmagic.collect import nvml_query
+nvml_query._load_pynvml = getattr(fake_nvml, os.environ["FAKE_NVML_SCENARIO"])
 """
 
 

@@ -1,7 +1,7 @@
 """A fake pynvml module, for tests only.
 
 It stands in for nvidia-ml-py at perfmagic's one seam
-(``perfmagic.collect.nvml._load_pynvml``) and answers like a real driver: errors
+(``perfmagic.collect.nvml_query._load_pynvml``) and answers like a real driver: errors
 are the real ``pynvml.NVMLError_*`` classes, structs that callers fill in are the
 real ctypes structs, field values honour ``scopeId`` as NVML does, and every
 constant comes from the real module. Counters grow with ``clock`` at the rates a
@@ -460,12 +460,12 @@ def mig() -> FakeNvml:
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., FakeNvml]]:
     """``fake_nvml(scenario())`` installs a fake NVML at perfmagic's pynvml seam; ``fake_nvml(scenario(),
     clock)`` runs its driver on a test's fake clock (``wall`` stamps, ``advance`` for slow calls)."""
-    from perfmagic.collect import nvml
+    from perfmagic.collect import nvml_query
 
     def install(fake: FakeNvml, clock: Any = None) -> FakeNvml:
         if clock is not None:
             fake.clock, fake.sleep, fake._t0 = clock.wall, clock.advance, clock.wall()
-        monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
+        monkeypatch.setattr(nvml_query, "_load_pynvml", lambda: fake)
         return fake
 
     yield install

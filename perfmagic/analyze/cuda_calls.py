@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmagic.contract.gpu import Copies, H2dCopies, Launches, Syncs
-from perfmagic.traces.kineto import MEMORY, KinetoTrace
+from perfmagic.traces.events import MEMORY, KinetoTrace
 from perfmagic.traces.stages import SYNC_CALLS
 
 LAUNCH_CALLS = frozenset(

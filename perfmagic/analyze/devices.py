@@ -1,6 +1,6 @@
 """The report's ``devices`` section, from the GPU samples and facts in a timeline.
 
-Pure functions over what :mod:`perfmagic.collect.nvml` recorded (metric names are
+Pure functions over what :mod:`perfmagic.collect.nvml_source` recorded (metric names are
 documented there). Units: seconds, bytes, watts, joules, MHz, degrees C; utilizations
 and fractions in [0, 1]. A figure that was not measured is ``None``.
 """

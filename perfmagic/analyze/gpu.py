@@ -41,7 +41,7 @@ from perfmagic.contract.gpu import (
     TopKernel,
 )
 from perfmagic.intervals import merge_intervals, union_length
-from perfmagic.traces.kineto import (
+from perfmagic.traces.events import (
     COMMUNICATION,
     COMPUTATION,
     CUDA_DEVICE,

@@ -21,7 +21,7 @@ import numpy as np
 
 from perfmagic.analyze.steady import Steady
 from perfmagic.contract import CollectiveSkew
-from perfmagic.traces.kineto import COMMUNICATION, KinetoTrace
+from perfmagic.traces.events import COMMUNICATION, KinetoTrace
 
 
 def collective_starts(trace: KinetoTrace) -> dict[str, np.ndarray]:

@@ -12,7 +12,7 @@ def default_sources(clock: Clock = REAL_CLOCK) -> list[Source]:
     """NVML (its slow reads timed on ``clock``), the host, PyTorch's CUDA allocator and DataLoader workers."""
     from perfmagic.collect.cuda import AllocatorSource
     from perfmagic.collect.host import HostSource
-    from perfmagic.collect.nvml import NvmlSource
+    from perfmagic.collect.nvml_source import NvmlSource
     from perfmagic.collect.worker_load import WorkerLoadSource
 
     return [NvmlSource(clock=clock), HostSource(root_pid=os.getpid()), AllocatorSource(), WorkerLoadSource()]

@@ -34,7 +34,7 @@ class TopKernel(TypedDict):
     """One of the GPU event names with most time."""
 
     name: str
-    kind: str  # "computation", "communication" or "memory" (traces.kineto.KINDS)
+    kind: str  # "computation", "communication" or "memory" (traces.events.KINDS)
     count: int
     total_s: float
     mean_s: float
@@ -46,7 +46,7 @@ class KernelRow(TypedDict):
     """A row of the kernel table: one GPU event name (kernel, memcpy, memset)."""
 
     name: str
-    kind: str  # "computation", "communication" or "memory" (traces.kineto.KINDS)
+    kind: str  # "computation", "communication" or "memory" (traces.events.KINDS)
     count: int
     total_s: float
 

@@ -45,7 +45,8 @@ def clamp_rate(hz: object, default: float = DEFAULT_HZ) -> float:
 def open_nvml() -> tuple[snapshot.NvmlLike | None, str | None]:
     """Open NVML; without it return (None, why). Imported here so the server loads without it."""
     try:
-        from perfmagic.collect.nvml import Nvml, NvmlUnavailable
+        from perfmagic.collect.nvml import Nvml
+        from perfmagic.collect.nvml_query import NvmlUnavailable
     except ImportError as e:
         return None, f"perfmagic NVML layer not importable: {e}"
     try:

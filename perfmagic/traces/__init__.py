@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
-from perfmagic.traces.kineto import KinetoTrace, TraceFormatError, read_trace
+from perfmagic.traces.events import KinetoTrace
+from perfmagic.traces.kineto import TraceFormatError, read_trace
 
 __all__ = ["KinetoTrace", "TraceFormatError", "read_trace"]

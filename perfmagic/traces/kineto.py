@@ -2,11 +2,12 @@
 
 A trace is one JSON object with ``traceEvents`` (plain or gzip-compressed). Only
 complete events (``"ph": "X"``) matter here: GPU events (``kernel``, ``gpu_memcpy``,
-``gpu_memset``) become :class:`GpuEvents`, classified as HTA does (:func:`kernel_kind`);
-every other one but the GPU-side copies of annotations (``gpu_user_annotation``) is a CPU
-event (operators, ``record_function`` annotations, CUDA runtime calls) in :class:`CpuEvents`. The allocator's ``[memory]`` instant events
-(``profile_memory=True``) become :class:`MemoryEvents`. Times stay in microseconds on the
-trace's clock.
+``gpu_memset``) become :class:`~perfmagic.traces.events.GpuEvents`; every other one but
+the GPU-side copies of annotations (``gpu_user_annotation``) is a CPU event (operators,
+``record_function`` annotations, CUDA runtime calls) in
+:class:`~perfmagic.traces.events.CpuEvents`. The allocator's ``[memory]`` instant events
+(``profile_memory=True``) become :class:`~perfmagic.traces.events.MemoryEvents`. Times
+stay in microseconds on the trace's clock.
 
 The JSON parse dominates the cost, so a trace is streamed: decompressed and decoded
 half a MiB at a time by msgspec into structs of only the fields used (the rest of each
@@ -27,163 +28,34 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
 import numpy as np
 
+from perfmagic.traces.chunks import GZIP_MAGIC, Unstreamable, json_chunks, last_boundary
+from perfmagic.traces.events import (
+    COMPUTATION,
+    MEMORY,
+    CpuEvents,
+    GpuEvents,
+    KinetoTrace,
+    MemoryEvents,
+    finite_number,
+    kernel_kind,
+    no_memory,
+)
+
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 GPU_ANNOTATION = "gpu_user_annotation"
 """The GPU-side copy of a ``record_function`` range (``ProfilerStep#N`` too): left out, not a CPU event."""
 _MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
-_GZIP_MAGIC = b"\x1f\x8b"
-
-KINDS = ("computation", "communication", "memory")
-"""GPU event kinds, as HTA classifies them; ``GpuEvents.kind`` indexes this tuple."""
-COMPUTATION, COMMUNICATION, MEMORY = range(3)
+MEMORY_EVENT = "[memory]"
 
 
 class TraceFormatError(ValueError):
     """A file that is not a readable torch.profiler (Kineto/Chrome) trace."""
-
-
-@dataclass(frozen=True)
-class CpuEvents:
-    """CPU-side complete events, columnar."""
-
-    names: list[str]
-    name_id: np.ndarray  # (n,) int32
-    start: np.ndarray  # (n,) float64 µs
-    dur: np.ndarray  # (n,) float64 µs
-    threads: list[Any]  # the trace's (pid, tid) pairs
-    thread: np.ndarray  # (n,) int32 index into threads
-    correlation: np.ndarray  # (n,) int64; -1 where the event launched nothing
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-    @property
-    def end(self) -> np.ndarray:
-        end: np.ndarray = self.start + self.dur
-        return end
-
-    def take(self, mask: np.ndarray) -> CpuEvents:
-        return CpuEvents(
-            self.names,
-            self.name_id[mask],
-            self.start[mask],
-            self.dur[mask],
-            self.threads,
-            self.thread[mask],
-            self.correlation[mask],
-        )
-
-
-@dataclass(frozen=True)
-class GpuEvents:
-    """GPU activity of one process, columnar: one row per kernel, memcpy or memset."""
-
-    names: list[str]
-    name_id: np.ndarray  # (n,) int32 index into names
-    kind: np.ndarray  # (n,) int8 index into KINDS
-    start: np.ndarray  # (n,) float64 µs
-    dur: np.ndarray  # (n,) float64 µs
-    device: np.ndarray  # (n,) int64
-    stream: np.ndarray  # (n,) int64
-    launch: np.ndarray  # (n,) float64 µs: start of the CPU call that launched it; NaN when unknown
-    bytes: np.ndarray  # (n,) float64: bytes copied or set; 0 for kernels
-    # (n,) int64: the id that links it to the CPU call that launched it (CpuEvents.correlation); -1 when
-    # unknown. None for events not read from a trace.
-    correlation: np.ndarray | None = None
-    # (n,) int64: the row in the trace's CpuEvents of the call that launched it; -1 when unknown.
-    # None for events not read from a trace.
-    launch_row: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-    def take(self, mask: np.ndarray) -> GpuEvents:
-        return GpuEvents(
-            self.names,
-            self.name_id[mask],
-            self.kind[mask],
-            self.start[mask],
-            self.dur[mask],
-            self.device[mask],
-            self.stream[mask],
-            self.launch[mask],
-            self.bytes[mask],
-            None if self.correlation is None else self.correlation[mask],
-            None if self.launch_row is None else self.launch_row[mask],
-        )
-
-
-def kernel_kind(name: str, memory: bool) -> int:
-    """HTA's classification: NCCL kernels communicate, memcpy/memset move memory, the rest compute.
-
-    ``ncclDevKernel`` (NCCL >= 2.19's kernel names) counts as communication too; HTA 0.5.0
-    only knows ``ncclKernel``.
-    """
-    if "ncclKernel" in name or "ncclDevKernel" in name:
-        return COMMUNICATION
-    if memory or "Memcpy" in name or "Memset" in name:
-        return MEMORY
-    return COMPUTATION
-
-
-@dataclass(frozen=True)
-class MemoryEvents:
-    """The allocator's ``[memory]`` events: the memory allocated on a device after each (de)allocation."""
-
-    start: np.ndarray  # (n,) float64 µs
-    allocated: np.ndarray  # (n,) float64 bytes: "Total Allocated"
-    reserved: np.ndarray  # (n,) float64 bytes: "Total Reserved" (NaN when absent)
-    device_type: np.ndarray  # (n,) int64: "Device Type", CUDA_DEVICE for a CUDA GPU (0 is the CPU)
-    device: np.ndarray  # (n,) int64: "Device Id"
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-
-CUDA_DEVICE = 1
-"""``Device Type`` of a CUDA GPU in ``[memory]`` events (c10's DeviceType::CUDA)."""
-MEMORY_EVENT = "[memory]"
-
-
-def _no_memory() -> MemoryEvents:
-    f, i = np.zeros(0), np.zeros(0, dtype=np.int64)
-    return MemoryEvents(f, f, f, i, i)
-
-
-@dataclass(frozen=True)
-class KinetoTrace:
-    """One rank's trace."""
-
-    path: Path
-    cpu: CpuEvents
-    gpu: GpuEvents
-    distributed: dict[str, Any] = field(default_factory=dict)  # distributedInfo: rank, world_size, backend
-    device_properties: list[dict[str, Any]] = field(default_factory=list)
-    base_time_ns: int = 0  # baseTimeNanoseconds: add to ts for wall-clock time, when the trace has it
-    dropped: dict[str, int] = field(default_factory=dict)  # events left out, by reason
-    memory: MemoryEvents = field(default_factory=_no_memory)
-    # names of CPU events that carry a ``step_num`` argument: the steps a JAX ``StepTraceAnnotation`` or a
-    # TensorFlow ``tf.profiler.experimental.Trace(..., step_num=...)`` marks (``ProfilerStep#N`` for torch)
-    step_names: frozenset[str] = frozenset()
-
-    @property
-    def ns_resolution(self) -> bool:
-        """Timestamps carry fractions of a microsecond (newer PyTorch writes ns resolution)."""
-        starts = np.concatenate((self.cpu.start, self.gpu.start))
-        return bool(np.any(starts != np.floor(starts)))
-
-    @property
-    def rank(self) -> int | None:
-        rank = self.distributed.get("rank")
-        return int(rank) if isinstance(rank, (int, float)) and _finite_number(rank) and rank >= 0 else None
 
 
 def read_trace(path: str | os.PathLike[str]) -> KinetoTrace:
@@ -194,7 +66,7 @@ def read_trace(path: str | os.PathLike[str]) -> KinetoTrace:
     try:
         try:
             return _streamed(p)
-        except _Unstreamable:
+        except Unstreamable:
             return _whole(p)
     finally:
         if enabled:
@@ -245,16 +117,7 @@ class _Rest(_Facts, gc=False):
     traceEvents: list[_Event] = []
 
 
-class _Unstreamable(Exception):
-    """The streamed reader met something it leaves to the whole-document reader."""
-
-
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_SEPARATOR = re.compile(rb"\}\s*,\s*\Z")  # what comes before an event that follows another
-_SEPARATOR_SPAN = 64  # bytes before an event searched for it (Kineto writes ",\n  " between events)
-# bytes of JSON decoded at a time: small enough that the chunk and its decoded events stay in a core's
-# cache (4 MiB chunks read the A100 test trace about 20% slower)
-_CHUNK = 1 << 19
 _decode_events = msgspec.json.Decoder(list[_Event]).decode
 _decode_facts = msgspec.json.Decoder(_Facts).decode
 _decode_rest = msgspec.json.Decoder(_Rest).decode
@@ -262,16 +125,16 @@ _NO_ARGS = _Args()
 
 
 def _streamed(p: Path) -> KinetoTrace:
-    """The trace decoded ``_CHUNK`` bytes at a time, so memory follows the events, not the file.
+    """The trace decoded ``CHUNK`` bytes at a time, so memory follows the events, not the file.
 
     The text before ``traceEvents`` gives the facts. Each chunk of events is cut after its
     last ``}, {`` and decoded as an array: a cut inside a string or a nested object leaves
     unbalanced JSON, which does not decode, so a decoded chunk is whole events. What
     follows the last cut is the rest of the document's object. Anything unexpected (odd
-    values, another layout, bad input) raises :class:`_Unstreamable`.
+    values, another layout, bad input) raises :class:`Unstreamable`.
     """
     columns = _Columns()
-    chunks = _json_chunks(p)
+    chunks = json_chunks(p)
     buf = bytearray()
     try:
         for chunk in chunks:
@@ -280,12 +143,12 @@ def _streamed(p: Path) -> KinetoTrace:
             if key is not None:
                 break
         else:
-            raise _Unstreamable
+            raise Unstreamable
         facts = _decode_facts(buf[: key.end()] + b"]}")
         del buf[: key.end() - 1]  # keep the "[" that opens the events
         for chunk in chunks:
             buf += chunk
-            cut = _last_boundary(buf)
+            cut = last_boundary(buf)
             if cut > 0:
                 buf[cut] = ord("]")  # what follows the cut is whitespace or the comma
                 columns.add(_decode_events(memoryview(buf)[: cut + 1]))
@@ -301,53 +164,7 @@ def _streamed(p: Path) -> KinetoTrace:
             {},
         )
     except (msgspec.DecodeError, TypeError, ValueError, OverflowError):
-        raise _Unstreamable from None
-
-
-def _last_boundary(buf: bytearray) -> int:
-    """Offset just past the ``}`` that ends the last event followed by another; -1 if none.
-
-    Searched back from the end, ``{`` by ``{``: a scan of the whole chunk cost a tenth of the read.
-    """
-    end = len(buf)
-    while (brace := buf.rfind(b"{", 0, end)) > 0:
-        separator = _SEPARATOR.search(buf, max(0, brace - _SEPARATOR_SPAN), brace)
-        if separator is not None:
-            return separator.start() + 1
-        end = brace
-    return -1
-
-
-def _json_chunks(p: Path) -> Iterator[bytes]:
-    """The file's text in chunks of at most ``_CHUNK`` bytes, decompressed when gzipped."""
-    try:
-        f = p.open("rb")
-    except OSError:
-        raise _Unstreamable from None
-    with f:
-        gzipped = f.read(2) == _GZIP_MAGIC
-        f.seek(0)
-        if not gzipped:
-            if p.suffix == ".gz":
-                raise _Unstreamable
-            while chunk := f.read(_CHUNK):
-                yield chunk
-            return
-        inflate = zlib.decompressobj(wbits=31)
-        pending = b""
-        while True:
-            if not pending and not (pending := f.read(_CHUNK // 8)):
-                break
-            if inflate.eof:  # a multi-member gzip file: the next member starts here
-                inflate = zlib.decompressobj(wbits=31)
-            try:
-                out = inflate.decompress(pending, _CHUNK)
-            except zlib.error:
-                raise _Unstreamable from None
-            pending = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
-            yield out
-        if not inflate.eof:  # truncated
-            raise _Unstreamable
+        raise Unstreamable from None
 
 
 class _Columns:
@@ -435,7 +252,7 @@ class _Columns:
 
     def memory_events(self) -> MemoryEvents:
         if not self.memory:
-            return _no_memory()
+            return no_memory()
         return MemoryEvents(*_joined(self.memory, 5))
 
     def cpu_events(self) -> CpuEvents:
@@ -487,7 +304,7 @@ def _trace(
         distributed=dict(info) if isinstance(info, dict) else {},
         device_properties=[d for d in props if isinstance(d, dict)] if isinstance(props, list) else [],
         base_time_ns=int(base)
-        if isinstance(base, (int, float)) and _finite_number(base) and abs(base) < _INT64
+        if isinstance(base, (int, float)) and finite_number(base) and abs(base) < _INT64
         else 0,
         dropped=dropped,
         memory=memory if sound.all() else MemoryEvents(*(c[sound] for c in dataclasses.astuple(memory))),
@@ -521,10 +338,6 @@ def trace_of_document(root: Any, p: Path) -> KinetoTrace:
     return _trace(p, columns, info, props, base, dropped)
 
 
-def _finite_number(value: Any) -> bool:
-    return type(value) in (int, float) and np.isfinite(value)
-
-
 _ARG_INTS = ("device", "stream", "correlation")
 
 
@@ -549,7 +362,7 @@ def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, 
         name = e.get("name", "")
         if not isinstance(name, str):
             drop("name not a string")
-        elif not (_finite_number(e.get("ts")) and _finite_number(e["dur"])):
+        elif not (finite_number(e.get("ts")) and finite_number(e["dur"])):
             drop("ts or dur not a number")
         elif not all(type(e.get(k)) in (int, str, type(None)) for k in ("pid", "tid")):
             drop("pid or tid not a number or a name")
@@ -557,7 +370,7 @@ def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, 
             args = e.get("args")
             args = args if type(args) is dict else {}
             bad = [k for k in _ARG_INTS if k in args and not (type(args[k]) is int and abs(args[k]) < _INT64)]
-            if bad or ("bytes" in args and not _finite_number(args["bytes"])):
+            if bad or ("bytes" in args and not finite_number(args["bytes"])):
                 drop("args not numbers")
                 continue
             cat = e.get("cat")
@@ -582,11 +395,11 @@ _MEMORY_ARGS = {"Total Allocated": float, "Total Reserved": float, "Device Type"
 def _sound_memory_event(e: dict[str, Any]) -> dict[str, Any] | None:
     """A ``[memory]`` event as :class:`_Event`'s fields, or None when a field it needs is odd."""
     args = e.get("args")
-    if type(args) is not dict or not _finite_number(e.get("ts")) or "Total Allocated" not in args:
+    if type(args) is not dict or not finite_number(e.get("ts")) or "Total Allocated" not in args:
         return None
     kept = {k: args[k] for k in _MEMORY_ARGS if k in args}
     for k, v in kept.items():
-        if not _finite_number(v) or (_MEMORY_ARGS[k] is int and not (type(v) is int and abs(v) < _INT64)):
+        if not finite_number(v) or (_MEMORY_ARGS[k] is int and not (type(v) is int and abs(v) < _INT64)):
             return None
     return {"ph": "i", "name": MEMORY_EVENT, "ts": e["ts"], "args": kept}
 
@@ -606,7 +419,7 @@ def _load_json(p: Path) -> Any:
         raw = p.read_bytes()
     except OSError as e:
         raise TraceFormatError(f"cannot read trace {p}: {e.strerror}") from e
-    if raw[:2] == _GZIP_MAGIC:
+    if raw[:2] == GZIP_MAGIC:
         try:
             raw = gzip.decompress(raw)
         except EOFError as e:

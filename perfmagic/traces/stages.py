@@ -41,7 +41,7 @@ import numpy as np
 from perfmagic.intervals import merge_intervals
 from perfmagic.schema import STAGES, STEP_BOUNDARY_PREFIX, nests_inside
 from perfmagic.timeline import Timeline
-from perfmagic.traces.kineto import CpuEvents, KinetoTrace
+from perfmagic.traces.events import CpuEvents, KinetoTrace
 from perfmagic.traces.xplane import INPUT_WAIT_EVENT
 
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")

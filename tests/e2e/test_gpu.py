@@ -15,7 +15,8 @@ import pytest
 from paths import BENCHMARKS
 
 from perfmagic.analyze.devices import devices_summary
-from perfmagic.collect.nvml import Nvml, NvmlSource
+from perfmagic.collect.nvml import Nvml
+from perfmagic.collect.nvml_source import NvmlSource
 from perfmagic.collect.sampler import Sampler
 from perfmagic.render.telemetry import NVIDIA_SMI_HEADER, write_nvidia_smi_csv
 from perfmagic.timeline import Timeline

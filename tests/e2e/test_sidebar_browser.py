@@ -32,7 +32,7 @@ FAKE_TWO_GPUS = f"""
 import math, sys, time
 sys.path.insert(0, {str(TESTS)!r})
 import fake_nvml as fakes
-from perfmagic.collect import nvml
+from perfmagic.collect import nvml_query
 
 GiB = 1024**3
 
@@ -59,7 +59,7 @@ gpu1 = LiveGpu(name="NVIDIA A100-SXM4-40GB", uuid="GPU-1", mem_total=40 * GiB, m
                power_limit_mw=400_000, gpm=False, nvlink_links=0)
 gpu1.phase = 2.0
 fake = fakes.FakeNvml([LiveGpu(processes=KernelPids()), gpu1])
-nvml._load_pynvml = lambda: fake
+nvml_query._load_pynvml = lambda: fake
 """
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import fake_nvml as scenarios
 import pandas as pd
 
-from perfmagic.collect.nvml import NvmlSource
+from perfmagic.collect.nvml_source import NvmlSource
 from perfmagic.collect.sampler import Sampler
 from perfmagic.render.telemetry import NVIDIA_SMI_HEADER, samples_dataframe, write_nvidia_smi_csv
 from perfmagic.timeline import Timeline

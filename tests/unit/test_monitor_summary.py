@@ -9,7 +9,7 @@ import fake_nvml as scenarios
 import numpy as np
 from fakeclock import FakeClock
 
-from perfmagic.collect.nvml import NvmlSource
+from perfmagic.collect.nvml_source import NvmlSource
 from perfmagic.monitor import Monitor
 from perfmagic.render.notebook import monitor_bundle
 from perfmagic.timeline import Timeline

@@ -12,7 +12,10 @@ import pytest
 from fakeclock import FakeClock
 
 from perfmagic.analyze.devices import devices_summary
-from perfmagic.collect.nvml import FIELDS_PERIOD_S, Nvml, NvmlSource, NvmlUnavailable
+from perfmagic.collect.nvml import Nvml
+from perfmagic.collect.nvml_counters import FIELDS_PERIOD_S
+from perfmagic.collect.nvml_query import NvmlUnavailable
+from perfmagic.collect.nvml_source import NvmlSource
 from perfmagic.collect.sampler import Sampler, SourceUnavailable
 from perfmagic.timeline import Timeline
 

@@ -21,7 +21,8 @@ from perfmagic.analyze.gpu import gpu_summary, trace_gpu
 from perfmagic.cli import main
 from perfmagic.trace_report import report_from_traces
 from perfmagic.traces import TraceFormatError, read_trace
-from perfmagic.traces.kineto import COMMUNICATION, COMPUTATION, MEMORY, GpuEvents, _whole
+from perfmagic.traces.events import COMMUNICATION, COMPUTATION, MEMORY, GpuEvents
+from perfmagic.traces.kineto import _whole
 from perfmagic.traces.stages import profiler_steps
 
 # trace, rank, HTA idle %, compute %, non-compute %, steps HTA uses, ProfilerStep# count
