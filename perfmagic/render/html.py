@@ -14,6 +14,7 @@ from pathlib import Path
 
 from perfmagic.advise.headline import headline
 from perfmagic.contract import Card, ReportData
+from perfmagic.render.colors import SEVERITY_COLORS, stage_color
 from perfmagic.render.embed import charts_html
 from perfmagic.render.kernels import gpu_html
 from perfmagic.render.ranks import ranks_html
@@ -29,8 +30,6 @@ from perfmagic.render.text import (
 )
 from perfmagic.schema import MEMORY_NAME
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
-
-SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
 
 CSS = """
 .pm-report{font-family:var(--jp-ui-font-family,system-ui,-apple-system,Segoe UI,sans-serif);
@@ -220,8 +219,6 @@ def _header(report: ReportData) -> str:
 
 
 def _bottleneck_color(report: ReportData) -> str:
-    from perfmagic.render.waterfall import stage_color
-
     return stage_color(report.get("bottleneck") or "other")
 
 
