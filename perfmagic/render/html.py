@@ -18,7 +18,7 @@ from perfmagic.render.colors import SEVERITY_COLORS, stage_color
 from perfmagic.render.embed import charts_html
 from perfmagic.render.kernels import gpu_html
 from perfmagic.render.ranks import ranks_html
-from perfmagic.render.text import (
+from perfmagic.render.wording import (
     evaluation_line,
     hotspot_lines,
     memory_peak,

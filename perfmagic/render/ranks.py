@@ -17,8 +17,8 @@ import numpy as np
 from perfmagic.contract import Rank, ReportData, StepTable, Straggler
 from perfmagic.render.colors import stage_color
 from perfmagic.render.embed import charts_html
-from perfmagic.render.text import rank_stages
 from perfmagic.render.waterfall import binned_steps, finish_stage_bars
+from perfmagic.render.wording import rank_stages
 from perfmagic.units import fmt_seconds
 
 if TYPE_CHECKING:
