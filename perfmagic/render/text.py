@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfmagic.advise.headline import caused
-from perfmagic.contract import Rank, ReportData, Steps
+from perfmagic.contract import CollectiveSkew, Rank, ReportData, Steps
 from perfmagic.render.wording import (
     evaluation_line,
     hotspot_lines,
@@ -53,118 +53,179 @@ def tuning_lines(report: ReportData) -> list[str]:
 
 
 def render_text(report: ReportData) -> str:
-    lines: list[str] = []
-    steps = report["steps"]
+    """The report as plain text: what it opens with, then each section that has something to say."""
+    sections = [
+        _stage_lines(report),
+        hotspot_lines(report),
+        _gpu_trace_lines(report),
+        _device_lines(report),
+        _host_lines(report),
+        _rank_lines(report),
+        _advice_lines(report),
+        _line(plan_line(report)),
+        _line(minor_line(report)),
+        _tuning_section(report),
+        _warning_lines(report),
+    ]
+    lines = _summary_lines(report)
+    for section in sections:
+        if section:
+            lines += ["", *section]
+    return "\n".join(lines)
+
+
+def _line(said: str | None) -> list[str]:
+    """One line where there is something to say, else none."""
+    return [said] if said else []
+
+
+def _summary_lines(report: ReportData) -> list[str]:
+    """The title, the steps, the evaluation passes and the bottleneck."""
     head = f"perfmagic report ({origin_words(report)}) — {fmt_seconds(report['wall_s'])} profiled"
-    lines += [head, "=" * len(head)]
-    if steps.get("count"):
-        lines.append(
-            f"steps: {steps['count']}, median {fmt_seconds(steps['median_s'])}, "
-            f"p90 {fmt_seconds(steps['p90_s'])}, {fmt_rate(steps['per_s'])} steps/s{throughput_words(steps)}, "
-            f"first step done after {fmt_seconds(steps['first_s'])}"
-        )
-        if steps.get("warmup"):
-            lines.append(
-                f"figures below: the {steps['count'] - steps['warmup']} steps after the first (warm-up)"
-            )
-    else:
-        lines.append("steps: none seen" + (f" ({steps['hint']})" if steps.get("hint") else ""))
-    evaluation = evaluation_line(report)
-    if evaluation:
-        lines.append(evaluation)
+    return [
+        head,
+        "=" * len(head),
+        *_steps_lines(report["steps"]),
+        *_line(evaluation_line(report)),
+        *_bottleneck_lines(report),
+    ]
+
+
+def _steps_lines(steps: Steps) -> list[str]:
+    """How many steps, how long and how fast; or that none was seen, and where to mark them."""
+    if not steps.get("count"):
+        return ["steps: none seen" + (f" ({steps['hint']})" if steps.get("hint") else "")]
+    lines = [
+        f"steps: {steps['count']}, median {fmt_seconds(steps['median_s'])}, "
+        f"p90 {fmt_seconds(steps['p90_s'])}, {fmt_rate(steps['per_s'])} steps/s{throughput_words(steps)}, "
+        f"first step done after {fmt_seconds(steps['first_s'])}"
+    ]
+    if steps.get("warmup"):
+        lines.append(f"figures below: the {steps['count'] - steps['warmup']} steps after the first (warm-up)")
+    return lines
+
+
+def _bottleneck_lines(report: ReportData) -> list[str]:
+    """The straggler rank, else the bottleneck stage with its cause, and where more is to gain."""
     straggler = report.get("straggler")
     if straggler:
-        lines.append(
+        return [
             f"bottleneck: {straggler['stage']} on rank {straggler['rank']}, a straggler: "
             f"+{fmt_seconds(straggler['excess_s'])} per step that the other ranks wait for in comm"
+        ]
+    if not report.get("bottleneck"):
+        return []
+    stage = report["stages"].get(report["bottleneck"] or "")
+    share = stage["fraction"] if stage else None
+    tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""
+    return [
+        caused(f"bottleneck: {report['bottleneck']}{tail}", report, report["bottleneck"]),
+        *_line(most_to_gain(report)),
+    ]
+
+
+def _stage_lines(report: ReportData) -> list[str]:
+    """Each stage's share of the step as a bar, largest first."""
+    if not report["stages"]:
+        return []
+    lines = ["stage breakdown (share of step time, mean per step):"]
+    width = max(len(n) for n in report["stages"])
+    for name, s in sorted(report["stages"].items(), key=lambda kv: -kv[1]["total_s"]):
+        bar = "█" * round(s["fraction"] * _BAR_WIDTH)
+        lines.append(
+            f"  {name:<{width}}  {fmt_fraction(s['fraction']):>4}  {bar:<{_BAR_WIDTH}}  "
+            f"{fmt_seconds(s.get('mean_s', s['median_s']))}"
         )
-    elif report.get("bottleneck"):
-        stage = report["stages"].get(report["bottleneck"] or "")
-        share = stage["fraction"] if stage else None
-        tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""
-        lines.append(caused(f"bottleneck: {report['bottleneck']}{tail}", report, report["bottleneck"]))
-        gain = most_to_gain(report)
-        if gain:
-            lines.append(gain)
+    return lines
 
-    if report["stages"]:
-        lines += ["", "stage breakdown (share of step time, mean per step):"]
-        width = max(len(n) for n in report["stages"])
-        for name, s in sorted(report["stages"].items(), key=lambda kv: -kv[1]["total_s"]):
-            bar = "█" * round(s["fraction"] * _BAR_WIDTH)
-            lines.append(
-                f"  {name:<{width}}  {fmt_fraction(s['fraction']):>4}  {bar:<{_BAR_WIDTH}}  "
-                f"{fmt_seconds(s.get('mean_s', s['median_s']))}"
-            )
 
-    spots = hotspot_lines(report)
-    if spots:
-        lines += ["", *spots]
-
+def _gpu_trace_lines(report: ReportData) -> list[str]:
+    """How busy the GPU was in its trace."""
     g = report["gpu"]
-    if g:
-        lines += [
-            "",
-            f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}",
-        ]
+    if not g:
+        return []
+    return [
+        f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}"
+    ]
 
-    if report["devices"]:
-        lines += ["", "GPUs:"]
-        for d in report["devices"]:
-            lines.append(
-                f"  [{d.get('index')}] {d.get('name', '?')}: util {fmt_fraction(d.get('util_mean'))} "
-                f"(p95 {fmt_fraction(d.get('util_p95'))}), memory peak {fmt_bytes(d.get('mem_used_peak_bytes'))}"
-                f" / {fmt_bytes(d.get('mem_total_bytes'))}, power {_watts(d.get('power_mean_w'))}"
-            )
+
+def _device_lines(report: ReportData) -> list[str]:
+    """Each GPU's utilization, memory peak and power, as sampled."""
+    if not report["devices"]:
+        return []
+    return [
+        "GPUs:",
+        *(
+            f"  [{d.get('index')}] {d.get('name', '?')}: util {fmt_fraction(d.get('util_mean'))} "
+            f"(p95 {fmt_fraction(d.get('util_p95'))}), memory peak {fmt_bytes(d.get('mem_used_peak_bytes'))}"
+            f" / {fmt_bytes(d.get('mem_total_bytes'))}, power {_watts(d.get('power_mean_w'))}"
+            for d in report["devices"]
+        ),
+    ]
+
+
+def _host_lines(report: ReportData) -> list[str]:
+    """The host's CPUs, their use, and the process tree's memory peak."""
     host = report.get("host") or {}
-    if host.get("cpu_count") is not None:
-        lines += [
-            "",
-            f"host: {host.get('cpu_count', '?')} CPUs, CPU {fmt_fraction(host.get('cpu_util_mean'))}, "
-            f"{memory_words(host)}",
-        ]
+    if host.get("cpu_count") is None:
+        return []
+    return [
+        f"host: {host.get('cpu_count', '?')} CPUs, CPU {fmt_fraction(host.get('cpu_util_mean'))}, "
+        f"{memory_words(host)}"
+    ]
 
-    if len(report.get("ranks", [])) > 1:
-        lines += ["", *rank_table(report)]
-        skew = report.get("collective_skew")
-        if skew:
-            lines.append(
-                f"  collectives: {skew['instances']} matched across ranks, start skew mean "
-                f"{fmt_seconds(skew['skew_mean_s'])} (p90 {fmt_seconds(skew['skew_p90_s'])}); "
-                f"rank {skew['last_rank']} arrives last most often"
-            )
-            latest = sorted(skew["ranks"], key=lambda x: -x["late_mean_s"])[:5]
-            for x in latest:
-                lines.append(
-                    f"    rank {x['rank']}: late by {fmt_seconds(x['late_mean_s'])} on average "
-                    f"(p90 {fmt_seconds(x['late_p90_s'])}), last in {fmt_fraction(x['last_fraction'])}"
-                )
 
-    if report["advice"]:
-        lines += ["", "advice:"]
-        for card in report["advice"]:
-            words = saving_words(card)
-            saving = f" — {words}" if words else ""
-            lines.append(f"  [{card['severity']}] {card['title']}{saving}")
-            lines.append(f"      {card['evidence']}")
-            for fix_line in card["fix"].splitlines():
-                lines.append(f"      | {fix_line}")
+def _rank_lines(report: ReportData) -> list[str]:
+    """The ranks side by side, and who reaches the collectives last; none for a single rank."""
+    if len(report.get("ranks", [])) <= 1:
+        return []
+    return [*rank_table(report), *_skew_lines(report.get("collective_skew"))]
 
-    planned = plan_line(report)
-    if planned:
-        lines += ["", planned]
-    minor = minor_line(report)
-    if minor:
-        lines += ["", minor]
 
+def _skew_lines(skew: CollectiveSkew | None) -> list[str]:
+    """How far apart the ranks start their collectives, and the five latest ranks."""
+    if not skew:
+        return []
+    lines = [
+        f"  collectives: {skew['instances']} matched across ranks, start skew mean "
+        f"{fmt_seconds(skew['skew_mean_s'])} (p90 {fmt_seconds(skew['skew_p90_s'])}); "
+        f"rank {skew['last_rank']} arrives last most often"
+    ]
+    for x in sorted(skew["ranks"], key=lambda x: -x["late_mean_s"])[:5]:
+        lines.append(
+            f"    rank {x['rank']}: late by {fmt_seconds(x['late_mean_s'])} on average "
+            f"(p90 {fmt_seconds(x['late_p90_s'])}), last in {fmt_fraction(x['last_fraction'])}"
+        )
+    return lines
+
+
+def _advice_lines(report: ReportData) -> list[str]:
+    """Each card: severity, title and saving, then its evidence and its fix, indented."""
+    if not report["advice"]:
+        return []
+    lines = ["advice:"]
+    for card in report["advice"]:
+        words = saving_words(card)
+        saving = f" — {words}" if words else ""
+        lines.append(f"  [{card['severity']}] {card['title']}{saving}")
+        lines.append(f"      {card['evidence']}")
+        lines += [f"      | {fix_line}" for fix_line in card["fix"].splitlines()]
+    return lines
+
+
+def _tuning_section(report: ReportData) -> list[str]:
+    """What tuning measured, one knob a line."""
     tuned = tuning_lines(report)
-    if tuned:
-        lines += ["", "tuning (tried after the window, on copies):", *(f"  {line}" for line in tuned)]
+    if not tuned:
+        return []
+    return ["tuning (tried after the window, on copies):", *(f"  {line}" for line in tuned)]
 
-    if report["warnings"]:
-        lines += ["", "not measured:"]
-        lines += [f"  - {w}" for w in report["warnings"]]
-    return "\n".join(lines)
+
+def _warning_lines(report: ReportData) -> list[str]:
+    """What could not be measured, and why."""
+    if not report["warnings"]:
+        return []
+    return ["not measured:", *(f"  - {w}" for w in report["warnings"])]
 
 
 def _watts(w: float | None) -> str:
