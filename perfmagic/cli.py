@@ -50,13 +50,54 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"perfmagic {__version__}")
     sub = parser.add_subparsers(dest="command")
-
-    run_p = sub.add_parser(
-        "run",
-        help="profile every Python process a command starts",
-        description="Profile every Python process COMMAND starts (torchrun ranks included), "
-        "with no change to its code, and print one report.",
+    _run_arguments(
+        sub.add_parser(
+            "run",
+            help="profile every Python process a command starts",
+            description="Profile every Python process COMMAND starts (torchrun ranks included), "
+            "with no change to its code, and print one report.",
+        )
     )
+    _report_arguments(
+        sub.add_parser(
+            "report",
+            help="analyze traces that torch.profiler wrote",
+            description="Analyze traces written by torch.profiler (one file per rank, .json or .json.gz; "
+            "a directory: every trace in it) and print one report; with --compare, compare two. "
+            "Exit status 2 when a file is not a readable trace.",
+        )
+    )
+    exporter_p = sub.add_parser(
+        "exporter",
+        help="serve this machine's GPU and host metrics to Prometheus",
+        description="Serve this machine's GPU metrics (under dcgm-exporter's names and labels) and host "
+        "metrics at http://ADDRESS:PORT/metrics for Prometheus to scrape. Not meant to run beside "
+        "dcgm-exporter on one machine (the same series twice).",
+    )
+    exporter_p.add_argument("--port", type=int, default=9410, help="port to listen on (default 9410)")
+    exporter_p.add_argument(
+        "--address", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every one)"
+    )
+    exporter_p.add_argument("--hostname", help="the Hostname label (default: this machine's host name)")
+    merge_p = sub.add_parser(
+        "merge",
+        help="one job's report from several nodes' perfmagic run records",
+        description="Build one job's report from the record directories (perfmagic run --outdir) of its "
+        "nodes: every rank, the nodes' clocks aligned from the collectives their ranks left together. "
+        "Exit status 2 when no directory holds a profiled process.",
+    )
+    _add_output_args(merge_p)
+    merge_p.add_argument("--quiet", action="store_true", help="don't print the report")
+    merge_p.add_argument("dirs", nargs="+", metavar="DIR", help="a node's perfmagic run record directory")
+
+    demo_p = sub.add_parser("demo", help="profile a built-in, deliberately input-bound training job")
+    demo_p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
+    demo_p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    return parser
+
+
+def _run_arguments(run_p: argparse.ArgumentParser) -> None:
+    """``perfmagic run``'s options: outputs, the framework's trace, tuning, records, sampling, COMMAND."""
     _add_output_args(run_p)
     run_p.add_argument(
         "--trace",
@@ -95,13 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     run_p.add_argument("--quiet", action="store_true", help="don't print the report")
     run_p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
-    report_p = sub.add_parser(
-        "report",
-        help="analyze traces that torch.profiler wrote",
-        description="Analyze traces written by torch.profiler (one file per rank, .json or .json.gz; "
-        "a directory: every trace in it) and print one report; with --compare, compare two. "
-        "Exit status 2 when a file is not a readable trace.",
-    )
+
+def _report_arguments(report_p: argparse.ArgumentParser) -> None:
+    """``perfmagic report``'s options: outputs, the traces, and the two to compare."""
     _add_output_args(report_p)
     report_p.add_argument(
         "traces",
@@ -116,34 +153,6 @@ def _parser() -> argparse.ArgumentParser:
         help="compare trace (or directory) A with B: steps, stages, GPU figures and kernels; "
         "--json writes the comparison",
     )
-
-    exporter_p = sub.add_parser(
-        "exporter",
-        help="serve this machine's GPU and host metrics to Prometheus",
-        description="Serve this machine's GPU metrics (under dcgm-exporter's names and labels) and host "
-        "metrics at http://ADDRESS:PORT/metrics for Prometheus to scrape. Not meant to run beside "
-        "dcgm-exporter on one machine (the same series twice).",
-    )
-    exporter_p.add_argument("--port", type=int, default=9410, help="port to listen on (default 9410)")
-    exporter_p.add_argument(
-        "--address", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every one)"
-    )
-    exporter_p.add_argument("--hostname", help="the Hostname label (default: this machine's host name)")
-    merge_p = sub.add_parser(
-        "merge",
-        help="one job's report from several nodes' perfmagic run records",
-        description="Build one job's report from the record directories (perfmagic run --outdir) of its "
-        "nodes: every rank, the nodes' clocks aligned from the collectives their ranks left together. "
-        "Exit status 2 when no directory holds a profiled process.",
-    )
-    _add_output_args(merge_p)
-    merge_p.add_argument("--quiet", action="store_true", help="don't print the report")
-    merge_p.add_argument("dirs", nargs="+", metavar="DIR", help="a node's perfmagic run record directory")
-
-    demo_p = sub.add_parser("demo", help="profile a built-in, deliberately input-bound training job")
-    demo_p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
-    demo_p.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    return parser
 
 
 def _add_output_args(parser: argparse.ArgumentParser) -> None:

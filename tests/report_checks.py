@@ -193,7 +193,7 @@ def assert_headline_agrees(report: dict[str, Any]) -> None:
     """
     from perfmagic.advise.about import addresses
     from perfmagic.advise.headline import BOUND, headline
-    from perfmagic.render.text import hotspot_lines
+    from perfmagic.render.wording import hotspot_lines
 
     name = report.get("bottleneck")
     if (

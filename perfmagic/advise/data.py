@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from perfmagic.advise.calls import Source
 from perfmagic.advise.card import Card, make_card, severity_for
@@ -15,6 +15,7 @@ from perfmagic.advise.trainer_fixes import loader_code, loader_fix_site, trainer
 from perfmagic.advise.workers import (
     HANDOFF_SHARE,
     STEP_MODEL,
+    MoreWorkers,
     loader_model,
     more_workers,
     rank_cpus,
@@ -59,68 +60,23 @@ def input_bound(a: Analysis) -> Card | None:
     kind = loading_kind(a)
     if kind == "handoff" or (kind == "io" and _has_workers(a) and share < HANDOFF_SHARE):
         return _handoff(a, s) if share >= HANDOFF_SHARE else None
+    plan = more_workers(a, s)
+    remedy = _input_remedy(a, s, kind, plan)
+    if remedy is None:
+        return None
     verdict = "HIGHLY input-bound" if share >= HIGHLY_INPUT_SHARE else "moderately input-bound"
     workers = f", DataLoader num_workers={ld.get('num_workers') or 0}" if ld else ""
     says = f"; {loading_says(a, kind)}" if kind else ""
     evidence = (
         f"{fmt_fraction(share)} of step time is spent waiting for the next batch: {fmt_seconds(wait)} of a "
         f"{fmt_seconds(step)} step (mean of {s.count} steps after warm-up{workers}{says}). Up to "
-        f"{fmt_seconds(wait)} per step if each batch were ready when asked for; "
+        f"{fmt_seconds(wait)} per step if each batch were ready when asked for; {remedy.says}"
     )
-    plan = more_workers(a, s)
-    if plan is None and kind == "cpu" and ld and ld.get("num_workers") and contention(a) is not None:
-        return None  # workers starved of CPU by a crowded machine: cpu_contention names the cause
-    if plan is not None:
-        saving, left, more = step - plan.step_s, plan.wait_left_s, _workers(plan.workers)
-        if left > 0:
-            evidence += (
-                f"with {more} (see dataloader_workers) the step would save about {fmt_seconds(saving)} and still "
-                f"wait {fmt_seconds(left)} ({plan.needed} workers would keep up; this machine affords {plan.cap})."
-            )
-            fix = f"# With {more}, the step still waits {fmt_seconds(left)}: make each sample cheaper too.\n"
-        else:
-            evidence += f"with {more} (see dataloader_workers) it would save all of it."
-            fix = (
-                f"# With {more} (code on dataloader_workers), batches load while the step runs.\n"
-                "# If the wait stays, make each sample cheaper:\n"
-            )
-        fix += _cheaper_samples_fix(a)
-        model = f"{_workers(plan.workers)}: {STEP_MODEL}; all of the data wait is the upper bound"
-    elif ld is not None and rank_cpus(a) is not None:
-        saving = wait
-        n = int(ld.get("num_workers") or 0)
-        evidence += (
-            f"the {_workers(n)} already use{'s' if n == 1 else ''} the CPUs this machine affords"
-            if n
-            else "this machine has no CPU to spare for DataLoader workers"
-        ) + ", so each batch must get cheaper to load."
-        fix = "# More workers cannot help here: make each sample cheaper.\n" + _cheaper_samples_fix(a)
-        model = "all of the data wait, once samples are cheap enough for the workers to keep up (upper bound)"
-    elif ld is None and a.config.pipeline is not None:
-        saving, pipeline = wait, a.config.pipeline
-        if _pipeline_complete(pipeline) and contention(a) is not None:
-            return None  # nothing in the pipeline to change: its threads wait for CPUs cpu_contention names
-        evidence += "the tf.data pipeline " + _pipeline_says(pipeline) + "."
-        fix = tf_data_code(pipeline)
-        model = "all of the data wait, if each batch were ready when the step asks for it (upper bound)"
-    else:
-        saving = wait
-        evidence += (
-            "perfmagic saw no torch DataLoader" if ld is None else "this machine's CPU count was not measured"
-        ) + ", so it cannot say how many workers would help."
-        fix = "\n".join(
-            [
-                "# Prepare the next batches while the step runs: a torch DataLoader with workers",
-                "loader = DataLoader(dataset, batch_size=..., num_workers=N, persistent_workers=True)",
-                "# (N: the CPUs you can spare, less one for the training loop), or prefetch in a thread.",
-            ]
-        )
-        model = "all of the data wait, if each batch were ready when the step asks for it (upper bound)"
     return make_card(
         "input_bound",
         f"Training is {verdict}: {fmt_fraction(share)} of each step waits for data",
         evidence,
-        fix,
+        remedy.fix,
         {
             "data_s": wait,
             "data_share": share,
@@ -128,11 +84,81 @@ def input_bound(a: Analysis) -> Card | None:
             "recommended_workers": plan.workers if plan else None,
             "saving_of": "dataloader_workers" if plan else None,  # the plan counts that saving once
         },
-        saving_s=saving,
+        saving_s=remedy.saving_s,
         step_s=step,
-        model=model,
+        model=remedy.model,
         severity=severity_for(wait, step),  # the size of the problem; the saving is what the fix achieves
     )
+
+
+class _Remedy(NamedTuple):
+    """What the input-bound card offers against the wait."""
+
+    saving_s: float
+    """What it saves per step."""
+    says: str
+    """The evidence's last sentence: what it achieves."""
+    fix: str
+    model: str
+    """How the saving was estimated."""
+
+
+def _input_remedy(a: Analysis, s: Steady, kind: str | None, plan: MoreWorkers | None) -> _Remedy | None:
+    """More workers where the machine affords them, else cheaper samples, a better tf.data pipeline, or a
+    loader with workers; None where another card names the cause (CPUs taken by other processes)."""
+    ld, wait = a.config.loader, s.stage_s("data")
+    if plan is None and kind == "cpu" and ld and ld.get("num_workers") and contention(a) is not None:
+        return None  # workers starved of CPU by a crowded machine: cpu_contention names the cause
+    if plan is not None:
+        return _more_workers_remedy(a, s, plan)
+    if ld is not None and rank_cpus(a) is not None:
+        n = int(ld.get("num_workers") or 0)
+        says = (
+            f"the {_workers(n)} already use{'s' if n == 1 else ''} the CPUs this machine affords"
+            if n
+            else "this machine has no CPU to spare for DataLoader workers"
+        ) + ", so each batch must get cheaper to load."
+        fix = "# More workers cannot help here: make each sample cheaper.\n" + _cheaper_samples_fix(a)
+        model = "all of the data wait, once samples are cheap enough for the workers to keep up (upper bound)"
+        return _Remedy(wait, says, fix, model)
+    upper = "all of the data wait, if each batch were ready when the step asks for it (upper bound)"
+    if ld is None and a.config.pipeline is not None:
+        pipeline = a.config.pipeline
+        if _pipeline_complete(pipeline) and contention(a) is not None:
+            return None  # nothing in the pipeline to change: its threads wait for CPUs cpu_contention names
+        return _Remedy(
+            wait, "the tf.data pipeline " + _pipeline_says(pipeline) + ".", tf_data_code(pipeline), upper
+        )
+    says = (
+        "perfmagic saw no torch DataLoader" if ld is None else "this machine's CPU count was not measured"
+    ) + ", so it cannot say how many workers would help."
+    fix = "\n".join(
+        [
+            "# Prepare the next batches while the step runs: a torch DataLoader with workers",
+            "loader = DataLoader(dataset, batch_size=..., num_workers=N, persistent_workers=True)",
+            "# (N: the CPUs you can spare, less one for the training loop), or prefetch in a thread.",
+        ]
+    )
+    return _Remedy(wait, says, fix, upper)
+
+
+def _more_workers_remedy(a: Analysis, s: Steady, plan: MoreWorkers) -> _Remedy:
+    """The planned worker count's saving, and what is left to wait for: then samples must get cheaper."""
+    saving, left, more = s.step_s - plan.step_s, plan.wait_left_s, _workers(plan.workers)
+    if left > 0:
+        says = (
+            f"with {more} (see dataloader_workers) the step would save about {fmt_seconds(saving)} and still "
+            f"wait {fmt_seconds(left)} ({plan.needed} workers would keep up; this machine affords {plan.cap})."
+        )
+        fix = f"# With {more}, the step still waits {fmt_seconds(left)}: make each sample cheaper too.\n"
+    else:
+        says = f"with {more} (see dataloader_workers) it would save all of it."
+        fix = (
+            f"# With {more} (code on dataloader_workers), batches load while the step runs.\n"
+            "# If the wait stays, make each sample cheaper:\n"
+        )
+    model = f"{_workers(plan.workers)}: {STEP_MODEL}; all of the data wait is the upper bound"
+    return _Remedy(saving, says, fix + _cheaper_samples_fix(a), model)
 
 
 def _pipeline_complete(pipeline: dict[str, Any]) -> bool:

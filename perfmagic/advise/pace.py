@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -163,149 +165,54 @@ def _startup_fix(a: Analysis, where: str, interpreter: bool) -> str:
     return fix
 
 
+@dataclass(frozen=True)
+class _SlowSteps:
+    """Steady steps far slower than the median one, and how they recur."""
+
+    steps: np.ndarray
+    """Their indices among the steady steps."""
+    lost: np.ndarray
+    """Per slow step, its extra seconds in the stages no other card accounts for."""
+    period: int | None
+    """The interval they recur at, if any."""
+    folded: bool
+    """Whether that interval was found by folding the steps on it (through a busy machine's slow steps)."""
+
+
 def step_outliers(a: Analysis) -> Card | None:
     """A few steps take far longer than the others, for a reason other cards do not cover."""
     s = a.steady
     if s is None or s.count < 5 or s.median_s <= 0:
         return None  # steps of no length (a trace whose step marks share a timestamp) have no outliers
     median = s.median_s
-    stage_median = np.median(s.seconds, axis=0)
-    extra = s.seconds - stage_median  # per step and stage, against the median step
-    covered = ["checkpoint"]  # checkpoint_frequency's
-    if any(m.get("compiled") for m in a.config.models):
-        covered += ["forward", "backward"]  # jit_compile's
-    keep = [j for j, n in enumerate(s.stages) if n not in covered]
-    spread = 1.4826 * float(np.median(np.abs(s.durations - median)))
-    outliers = np.flatnonzero(
-        (s.durations >= OUTLIER_RATIO * median) & (s.durations >= median + OUTLIER_MADS * spread)
-    )
-    lost_by_step = np.clip(extra[outliers][:, keep], 0, None).sum(axis=1)
-    big = outliers[lost_by_step >= 0.5 * lost_by_step.max()] if len(outliers) else outliers
-    period = _period(big)  # of the big ones: jitter between them does not hide a period
-    folded = _folded(s.durations) if period is None else None
-    if folded is not None:  # work every few steps, seen through a busy machine's slow steps
-        period, phase = folded
-        outliers = phase[s.durations[phase] >= OUTLIER_RATIO * median]
-        lost_by_step = np.clip(extra[outliers][:, keep], 0, None).sum(axis=1)
+    extra = s.seconds - np.median(s.seconds, axis=0)  # per step and stage, against the median step
+    keep = _uncovered_stages(a, s)
+    slow = _slow_steps(s, extra, keep)
     step = s.step_s
-    lost = float(lost_by_step.sum()) / s.count
-    if len(outliers) < MIN_OUTLIERS or lost < OUTLIER_SHARE * step:
+    lost = float(slow.lost.sum()) / s.count
+    if len(slow.steps) < MIN_OUTLIERS or lost < OUTLIER_SHARE * step:
         return None
-    by_stage = np.clip(extra[outliers], 0, None).sum(axis=0)
+    by_stage = np.clip(extra[slow.steps], 0, None).sum(axis=0)
     where = s.stages[keep[int(np.argmax(by_stage[keep]))]]
-    cause = _off_step_cause(s, outliers)
-    if cause != "gc" and (folded is not None or (period and _worked_share(s, outliers) >= PERIODIC_WORK)):
-        # a recurrence this exact is the loop's own work, whatever a busy machine made it wait on
-        cause = "worked"
-    crowded = contention(a)
-    if (
-        crowded is not None
-        and cause not in ("worked", "gc")
-        and (cause == "waited" or period is None)
-        and (crowded.wait_s is None or crowded.wait_s * s.count >= 0.5 * lost_by_step.sum())
-    ):
-        # Slow steps that the thread's wait for CPUs accounts for: cpu_contention's. Off-CPU time counts
-        # too: a thread of the process preempted while it holds the GIL stalls the training thread.
+    cause = _slow_cause(s, slow)
+    if _crowded_out(a, s, slow, cause):
         return None
-    if where != "data" and cause in ("waited", "off_cpu"):
-        period = None  # a step that did no extra work is no periodic work, whatever its spacing
+    # a step that did no extra work is no periodic work, whatever its spacing
+    period = None if where != "data" and cause in ("waited", "off_cpu") else slow.period
     when = f", every {period} steps" if period else ""
     explained = bool(period) or where == "data" or cause in ("gc", "waited")
-    ld = a.config.loader
-    epoch = None
-    if ld and ld.get("dataset_len") and ld.get("batch_size"):
-        epoch = -(-int(ld["dataset_len"]) // int(ld["batch_size"]))
-    if (
-        where == "data"
-        and period
-        and epoch == period
-        and ld
-        and ld.get("num_workers")
-        and not ld.get("persistent_workers")
-    ):
-        why = "at each epoch's start, when DataLoader workers are started again"
-        fix = loader_code(a, ld, persistent_workers=True)
-    elif where == "data":
-        why = "some batches are much slower to load"
-        dataset = dataset_name(ld)
-        fix = "\n".join(
-            [
-                "# find the slow samples:",
-                "import time",
-                "times = []",
-                f"for i in range(len({dataset})):",
-                f"    t = time.perf_counter(); {dataset}[i]; times.append((time.perf_counter() - t, i))",
-                "print(sorted(times)[-10:])  # the ten slowest: (seconds, index)",
-            ]
-        )
-    elif cause == "gc":
-        why = "Python's garbage collector ran in them (measured with gc.callbacks)"
-        fix = "\n".join(
-            [
-                "import gc",
-                "gc.freeze()  # after building the model and the data: long-lived objects leave the collector's scans",
-                "gc.set_threshold(50_000, 50, 100)  # fewer young collections (the default first threshold is 700)",
-            ]
-        )
-    elif cause == "waited":
-        why = (
-            "the training thread waited for a CPU in them (runnable, not running): other processes or more "
-            "busy threads than CPUs"
-        )
-        c = contention(a)
-        fix = "# The slow steps waited for a CPU: give the training the CPUs it uses\n" + (
-            contention_fix(c)
-            if c
-            else "# $ ps -eo pid,pcpu,etime,comm --sort=-pcpu | head  (in a shell: who else runs)"
-        )
-    elif cause == "off_cpu":
-        why = (
-            f"the training thread was off the CPU for the extra time in {where}, without waiting for one: "
-            "sleeping, reading files, waiting on a lock or on the device"
-        )
-        fix = "\n".join(
-            [
-                "# Find what the slow steps wait on: time the suspect calls, or sample the thread's stack",
-                "import perfmagic",
-                f"with perfmagic.stage('suspect'):  # inside {where}, around the call you suspect",
-                "    ...",
-                "# $ py-spy dump --pid PID  (in a shell, while a slow step is in progress)",
-            ]
-        )
-    elif period:
-        why = f"periodic work in {where}: evaluation, metrics or garbage collection in the loop"
-        fix = "\n".join(
-            [
-                f"# the loop does extra work every {period} steps: do it less often, or off the critical path",
-                f"# in your loop: `if step % {period * 10} == 0:` before that work (it runs every {period} steps now)",
-                "# if it is Python's garbage collector: gc.freeze() after set-up keeps long-lived objects out",
-            ]
-        )
-    else:
-        why = (
-            f"extra work in {where} at irregular steps"
-            + (" (the thread computed more in them)" if cause == "worked" else "")
-            + ": data-dependent work, garbage collection or a memory allocator"
-        )
-        fix = "\n".join(
-            [
-                "# Find the irregular work: name the parts of the step and compare slow steps with the rest",
-                "import perfmagic",
-                f"with perfmagic.stage('suspect'):  # inside {where}",
-                "    ...",
-                "import gc; gc.freeze()  # after set-up: long-lived objects leave the garbage collector's scans",
-            ]
-        )
-    worst = float(s.durations[outliers].max())
+    why, fix = _slow_loading(a, period) if where == "data" else _slow_work(a, where, cause, period)
+    count = len(slow.steps)
+    worst = float(s.durations[slow.steps].max())
     return make_card(
         "step_outliers",
-        f"{len(outliers)} slow steps cost {fmt_fraction(lost / step)} of training time",
-        f"{len(outliers)} of {s.count} steps after warm-up took at least {OUTLIER_RATIO:.0f}x the median "
+        f"{count} slow steps cost {fmt_fraction(lost / step)} of training time",
+        f"{count} of {s.count} steps after warm-up took at least {OUTLIER_RATIO:.0f}x the median "
         f"{fmt_seconds(median)} (up to {fmt_seconds(worst)}){when}; their extra time is mostly in {where} "
-        f"(+{fmt_seconds(float(by_stage[s.stages.index(where)]) / len(outliers))} each): {why}.",
+        f"(+{fmt_seconds(float(by_stage[s.stages.index(where)]) / count)} each): {why}.",
         fix,
         {
-            "outliers": len(outliers),
+            "outliers": count,
             "median_step_s": median,
             "worst_step_s": worst,
             "stage": where,
@@ -317,6 +224,163 @@ def step_outliers(a: Analysis) -> Card | None:
         model="the outlier steps brought back to the median step, except time other cards account for",
         # a cause not pinned down (irregular work, or time off the CPU) gets a way to find it, not an alarm
         severity=None if explained else "low",
+    )
+
+
+def _uncovered_stages(a: Analysis, s: Steady) -> list[int]:
+    """The columns of the stages whose slow steps no other card accounts for."""
+    covered = ["checkpoint"]  # checkpoint_frequency's
+    if any(m.get("compiled") for m in a.config.models):
+        covered += ["forward", "backward"]  # jit_compile's
+    return [j for j, n in enumerate(s.stages) if n not in covered]
+
+
+def _slow_steps(s: Steady, extra: np.ndarray, keep: list[int]) -> _SlowSteps:
+    """The outlier steps: far above the median step, and far above its jitter (``OUTLIER_MADS``).
+
+    Where they recur at no interval, work every few steps may still show when the steps are folded on
+    one (:func:`_folded`): then the slow steps are that phase's.
+    """
+    median = s.median_s
+    spread = 1.4826 * float(np.median(np.abs(s.durations - median)))
+    steps = np.flatnonzero(
+        (s.durations >= OUTLIER_RATIO * median) & (s.durations >= median + OUTLIER_MADS * spread)
+    )
+    lost = _lost_in(extra, steps, keep)
+    big = steps[lost >= 0.5 * lost.max()] if len(steps) else steps
+    period = _period(big)  # of the big ones: jitter between them does not hide a period
+    folded = _folded(s.durations) if period is None else None
+    if folded is None:
+        return _SlowSteps(steps, lost, period, folded=False)
+    period, phase = folded
+    steps = phase[s.durations[phase] >= OUTLIER_RATIO * median]
+    return _SlowSteps(steps, _lost_in(extra, steps, keep), period, folded=True)
+
+
+def _lost_in(extra: np.ndarray, steps: np.ndarray, keep: list[int]) -> np.ndarray:
+    """Per step of ``steps``, its extra seconds in the ``keep`` stages (a faster stage saves none)."""
+    lost: np.ndarray = np.clip(extra[steps][:, keep], 0, None).sum(axis=1)
+    return lost
+
+
+def _slow_cause(s: Steady, slow: _SlowSteps) -> str | None:
+    """What the slow steps' extra time was (:func:`_off_step_cause`), ``"worked"`` where they recur."""
+    cause = _off_step_cause(s, slow.steps)
+    if cause != "gc" and (slow.folded or (slow.period and _worked_share(s, slow.steps) >= PERIODIC_WORK)):
+        # a recurrence this exact is the loop's own work, whatever a busy machine made it wait on
+        return "worked"
+    return cause
+
+
+def _crowded_out(a: Analysis, s: Steady, slow: _SlowSteps, cause: str | None) -> bool:
+    """Whether the thread's wait for CPUs accounts for the slow steps: cpu_contention's to report.
+
+    Off-CPU time counts too: a thread of the process preempted while it holds the GIL stalls the
+    training thread.
+    """
+    crowded = contention(a)
+    return (
+        crowded is not None
+        and cause not in ("worked", "gc")
+        and (cause == "waited" or slow.period is None)
+        and (crowded.wait_s is None or crowded.wait_s * s.count >= 0.5 * slow.lost.sum())
+    )
+
+
+def _epoch_steps(ld: dict[str, Any] | None) -> int | None:
+    """Steps per epoch of the loader, where its dataset's length and batch size are known."""
+    if ld and ld.get("dataset_len") and ld.get("batch_size"):
+        return -(-int(ld["dataset_len"]) // int(ld["batch_size"]))
+    return None
+
+
+def _slow_loading(a: Analysis, period: int | None) -> tuple[str, str]:
+    """Why steps are slow in ``data``, and the fix: workers started again each epoch, else slow samples."""
+    ld = a.config.loader
+    if (
+        period
+        and period == _epoch_steps(ld)
+        and ld
+        and ld.get("num_workers")
+        and not ld.get("persistent_workers")
+    ):
+        return (
+            "at each epoch's start, when DataLoader workers are started again",
+            loader_code(a, ld, persistent_workers=True),
+        )
+    dataset = dataset_name(ld)
+    return "some batches are much slower to load", "\n".join(
+        [
+            "# find the slow samples:",
+            "import time",
+            "times = []",
+            f"for i in range(len({dataset})):",
+            f"    t = time.perf_counter(); {dataset}[i]; times.append((time.perf_counter() - t, i))",
+            "print(sorted(times)[-10:])  # the ten slowest: (seconds, index)",
+        ]
+    )
+
+
+_GC_FIX = "\n".join(
+    [
+        "import gc",
+        "gc.freeze()  # after building the model and the data: long-lived objects leave the collector's scans",
+        "gc.set_threshold(50_000, 50, 100)  # fewer young collections (the default first threshold is 700)",
+    ]
+)
+
+
+def _slow_work(a: Analysis, where: str, cause: str | None, period: int | None) -> tuple[str, str]:
+    """Why steps are slow in ``where`` (not ``data``), from the thread's time in them, and the fix."""
+    if cause == "gc":
+        return "Python's garbage collector ran in them (measured with gc.callbacks)", _GC_FIX
+    if cause == "waited":
+        c = contention(a)
+        return (
+            "the training thread waited for a CPU in them (runnable, not running): other processes or more "
+            "busy threads than CPUs",
+            "# The slow steps waited for a CPU: give the training the CPUs it uses\n"
+            + (
+                contention_fix(c)
+                if c
+                else "# $ ps -eo pid,pcpu,etime,comm --sort=-pcpu | head  (in a shell: who else runs)"
+            ),
+        )
+    if cause == "off_cpu":
+        return (
+            f"the training thread was off the CPU for the extra time in {where}, without waiting for one: "
+            "sleeping, reading files, waiting on a lock or on the device",
+            "\n".join(
+                [
+                    "# Find what the slow steps wait on: time the suspect calls, or sample the thread's stack",
+                    "import perfmagic",
+                    f"with perfmagic.stage('suspect'):  # inside {where}, around the call you suspect",
+                    "    ...",
+                    "# $ py-spy dump --pid PID  (in a shell, while a slow step is in progress)",
+                ]
+            ),
+        )
+    if period:
+        return f"periodic work in {where}: evaluation, metrics or garbage collection in the loop", "\n".join(
+            [
+                f"# the loop does extra work every {period} steps: do it less often, or off the critical path",
+                f"# in your loop: `if step % {period * 10} == 0:` before that work (it runs every {period} steps now)",
+                "# if it is Python's garbage collector: gc.freeze() after set-up keeps long-lived objects out",
+            ]
+        )
+    why = (
+        f"extra work in {where} at irregular steps"
+        + (" (the thread computed more in them)" if cause == "worked" else "")
+        + ": data-dependent work, garbage collection or a memory allocator"
+    )
+    return why, "\n".join(
+        [
+            "# Find the irregular work: name the parts of the step and compare slow steps with the rest",
+            "import perfmagic",
+            f"with perfmagic.stage('suspect'):  # inside {where}",
+            "    ...",
+            "import gc; gc.freeze()  # after set-up: long-lived objects leave the garbage collector's scans",
+        ]
     )
 
 

@@ -1,27 +1,24 @@
 """HTML rendering of a report: the fragment the notebook shows and the standalone file.
 
-A fragment carries its styles, the Bokeh charts and a still PNG of them. The standalone
-file carries BokehJS inline, so it opens offline; a notebook's fragment leaves it out
-(BokehJS is 1.3 MB) and draws with the page's, which the perfmagic server extension
-serves once per page. Where no script may run (an untrusted notebook, a viewer, an
-``nbconvert`` export) the PNG shows instead.
+A fragment carries its styles, the Bokeh charts and a still PNG of them (embedded as
+:mod:`perfmagic.render.embed` says); the standalone file carries BokehJS too, so it opens offline.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import json
 import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from perfmagic.advise.headline import headline
 from perfmagic.contract import Card, ReportData
+from perfmagic.render.colors import SEVERITY_COLORS, stage_color
+from perfmagic.render.embed import charts_html
 from perfmagic.render.kernels import gpu_html
-from perfmagic.render.text import (
+from perfmagic.render.ranks import ranks_html
+from perfmagic.render.wording import (
     evaluation_line,
     hotspot_lines,
     memory_peak,
@@ -33,8 +30,6 @@ from perfmagic.render.text import (
 )
 from perfmagic.schema import MEMORY_NAME
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
-
-SEVERITY_COLORS = {"high": "#d62728", "medium": "#f28e2b", "low": "#c9a227", "info": "#4e79a7"}
 
 CSS = """
 .pm-report{font-family:var(--jp-ui-font-family,system-ui,-apple-system,Segoe UI,sans-serif);
@@ -95,62 +90,6 @@ _COPY_JS = (
 )
 
 
-def bokeh_loader() -> str:
-    """A script that defines BokehJS (inline, no CDN) unless this page already has this version."""
-    from bokeh import __version__ as version
-    from bokeh.resources import Resources
-
-    code = "\n".join(Resources(mode="inline", components=["bokeh"]).js_raw)
-    return (
-        f'<script type="text/javascript">if(!(window.Bokeh&&window.Bokeh["{version}"])){{\n'
-        f"{code}\n}}</script>"
-    )
-
-
-def charts_html(layout: Any, png: bytes | None = None, *, inline_bokehjs: bool = False) -> str:
-    """The charts, drawn by BokehJS over a still PNG of them that stays where no script runs.
-
-    ``inline_bokehjs`` carries BokehJS along (a standalone file); without it the page's BokehJS
-    draws, loaded once per page from the perfmagic server extension when the page has none yet
-    (a notebook: so a notebook does not keep a copy of BokehJS per report).
-    """
-    if layout is None:
-        return ""
-    from bokeh import __version__ as version
-    from bokeh.embed import json_item
-
-    target = f"pm-{uuid.uuid4().hex}"
-    item = json.dumps(json_item(layout)).replace("</", "<\\/")  # never ends the script early
-    still = (
-        f'<img id="{target}-png" alt="perfmagic charts" style="max-width:100%" '
-        f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-        if png
-        else ""
-    )
-    # the chart's JSON last: it may hold any text, "TARGET" included
-    script = _EMBED_JS.replace("TARGET", target, 1).replace("VERSION", version, 1).replace("ITEM", item, 1)
-    loader = bokeh_loader() if inline_bokehjs else ""
-    return f'{loader}<div class="pm-charts">{still}<div id="{target}"></div></div><script>{script}</script>'
-
-
-# Draws the charts once BokehJS is there: the page's, else bokeh.min.js from the perfmagic server
-# extension (one request per page, shared by every report), then hides the still picture. Where that
-# fails (no Jupyter server, an untrusted output: no script runs at all) the PNG stays.
-_EMBED_JS = (
-    "(function(){var item=ITEM,id='TARGET',v='VERSION';"
-    "function bk(){var b=window.Bokeh;return b&&(b[v]||(b.version===v?b:null))}"
-    "function load(){if(bk())return Promise.resolve();"
-    "var c=document.getElementById('jupyter-config-data');if(!c)return Promise.reject(new Error('no server'));"
-    "if(!window._perfmagicBokehJS){window._perfmagicBokehJS=new Promise(function(ok,no){"
-    "var s=document.createElement('script');"
-    "s.src=JSON.parse(c.textContent).baseUrl.replace(/\\/?$/,'/')+'perfmagic/static/bokeh.min.js?v='+v;"
-    "s.onload=ok;s.onerror=no;document.head.appendChild(s)})}return window._perfmagicBokehJS}"
-    "load().then(function(){return bk().embed.embed_item(item,id)}).then(function(){"
-    "var p=document.getElementById(id+'-png');if(p)p.style.display='none'})"
-    ".catch(function(e){console.info('perfmagic: static charts ('+e+')')})})();"
-)
-
-
 def report_fragment(
     report: ReportData,
     links: Sequence[tuple[str, str]] = (),
@@ -159,7 +98,6 @@ def report_fragment(
     inline_bokehjs: bool = False,
 ) -> str:
     """The whole report as one HTML fragment; ``inline_bokehjs``: one that needs no server either."""
-    from perfmagic.render.ranks import ranks_html
     from perfmagic.render.waterfall import report_layout
 
     parts = [f"<style>{CSS}</style>", '<div class="pm-report">', _header(report)]
@@ -281,8 +219,6 @@ def _header(report: ReportData) -> str:
 
 
 def _bottleneck_color(report: ReportData) -> str:
-    from perfmagic.render.waterfall import stage_color
-
     return stage_color(report.get("bottleneck") or "other")
 
 

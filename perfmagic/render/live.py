@@ -24,8 +24,8 @@ import numpy as np
 
 from perfmagic.analyze.running import RunningStages
 from perfmagic.contract import DeviceInfo
+from perfmagic.render.colors import stage_color
 from perfmagic.render.live_chart import UtilizationChart
-from perfmagic.render.waterfall import stage_color
 from perfmagic.schema import MEMORY_METRICS, MEMORY_NAME, memory_kind
 from perfmagic.timeline import Timeline
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds

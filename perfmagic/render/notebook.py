@@ -15,7 +15,9 @@ from perfmagic.advise.headline import headline
 from perfmagic.analyze.monitoring import GpuFigures, MonitorSummary
 from perfmagic.compare import SECTIONS, speed_words
 from perfmagic.contract import ReportData
-from perfmagic.render.html import CSS, SEVERITY_COLORS, charts_html, report_fragment
+from perfmagic.render.colors import SEVERITY_COLORS
+from perfmagic.render.embed import charts_html
+from perfmagic.render.html import CSS, report_fragment
 from perfmagic.render.text import render_text
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 

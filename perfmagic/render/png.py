@@ -22,7 +22,7 @@ import numpy as np
 
 from perfmagic.contract import ReportData, Stage, StepTable
 from perfmagic.render.axes import Axis, seconds_axis, time_axis
-from perfmagic.render.waterfall import stage_color
+from perfmagic.render.colors import stage_color
 
 WIDTH, HEIGHT = 900, 290
 _PLOT = (64, 28, 620, 226)  # left, top, right, bottom of the waterfall

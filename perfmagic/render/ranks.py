@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfmagic.contract import Rank, ReportData, StepTable, Straggler
-from perfmagic.render.text import rank_stages
-from perfmagic.render.waterfall import binned_steps, finish_stage_bars, stage_color
+from perfmagic.render.colors import stage_color
+from perfmagic.render.embed import charts_html
+from perfmagic.render.waterfall import binned_steps, finish_stage_bars
+from perfmagic.render.wording import rank_stages
 from perfmagic.units import fmt_seconds
 
 if TYPE_CHECKING:
@@ -43,10 +45,8 @@ CSS = """
 def ranks_html(report: ReportData, *, inline_bokehjs: bool = False) -> str:
     """The per-rank waterfall and heat table; empty for a report of fewer than two ranks.
 
-    ``inline_bokehjs``: as :func:`perfmagic.render.html.charts_html`.
+    ``inline_bokehjs``: as :func:`perfmagic.render.embed.charts_html`.
     """
-    from perfmagic.render.html import charts_html
-
     ranks = sorted(report.get("ranks") or [], key=lambda r: r["rank"])
     if len(ranks) < 2:
         return ""

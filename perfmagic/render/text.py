@@ -2,142 +2,22 @@
 
 from __future__ import annotations
 
-from perfmagic.advise.headline import cause_card_title, caused
-from perfmagic.contract import Card, Host, Rank, ReportData, Steps
-from perfmagic.schema import MEMORY_NAME, STAGES, memory_kind
+from perfmagic.advise.headline import caused
+from perfmagic.contract import CollectiveSkew, Rank, ReportData, Steps
+from perfmagic.render.wording import (
+    evaluation_line,
+    hotspot_lines,
+    memory_words,
+    minor_line,
+    most_to_gain,
+    origin_words,
+    plan_line,
+    rank_stages,
+    saving_words,
+)
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
 
 _BAR_WIDTH = 30
-
-
-def most_to_gain(report: ReportData) -> str | None:
-    """Why the first card is not about the largest stage, when it is not: it saves the most."""
-    from perfmagic.advise.catalog import STAGE_OF
-
-    advice, bottleneck = report.get("advice") or [], report.get("bottleneck")
-    if not advice or not bottleneck or not advice[0].get("saving_s"):
-        return None
-    top = advice[0]
-    if (
-        bottleneck in STAGE_OF.get(str(top.get("id")), "").split()
-        or cause_card_title(report, bottleneck) == top["title"]
-    ):
-        return None  # about the bottleneck, or the bottleneck's cause the headline names
-    return f"most to gain elsewhere: {top.get('title')} (saves ~{fmt_seconds(top['saving_s'])} per step)"
-
-
-def saving_words(card: Card) -> str:
-    """What fixing a card gains, in words: per step and as a speed-up, or once."""
-    once = (card.get("metrics") or {}).get("one_time_s")
-    if once:
-        return f"one-time cost ~{fmt_seconds(once)}"
-    parts = []
-    if card.get("saving_s"):
-        parts.append(f"saves ~{fmt_seconds(card['saving_s'])} per step")
-    speedup = card.get("speedup")
-    if speedup:
-        parts.append(f"~{speedup:.2g}× faster" if speedup >= 1.1 else f"~{(speedup - 1) * 100:.0f}% faster")
-    metrics = card.get("metrics") or {}
-    interval = metrics.get("saving_interval_s")
-    if metrics.get("uncertain") and interval:
-        parts.append(
-            f"uncertain: {fmt_seconds(interval[0])}–{fmt_seconds(interval[1])} (p10–p90 of the steps)"
-        )
-    alone, saving = metrics.get("saving_alone_s"), card.get("saving_s")
-    if alone and saving is not None and alone > 1.05 * saving:
-        parts.append(f"{fmt_seconds(alone)} on its own, less after the changes above")
-    return ", ".join(parts)
-
-
-def plan_line(report: ReportData) -> str | None:
-    """The plan's predicted step, where more than one change makes it."""
-    plan = report.get("plan")
-    if not plan or len(plan["changes"]) < 2 or plan["predicted_step_s"] >= plan["step_s"]:
-        return None
-    return (
-        f"plan: the {len(plan['changes'])} changes together predict a {fmt_seconds(plan['predicted_step_s'])}"
-        f" step against {fmt_seconds(plan['step_s'])} now (an estimate: each saving counted once, in this order)"
-    )
-
-
-EXPLAINED_STAGES = ("other", "data")
-"""Stages whose code the report names from stack samples: the rest is named by the stage itself."""
-EXPLAIN_SHARE = 0.10
-"""Share of the step from which those stages are explained."""
-
-
-def hotspot_lines(report: ReportData) -> list[str]:
-    """The lines a large ``other`` or ``data`` was sampled in: the training thread's, or in ``data`` the
-    DataLoader workers' (where they sampled themselves)."""
-    lines: list[str] = []
-    stages, spots = report.get("stages") or {}, report.get("hotspots") or {}
-    loading = report.get("loading")
-    for stage in EXPLAINED_STAGES:
-        share = stages[stage]["fraction"] if stage in stages else 0.0
-        places = spots.get(stage) or []
-        if share < EXPLAIN_SHARE or not places:
-            continue
-        first = places[0]
-        samples = round(first["samples"] / first["share"]) if first["share"] else first["samples"]
-        listed = ", ".join(f"{p['where']} {fmt_fraction(p['share'])}" for p in places[:3])
-        if first.get("sampled") == "workers":
-            lines.append(
-                f"{stage} ({fmt_fraction(share)} of the step) waits for the DataLoader workers, mostly in: "
-                f"{listed} (of {samples} samples of the workers' stacks while they built batches)"
-            )
-            continue
-        unsampled = (
-            "; the DataLoader workers' stacks were not sampled (started before profiling, not forked, or "
-            "their fetches too short to sample): their code is not named"
-            if stage == "data" and loading and loading["loaders"] == "workers"
-            else ""
-        )
-        lines.append(
-            f"{stage} ({fmt_fraction(share)} of the step) was mostly in: {listed} "
-            f"(of {samples} samples of the training thread's stack; name it with perfmagic.stage('...')"
-            f"{unsampled})"
-        )
-    return lines
-
-
-def evaluation_line(report: ReportData) -> str | None:
-    """Evaluation passes, kept out of the steps: "evaluation: 8% of wall time, every 10 steps (3 passes, 0.25 s)"."""
-    ev = report.get("evaluation") or {}
-    if not ev.get("passes"):
-        return None
-    every = f", every {ev['every_steps']:g} steps" if ev.get("every_steps") else ""
-    passes = f"{ev['passes']} pass{'es' if ev['passes'] != 1 else ''}"
-    return (
-        f"evaluation: {fmt_fraction(ev.get('fraction_of_wall'))} of wall time{every} "
-        f"({passes}, {fmt_seconds(ev.get('total_s'))}; not in the steps)"
-    )
-
-
-def minor_line(report: ReportData) -> str | None:
-    """The rules that fired with too little to gain for a card, on one line."""
-    minor = report.get("advice_minor") or []
-    if not minor:
-        return None
-    parts = [
-        f"{m['id']} ({fmt_seconds(m['saving_s'])}, {m['saving_s'] / m['step_s'] * 100:.1f}%)"
-        if m["step_s"] and m["saving_s"] is not None
-        else str(m["id"])
-        for m in minor
-    ]
-    return "also checked, each under 2% of a step to gain: " + ", ".join(parts)
-
-
-def memory_peak(host: Host) -> tuple[str, int | None]:
-    """The process tree's memory peak in its one measure (``schema.memory_kind``): ``("PSS", bytes)``."""
-    pss = host.get("pss_peak_bytes")
-    kind = memory_kind(pss)
-    return kind, pss if kind == "PSS" else host.get("rss_peak_bytes")
-
-
-def memory_words(host: Host) -> str:
-    """The process tree's memory peak as every report says it: "process memory peak 331.4 MiB (PSS)"."""
-    kind, peak = memory_peak(host)
-    return f"{MEMORY_NAME} peak {fmt_bytes(peak)} ({kind})"
 
 
 def throughput_words(steps: Steps) -> str:
@@ -172,134 +52,184 @@ def tuning_lines(report: ReportData) -> list[str]:
     return lines
 
 
-def origin_words(report: ReportData) -> str:
-    """Where the report comes from: its source, framework and trainer (``live, pytorch, hf_trainer``)."""
-    return ", ".join(str(report[k]) for k in ("source", "framework", "trainer") if report.get(k))
-
-
 def render_text(report: ReportData) -> str:
-    lines: list[str] = []
-    steps = report["steps"]
+    """The report as plain text: what it opens with, then each section that has something to say."""
+    sections = [
+        _stage_lines(report),
+        hotspot_lines(report),
+        _gpu_trace_lines(report),
+        _device_lines(report),
+        _host_lines(report),
+        _rank_lines(report),
+        _advice_lines(report),
+        _line(plan_line(report)),
+        _line(minor_line(report)),
+        _tuning_section(report),
+        _warning_lines(report),
+    ]
+    lines = _summary_lines(report)
+    for section in sections:
+        if section:
+            lines += ["", *section]
+    return "\n".join(lines)
+
+
+def _line(said: str | None) -> list[str]:
+    """One line where there is something to say, else none."""
+    return [said] if said else []
+
+
+def _summary_lines(report: ReportData) -> list[str]:
+    """The title, the steps, the evaluation passes and the bottleneck."""
     head = f"perfmagic report ({origin_words(report)}) — {fmt_seconds(report['wall_s'])} profiled"
-    lines += [head, "=" * len(head)]
-    if steps.get("count"):
-        lines.append(
-            f"steps: {steps['count']}, median {fmt_seconds(steps['median_s'])}, "
-            f"p90 {fmt_seconds(steps['p90_s'])}, {fmt_rate(steps['per_s'])} steps/s{throughput_words(steps)}, "
-            f"first step done after {fmt_seconds(steps['first_s'])}"
-        )
-        if steps.get("warmup"):
-            lines.append(
-                f"figures below: the {steps['count'] - steps['warmup']} steps after the first (warm-up)"
-            )
-    else:
-        lines.append("steps: none seen" + (f" ({steps['hint']})" if steps.get("hint") else ""))
-    evaluation = evaluation_line(report)
-    if evaluation:
-        lines.append(evaluation)
+    return [
+        head,
+        "=" * len(head),
+        *_steps_lines(report["steps"]),
+        *_line(evaluation_line(report)),
+        *_bottleneck_lines(report),
+    ]
+
+
+def _steps_lines(steps: Steps) -> list[str]:
+    """How many steps, how long and how fast; or that none was seen, and where to mark them."""
+    if not steps.get("count"):
+        return ["steps: none seen" + (f" ({steps['hint']})" if steps.get("hint") else "")]
+    lines = [
+        f"steps: {steps['count']}, median {fmt_seconds(steps['median_s'])}, "
+        f"p90 {fmt_seconds(steps['p90_s'])}, {fmt_rate(steps['per_s'])} steps/s{throughput_words(steps)}, "
+        f"first step done after {fmt_seconds(steps['first_s'])}"
+    ]
+    if steps.get("warmup"):
+        lines.append(f"figures below: the {steps['count'] - steps['warmup']} steps after the first (warm-up)")
+    return lines
+
+
+def _bottleneck_lines(report: ReportData) -> list[str]:
+    """The straggler rank, else the bottleneck stage with its cause, and where more is to gain."""
     straggler = report.get("straggler")
     if straggler:
-        lines.append(
+        return [
             f"bottleneck: {straggler['stage']} on rank {straggler['rank']}, a straggler: "
             f"+{fmt_seconds(straggler['excess_s'])} per step that the other ranks wait for in comm"
+        ]
+    if not report.get("bottleneck"):
+        return []
+    stage = report["stages"].get(report["bottleneck"] or "")
+    share = stage["fraction"] if stage else None
+    tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""
+    return [
+        caused(f"bottleneck: {report['bottleneck']}{tail}", report, report["bottleneck"]),
+        *_line(most_to_gain(report)),
+    ]
+
+
+def _stage_lines(report: ReportData) -> list[str]:
+    """Each stage's share of the step as a bar, largest first."""
+    if not report["stages"]:
+        return []
+    lines = ["stage breakdown (share of step time, mean per step):"]
+    width = max(len(n) for n in report["stages"])
+    for name, s in sorted(report["stages"].items(), key=lambda kv: -kv[1]["total_s"]):
+        bar = "█" * round(s["fraction"] * _BAR_WIDTH)
+        lines.append(
+            f"  {name:<{width}}  {fmt_fraction(s['fraction']):>4}  {bar:<{_BAR_WIDTH}}  "
+            f"{fmt_seconds(s.get('mean_s', s['median_s']))}"
         )
-    elif report.get("bottleneck"):
-        stage = report["stages"].get(report["bottleneck"] or "")
-        share = stage["fraction"] if stage else None
-        tail = f" ({fmt_fraction(share)} of step time)" if share is not None else ""
-        lines.append(caused(f"bottleneck: {report['bottleneck']}{tail}", report, report["bottleneck"]))
-        gain = most_to_gain(report)
-        if gain:
-            lines.append(gain)
+    return lines
 
-    if report["stages"]:
-        lines += ["", "stage breakdown (share of step time, mean per step):"]
-        width = max(len(n) for n in report["stages"])
-        for name, s in sorted(report["stages"].items(), key=lambda kv: -kv[1]["total_s"]):
-            bar = "█" * round(s["fraction"] * _BAR_WIDTH)
-            lines.append(
-                f"  {name:<{width}}  {fmt_fraction(s['fraction']):>4}  {bar:<{_BAR_WIDTH}}  "
-                f"{fmt_seconds(s.get('mean_s', s['median_s']))}"
-            )
 
-    spots = hotspot_lines(report)
-    if spots:
-        lines += ["", *spots]
-
+def _gpu_trace_lines(report: ReportData) -> list[str]:
+    """How busy the GPU was in its trace."""
     g = report["gpu"]
-    if g:
-        lines += [
-            "",
-            f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}",
-        ]
+    if not g:
+        return []
+    return [
+        f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}"
+    ]
 
-    if report["devices"]:
-        lines += ["", "GPUs:"]
-        for d in report["devices"]:
-            lines.append(
-                f"  [{d.get('index')}] {d.get('name', '?')}: util {fmt_fraction(d.get('util_mean'))} "
-                f"(p95 {fmt_fraction(d.get('util_p95'))}), memory peak {fmt_bytes(d.get('mem_used_peak_bytes'))}"
-                f" / {fmt_bytes(d.get('mem_total_bytes'))}, power {_watts(d.get('power_mean_w'))}"
-            )
+
+def _device_lines(report: ReportData) -> list[str]:
+    """Each GPU's utilization, memory peak and power, as sampled."""
+    if not report["devices"]:
+        return []
+    return [
+        "GPUs:",
+        *(
+            f"  [{d.get('index')}] {d.get('name', '?')}: util {fmt_fraction(d.get('util_mean'))} "
+            f"(p95 {fmt_fraction(d.get('util_p95'))}), memory peak {fmt_bytes(d.get('mem_used_peak_bytes'))}"
+            f" / {fmt_bytes(d.get('mem_total_bytes'))}, power {_watts(d.get('power_mean_w'))}"
+            for d in report["devices"]
+        ),
+    ]
+
+
+def _host_lines(report: ReportData) -> list[str]:
+    """The host's CPUs, their use, and the process tree's memory peak."""
     host = report.get("host") or {}
-    if host.get("cpu_count") is not None:
-        lines += [
-            "",
-            f"host: {host.get('cpu_count', '?')} CPUs, CPU {fmt_fraction(host.get('cpu_util_mean'))}, "
-            f"{memory_words(host)}",
-        ]
+    if host.get("cpu_count") is None:
+        return []
+    return [
+        f"host: {host.get('cpu_count', '?')} CPUs, CPU {fmt_fraction(host.get('cpu_util_mean'))}, "
+        f"{memory_words(host)}"
+    ]
 
-    if len(report.get("ranks", [])) > 1:
-        lines += ["", *rank_table(report)]
-        skew = report.get("collective_skew")
-        if skew:
-            lines.append(
-                f"  collectives: {skew['instances']} matched across ranks, start skew mean "
-                f"{fmt_seconds(skew['skew_mean_s'])} (p90 {fmt_seconds(skew['skew_p90_s'])}); "
-                f"rank {skew['last_rank']} arrives last most often"
-            )
-            latest = sorted(skew["ranks"], key=lambda x: -x["late_mean_s"])[:5]
-            for x in latest:
-                lines.append(
-                    f"    rank {x['rank']}: late by {fmt_seconds(x['late_mean_s'])} on average "
-                    f"(p90 {fmt_seconds(x['late_p90_s'])}), last in {fmt_fraction(x['last_fraction'])}"
-                )
 
-    if report["advice"]:
-        lines += ["", "advice:"]
-        for card in report["advice"]:
-            words = saving_words(card)
-            saving = f" — {words}" if words else ""
-            lines.append(f"  [{card['severity']}] {card['title']}{saving}")
-            lines.append(f"      {card['evidence']}")
-            for fix_line in card["fix"].splitlines():
-                lines.append(f"      | {fix_line}")
+def _rank_lines(report: ReportData) -> list[str]:
+    """The ranks side by side, and who reaches the collectives last; none for a single rank."""
+    if len(report.get("ranks", [])) <= 1:
+        return []
+    return [*rank_table(report), *_skew_lines(report.get("collective_skew"))]
 
-    planned = plan_line(report)
-    if planned:
-        lines += ["", planned]
-    minor = minor_line(report)
-    if minor:
-        lines += ["", minor]
 
+def _skew_lines(skew: CollectiveSkew | None) -> list[str]:
+    """How far apart the ranks start their collectives, and the five latest ranks."""
+    if not skew:
+        return []
+    lines = [
+        f"  collectives: {skew['instances']} matched across ranks, start skew mean "
+        f"{fmt_seconds(skew['skew_mean_s'])} (p90 {fmt_seconds(skew['skew_p90_s'])}); "
+        f"rank {skew['last_rank']} arrives last most often"
+    ]
+    for x in sorted(skew["ranks"], key=lambda x: -x["late_mean_s"])[:5]:
+        lines.append(
+            f"    rank {x['rank']}: late by {fmt_seconds(x['late_mean_s'])} on average "
+            f"(p90 {fmt_seconds(x['late_p90_s'])}), last in {fmt_fraction(x['last_fraction'])}"
+        )
+    return lines
+
+
+def _advice_lines(report: ReportData) -> list[str]:
+    """Each card: severity, title and saving, then its evidence and its fix, indented."""
+    if not report["advice"]:
+        return []
+    lines = ["advice:"]
+    for card in report["advice"]:
+        words = saving_words(card)
+        saving = f" — {words}" if words else ""
+        lines.append(f"  [{card['severity']}] {card['title']}{saving}")
+        lines.append(f"      {card['evidence']}")
+        lines += [f"      | {fix_line}" for fix_line in card["fix"].splitlines()]
+    return lines
+
+
+def _tuning_section(report: ReportData) -> list[str]:
+    """What tuning measured, one knob a line."""
     tuned = tuning_lines(report)
-    if tuned:
-        lines += ["", "tuning (tried after the window, on copies):", *(f"  {line}" for line in tuned)]
+    if not tuned:
+        return []
+    return ["tuning (tried after the window, on copies):", *(f"  {line}" for line in tuned)]
 
-    if report["warnings"]:
-        lines += ["", "not measured:"]
-        lines += [f"  - {w}" for w in report["warnings"]]
-    return "\n".join(lines)
+
+def _warning_lines(report: ReportData) -> list[str]:
+    """What could not be measured, and why."""
+    if not report["warnings"]:
+        return []
+    return ["not measured:", *(f"  - {w}" for w in report["warnings"])]
 
 
 def _watts(w: float | None) -> str:
     return "n/a" if w is None else f"{w:.0f} W"
-
-
-def rank_stages(ranks: list[Rank]) -> list[str]:
-    """The stages any of the report's ``ranks`` has: built-in ones in pipeline order, then the user's."""
-    stages = [n for n in STAGES if any(n in r["stages"] for r in ranks)]
-    return stages + sorted({n for r in ranks for n in r["stages"]} - set(stages))
 
 
 def rank_table(report: ReportData) -> list[str]:

@@ -1,18 +1,17 @@
 """Bokeh figures of a report, shared by the notebook report and the HTML file.
 
 Everything is drawn from the report's dictionary, so a report read back from JSON
-draws the same. Each stage has one color everywhere (built-in stages a fixed one,
-user stages one derived from their name), so charts of two runs read alike.
+draws the same; each stage in its colour (:mod:`perfmagic.render.colors`).
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from perfmagic.contract import ReportData, Series, Stage, StepTable, Timeseries
+from perfmagic.render.colors import stage_color
 from perfmagic.schema import MEMORY_METRICS, gpu_metric, memory_kind, memory_name
 from perfmagic.units import fmt_seconds
 
@@ -20,18 +19,6 @@ if TYPE_CHECKING:
     from bokeh.models import LayoutDOM, Range
     from bokeh.plotting import figure as Figure
 
-STAGE_COLORS: dict[str, str] = {
-    "data": "#f28e2b",
-    "h2d": "#edc948",
-    "forward": "#4e79a7",
-    "backward": "#59a14f",
-    "optimizer": "#76b7b2",
-    "checkpoint": "#b07aa1",
-    "logging": "#e15759",
-    "comm": "#9c755f",
-    "other": "#bab0ac",
-}
-_USER_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _SERIES_COLORS = ("#4e79a7", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f")
 _HOST_COLOR = "#e15759"
 _SWATCH = "#777777"
@@ -45,14 +32,6 @@ _TIME_BORDER = 64
 run's waterfall, "100" on utilization), and a frame per width put the same instant at different x."""
 _MIB = 1024**2
 _GIB = 1024**3
-
-
-def stage_color(name: str) -> str:
-    """The color of a stage: fixed for built-in stages, stable per name for user stages."""
-    color = STAGE_COLORS.get(name)
-    if color is None:
-        color = _USER_PALETTE[zlib.crc32(name.encode()) % len(_USER_PALETTE)]
-    return color
 
 
 def report_layout(report: ReportData) -> LayoutDOM | None:

@@ -16,11 +16,14 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfmagic.contract import KnobResult, Trial
 from perfmagic.tuning.guard import untouched, workers_stoppable
 from perfmagic.tuning.result import knob_result
+
+if TYPE_CHECKING:
+    from perfmagic.tuning.compute import TrainingStep
 
 DEFAULT_BUDGET_S = 60.0
 """The most a session spends tuning; it also spends at most a quarter of the profiled time."""
@@ -59,7 +62,6 @@ def tune(
     has left. Ctrl-C ends tuning early with what was measured so far.
     """
     from perfmagic.tuning.compute import TrainingStep, tune_compute, tune_threads
-    from perfmagic.tuning.loader import tune_persistent_workers, tune_pin_memory, tune_workers
 
     if not budget_s > 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
@@ -69,9 +71,13 @@ def tune(
     gc.collect()
     begin = time.perf_counter()
 
+    def left() -> float:
+        """Seconds of the budget not spent yet."""
+        return budget_s - (time.perf_counter() - begin)
+
     def say(what: str) -> None:
         if progress is not None:
-            progress(what, max(0.0, begin + budget_s - time.perf_counter()))
+            progress(what, max(0.0, left()))
 
     with untouched(), workers_stoppable():
         try:
@@ -79,32 +85,15 @@ def tune(
             if model is not None and batch is not None:
                 step = TrainingStep(model, optimizer, *_call_of(batch))
             if loader is not None:
-                share = budget_s * (0.5 if step is not None else 1.0)
-                done = tune_workers(loader, share, step, say)
-                if done is not None:
-                    results.append({**done, "budget_s": share})
-                    best, left = done["best"], budget_s - (time.perf_counter() - begin)
-                    # it starts the workers twice: tried only where the budget holds that
-                    kept = (
-                        tune_persistent_workers(loader, best, say)
-                        if best and left > 3 * best["start_s"]
-                        else None
-                    )
-                    if kept is not None:
-                        results.append({**kept, "budget_s": None})
-                    if step is not None and best and step.device is not None:
-                        share = (budget_s - (time.perf_counter() - begin)) / 3
-                        pinned = tune_pin_memory(loader, best["value"], step.device, share, step, say)
-                        if pinned is not None:
-                            results.append({**pinned, "budget_s": share})
+                _tune_loader(results, loader, step, budget_s, left, say)
             if step is not None and not _on_cuda(model):
-                share = (budget_s - (time.perf_counter() - begin)) / 2
+                share = left() / 2
                 if share > 0:
                     done = tune_threads(step, share, say)
                     if done is not None:
                         results.append({**done, "budget_s": share})
             if step is not None:  # a knob the budget leaves no time for is listed, and says so
-                results += tune_compute(step, budget_s - (time.perf_counter() - begin), autocast_in_use, say)
+                results += tune_compute(step, left(), autocast_in_use, say)
         except KeyboardInterrupt:
             results.append(
                 {
@@ -117,6 +106,35 @@ def tune(
         if predicted is not None:
             results.append(predicted)
     return results
+
+
+def _tune_loader(
+    results: list[KnobResult],
+    loader: Any,
+    step: TrainingStep | None,
+    budget_s: float,
+    left: Callable[[], float],
+    say: Callable[[str], None],
+) -> None:
+    """The DataLoader's knobs: the worker count, then persistent workers and pinned memory with the best
+    count. Each result goes into ``results`` as it is measured, so that Ctrl-C keeps it."""
+    from perfmagic.tuning.loader import tune_persistent_workers, tune_pin_memory, tune_workers
+
+    share = budget_s * (0.5 if step is not None else 1.0)  # the rest for the step's own knobs
+    done = tune_workers(loader, share, step, say)
+    if done is None:
+        return
+    results.append({**done, "budget_s": share})
+    best = done["best"]
+    # it starts the workers twice: tried only where the budget holds that
+    kept = tune_persistent_workers(loader, best, say) if best and left() > 3 * best["start_s"] else None
+    if kept is not None:
+        results.append({**kept, "budget_s": None})
+    if step is not None and best and step.device is not None:
+        share = left() / 3
+        pinned = tune_pin_memory(loader, best["value"], step.device, share, step, say)
+        if pinned is not None:
+            results.append({**pinned, "budget_s": share})
 
 
 def predicted_step(

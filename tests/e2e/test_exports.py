@@ -84,7 +84,8 @@ def test_html_survives_json_round_trip(report: perfmagic.Report, tmp_path: Path)
 
 
 def test_advice_cards_render_with_severity_saving_and_copyable_fix() -> None:
-    from perfmagic.render.html import SEVERITY_COLORS, cards_html
+    from perfmagic.render.colors import SEVERITY_COLORS
+    from perfmagic.render.html import cards_html
 
     card = {
         "id": "input_bound",
@@ -416,7 +417,7 @@ def test_gpu_metrics_are_labelled_by_index_in_charts_and_trace() -> None:
 
 def test_every_built_in_stage_has_a_color_and_a_headline() -> None:
     from perfmagic.advise.headline import DOING
-    from perfmagic.render.waterfall import STAGE_COLORS
+    from perfmagic.render.colors import STAGE_COLORS
     from perfmagic.schema import STAGES
 
     assert set(STAGE_COLORS) == set(DOING) == set(STAGES)

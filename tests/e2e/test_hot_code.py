@@ -25,7 +25,7 @@ from notebook_runs import printed_json, run_cells
 
 import perfmagic
 from perfmagic.advise.sample_cost import cheaper_samples_lines
-from perfmagic.render.text import hotspot_lines
+from perfmagic.render.wording import hotspot_lines
 from perfmagic.report import Report
 
 torch = pytest.importorskip("torch")

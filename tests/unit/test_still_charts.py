@@ -15,8 +15,9 @@ import pytest
 from PIL import Image
 
 from perfmagic.render.axes import FIT, Axis, seconds_axis, time_axis
+from perfmagic.render.colors import STAGE_COLORS, stage_color
 from perfmagic.render.png import charts_png, comparison_chart, comparison_png, waterfall_chart
-from perfmagic.render.waterfall import STAGE_COLORS, comparison_figure, stage_color
+from perfmagic.render.waterfall import comparison_figure
 
 LONGEST = 0.965
 """The largest step of the report below, in seconds: the one a new user saw drawn to 2000 ms."""
