@@ -27,6 +27,7 @@ from torch.utils.data import dataloader as dataloader_module
 from torchloops import SlowPickle, train
 
 import perfmagic
+import perfmagic.records
 import perfmagic.report
 from perfmagic.collect.sampler import Sampler, SourceUnavailable
 from perfmagic.timeline import SPOOL_NAME, Timeline
@@ -365,7 +366,7 @@ def test_a_failing_stop_does_not_hide_the_blocks_exception(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("analysis bug")
 
-    monkeypatch.setattr(perfmagic.report, "report_from_timelines", broken)
+    monkeypatch.setattr(perfmagic.records, "report_from_timelines", broken)
     before = patched_things()
     with (
         pytest.warns(RuntimeWarning, match="analysis bug"),
