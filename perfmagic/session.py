@@ -26,7 +26,8 @@ from perfmagic.records import REPORT_NAME, window_report
 from perfmagic.registry import StatusFile
 from perfmagic.schema import STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Timeline
-from perfmagic.training_hooks import TrainingHooks
+from perfmagic.training_hooks import TrainingHooks, tune_after
+from perfmagic.tuning import default_budget
 from perfmagic.upkeep import SPOOL_EVERY_S, RecordUpkeep
 
 if TYPE_CHECKING:
@@ -142,9 +143,8 @@ class Session:
         )
         self.outdir = self._upkeep.open(self.outdir)
         self._running = True
-        if (
-            self.hooks
-        ):  # a session that profiles code (not perfmagic run's hardware sampler) is a training process
+        # a session that profiles code (not perfmagic run's own hardware sampler) is a training process
+        if self.hooks:
             program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else None
             keys = {
                 k: meta[k]
@@ -161,21 +161,16 @@ class Session:
             self._collectors.start("the stage recorder", Switch(lambda: None, recorder.close))
             self._training = TrainingHooks(recorder, self.outdir, self.trace_steps, self.tune, self.warnings)
             self._collectors.start("the training hooks", self._training)
-        sources = list(self._sources if self._sources is not None else default_sources(self.clock))
-        if self.recorder is not None:  # where the training thread is, by stage: what fills "other"
+        sources: list[Source] = []
+        if self.sample:
+            sources = list(self._sources if self._sources is not None else default_sources(self.clock))
+        if self.sample and self.recorder is not None:  # where the training thread is, by stage: "other"
             # first in each tick: the sampler has just won the GIL from the training thread, before
             # other sources' I/O hands it back and forth (which would favour moments in torch calls)
             sources.insert(0, StackSource(self.recorder))
         # no metrics without ``sample``, but the thread still spools: a killed process keeps its record
         interval = self.interval if self.sample else SPOOL_EVERY_S
-        sampler = Sampler(
-            self.timeline,
-            sources if self.sample else [],
-            interval,
-            self._clock,
-            self._on_tick,
-            timer=self.clock,
-        )
+        sampler = Sampler(self.timeline, sources, interval, self._clock, self._on_tick, timer=self.clock)
         self._sampler = sampler
         self._collectors.start("the sampler", Switch(sampler.start, lambda: self._stop_sampler(sampler)))
         # perfmagic's own start (hooks, first imports: tens of ms in a fresh process) is no start-up of the user's
@@ -241,7 +236,8 @@ class Session:
         try:
             self.warnings += self._collectors.stop()
             if self.tune:
-                self._tune()
+                budget = self.tune_budget or default_budget(float(self.timeline.meta.get("wall_s") or 0.0))
+                self.warnings += tune_after(self._training, self.timeline, budget, self._tuning_progress)
         finally:
             with _active_lock:
                 _active = None
@@ -259,31 +255,6 @@ class Session:
             self.warnings.append(f"report.json could not be written to {self.outdir} ({e.strerror or e})")
             self._report = window_report(self.timeline, self.outdir, self.source, self.warnings)
         return self._report
-
-    def _tune(self) -> None:
-        """Try the fixes on what the window met (after it: the hooks are off), into ``meta["tuning"]``."""
-        from perfmagic.analyze.steady import tuning_baseline
-        from perfmagic.tuning import default_budget, tune
-
-        torch = self._training.torch if self._training is not None else None
-        objects = torch.tuning_objects() if torch is not None else {}
-        if torch is None or not objects:
-            self.warnings.append("tune: no DataLoader or model was seen in the window: nothing to try")
-            return
-        budget = self.tune_budget or default_budget(float(self.timeline.meta.get("wall_s") or 0.0))
-        try:
-            self.timeline.meta["tuning"] = tune(
-                **objects,
-                **tuning_baseline(self.timeline),
-                budget_s=max(budget, 0.5),
-                autocast_in_use=bool(torch.stats["autocast_forwards"]),
-                progress=self._tuning_progress,
-            )
-        except Exception as e:  # the report of the window must not be lost to a tuning failure
-            self.warnings.append(f"tune: tuning failed ({e!r}); the report covers the window only")
-        finally:
-            torch.inputs.clear()  # the batches kept for tuning: no longer needed
-            torch.met.clear()
 
     def _tuning_progress(self, what: str, left_s: float) -> None:
         """What tuning tries now, for live views (their tick listeners run: the sampler has stopped)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -11,10 +12,14 @@ from perfmagic.collect import tfjax, torch_hooks
 from perfmagic.collect.collectors import Collectors, Switch
 from perfmagic.collect.imports import when_imported
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.timeline import Timeline
 
 if TYPE_CHECKING:
     from perfmagic.collect.evaluation import EvaluationPasses
     from perfmagic.collect.torch_hooks import TorchStages
+
+Progress = Callable[[str, float], None]
+"""What tuning tries now and the seconds it has left, for live views."""
 
 
 class TrainingHooks:
@@ -122,3 +127,31 @@ class TrainingHooks:
         with self._lock:
             self._stopped = True
             return self._running.stop()
+
+
+def tune_after(
+    hooks: TrainingHooks | None, timeline: Timeline, budget_s: float, progress: Progress
+) -> list[str]:
+    """Try the fixes on what the window's torch hooks met (after it: the hooks are off), into
+    ``meta["tuning"]``; returns warnings. The batches kept for it are let go."""
+    from perfmagic.analyze.steady import tuning_baseline
+    from perfmagic.tuning import tune
+
+    torch = hooks.torch if hooks is not None else None
+    objects = torch.tuning_objects() if torch is not None else {}
+    if torch is None or not objects:
+        return ["tune: no DataLoader or model was seen in the window: nothing to try"]
+    try:
+        timeline.meta["tuning"] = tune(
+            **objects,
+            **tuning_baseline(timeline),
+            budget_s=max(budget_s, 0.5),
+            autocast_in_use=bool(torch.stats["autocast_forwards"]),
+            progress=progress,
+        )
+    except Exception as e:  # the report of the window must not be lost to a tuning failure
+        return [f"tune: tuning failed ({e!r}); the report covers the window only"]
+    finally:
+        torch.inputs.clear()  # the batches kept for tuning: no longer needed
+        torch.met.clear()
+    return []
