@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from perfmagic.records import load
 from perfmagic.report import Report
 from perfmagic.server import _jupyter_labextension_paths, _jupyter_server_extension_points
-from perfmagic.session import Session, load, profile, stage, step
+from perfmagic.session import Session, profile, stage, step
 from perfmagic.tuning import tune
 
 __version__ = "0.1.0"

@@ -1,14 +1,5 @@
-"""Profiling of processes started by ``perfmagic run``, with no change to their code.
-
-``perfmagic run`` puts a directory holding a ``sitecustomize.py`` first on
-``PYTHONPATH`` and names its run directory in ``PERFMAGIC_RUN_DIR``. Python
-imports ``sitecustomize`` at start-up in every interpreter the command starts
-(torchrun's workers included); it calls :func:`start_from_env`, which profiles
-the process until it exits, then hands over to the user's own
-``sitecustomize``, if any. A profiled block does the same for the interpreters
-it starts (``torch.multiprocessing.spawn`` workers) with :func:`profile_children`,
-for as long as it runs.
-"""
+"""Profiling of an interpreter started with perfmagic's ``sitecustomize`` (``perfmagic.children``)
+from its start until it exits, with no change to its code: :func:`start_from_env`."""
 
 from __future__ import annotations
 
@@ -21,78 +12,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from perfmagic.session import Session
-
-RUN_DIR_ENV = "PERFMAGIC_RUN_DIR"
-INTERVAL_ENV = "PERFMAGIC_INTERVAL"
-TRACE_ENV = "PERFMAGIC_TRACE_STEPS"
-TUNE_ENV = "PERFMAGIC_TUNE"
-"""Set: tune at the end of each process; its value, when not empty, is the budget in seconds."""
-
-SITECUSTOMIZE = '''\
-"""Written by perfmagic run: profiles this interpreter, then runs the user's sitecustomize."""
-import os as _os
-import sys as _sys
-
-_here = _os.path.dirname(_os.path.abspath(__file__))
-try:
-    from perfmagic.bootstrap import start_from_env
-
-    start_from_env()
-except Exception as _e:  # never stop the user's program
-    _sys.stderr.write(f"perfmagic: not profiling this process ({_e!r})\\n")
-_sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
-_ours = _sys.modules.pop("sitecustomize")
-try:
-    import sitecustomize  # noqa: F401  the user's own, if any
-except ImportError:
-    _sys.modules["sitecustomize"] = _ours  # the import system reads it back after this file runs
-'''
-
-
-def write_sitecustomize(directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "sitecustomize.py"
-    path.write_text(SITECUSTOMIZE, encoding="utf-8")
-    return path
-
-
-def profile_children(run_dir: Path, interval: float) -> Callable[[], None]:
-    """Profile every Python interpreter this process starts from now on into ``run_dir``, as
-    ``perfmagic run`` does; returns the function that puts the environment back.
-
-    Only a fresh interpreter reads the environment (spawned workers, subprocesses); a forked
-    child does not. Inside ``perfmagic run`` the children are its own already: nothing is set.
-    Putting back restores each variable the block left as it was set here; one the block
-    changed itself stays the block's, less this directory on ``PYTHONPATH``.
-    """
-    if RUN_DIR_ENV in os.environ:
-        return lambda: None
-    boot = str(write_sitecustomize(run_dir / "boot").parent.resolve())
-    before = {name: os.environ.get(name) for name in ("PYTHONPATH", RUN_DIR_ENV, INTERVAL_ENV)}
-    ours = {
-        "PYTHONPATH": os.pathsep.join([boot, *filter(None, [before["PYTHONPATH"]])]),
-        RUN_DIR_ENV: str(run_dir.resolve()),
-        INTERVAL_ENV: str(interval),
-    }
-    os.environ.update(ours)
-
-    def restore() -> None:
-        for name, value in ours.items():
-            now = os.environ.get(name)
-            if now == value:
-                old = before[name]
-                if old is None:
-                    del os.environ[name]
-                else:
-                    os.environ[name] = old
-            elif name == "PYTHONPATH" and now is not None:
-                os.environ[name] = os.pathsep.join(p for p in now.split(os.pathsep) if p != boot)
-
-    return restore
+from perfmagic.children import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV
+from perfmagic.collect.worker_load import WorkerLoadSource
+from perfmagic.session import Session
 
 
 def is_helper_process() -> bool:
@@ -111,9 +34,6 @@ def start_from_env() -> None:
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir or is_helper_process():
         return
-    from perfmagic.collect.worker_load import WorkerLoadSource
-    from perfmagic.session import Session
-
     session = Session(
         interval=float(os.environ.get(INTERVAL_ENV, "0.1")),
         outdir=Path(run_dir) / f"proc-{os.getpid()}",

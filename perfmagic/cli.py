@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from perfmagic import __version__
-from perfmagic.bootstrap import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV, write_sitecustomize
+from perfmagic.children import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV, write_sitecustomize
 from perfmagic.merge import merge_records, node_report, read_node
 from perfmagic.report import Report
 from perfmagic.session import Session

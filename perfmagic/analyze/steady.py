@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
-from perfmagic.analyze.steps import StepBreakdown
+from perfmagic.analyze.steps import StepBreakdown, step_breakdown
+from perfmagic.timeline import Timeline
+from perfmagic.tuning import BENCHMARKED
 
 
 @dataclass(frozen=True)
@@ -60,3 +63,22 @@ def steady_of(b: StepBreakdown) -> Steady | None:
         wait_s=b.wait_s[first:] if b.wait_s is not None else None,
         gc_s=b.gc_s[first:] if b.gc_s is not None else None,
     )
+
+
+class TuningBaseline(TypedDict):
+    step_s: float | None
+    data_s: float | None
+    extra_s: float
+
+
+def tuning_baseline(timeline: Timeline) -> TuningBaseline:
+    """What tuning measures its trials against: the window's steady ``step_s``, its ``data_s``, and
+    ``extra_s``, the step's time outside the stages a trial benchmarks (0 where no step was steady)."""
+    steady = steady_of(step_breakdown(timeline))
+    if steady is None:
+        return {"step_s": None, "data_s": None, "extra_s": 0.0}
+    return {
+        "step_s": steady.step_s,
+        "data_s": steady.stage_s("data"),
+        "extra_s": steady.step_s - steady.stage_s(*BENCHMARKED),
+    }

@@ -92,12 +92,18 @@ class Sampler:
 
     def start(self) -> None:
         """Open the sources and take the first tick on the sampler thread, waiting for that at most
-        ``START_TIMEOUT_S``: a source that hangs (a stuck GPU driver) must not hold up the training."""
+        ``START_TIMEOUT_S``: a source that hangs (a stuck GPU driver) must not hold up the training.
+        A start that raises has stopped the thread again."""
         self._stop = self._timer.event()
         self._thread = threading.Thread(target=self._run, name="perfmagic-sampler", daemon=True)
         _RUNNING.add(self)
         self._thread.start()
-        if not self._opened.wait(START_TIMEOUT_S):
+        try:
+            opened = self._opened.wait(START_TIMEOUT_S)
+        except BaseException:  # interrupted (Ctrl-C) while the sources open: no thread is left behind
+            self.stop()
+            raise
+        if not opened:
             self.warnings.append(
                 f"{self._busy_with or 'a source'}: took longer than {START_TIMEOUT_S:g} s to start; "
                 "profiling began without waiting for it"

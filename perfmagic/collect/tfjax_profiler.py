@@ -72,12 +72,16 @@ class TfJaxProfiler:
         self._tmp: Path | None = None
         self._clock_t = self._stop_t = 0.0
         self._recorded = 0
+        self._stopped = False
 
     def start(self) -> None:
         self._recorder.on_step = self._on_step
 
     def stop(self) -> list[str]:
-        """Stop the profiler if it still runs, write its trace, remove the temporary directory."""
+        """Stop the profiler if it still runs, write its trace, remove the temporary directory (once)."""
+        if self._stopped:
+            return []
+        self._stopped = True
         self._recorder.on_step = None
         try:
             if self._running is not None:

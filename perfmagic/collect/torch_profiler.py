@@ -67,6 +67,7 @@ class TorchProfiler:
         self._clock_t: float | None = None
         self._written: Path | None = None
         self._recorder = recorder
+        self._stopped = False
 
     def start(self) -> None:
         import torch
@@ -92,7 +93,11 @@ class TorchProfiler:
             self._recorder.annotate = None
 
     def stop(self) -> list[str]:
-        """Stop profiling (writing the trace if it recorded anything); returns warnings."""
+        """Stop profiling (writing the trace if it recorded anything); returns warnings.
+        A second call does nothing."""
+        if self._stopped:
+            return []
+        self._stopped = True
         self._stop_annotating()
         if self._hook is not None:
             self._hook.remove()

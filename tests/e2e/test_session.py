@@ -27,7 +27,10 @@ from torch.utils.data import dataloader as dataloader_module
 from torchloops import SlowPickle, train
 
 import perfmagic
+import perfmagic.records
 import perfmagic.report
+from perfmagic.children import INTERVAL_ENV, RUN_DIR_ENV
+from perfmagic.collect.collectors import Collector, Collectors
 from perfmagic.collect.sampler import Sampler, SourceUnavailable
 from perfmagic.timeline import SPOOL_NAME, Timeline
 
@@ -108,6 +111,52 @@ def test_every_patch_and_thread_is_restored(tmp_path: Path, ending: str) -> None
             raise errors[ending]
     assert_all_restored(before)
     assert session.report.steps["count"] == 3
+
+
+@pytest.mark.parametrize("ending", ["normal", "exception", "keyboard_interrupt", "failed_start"])
+def test_every_way_out_stops_each_collector_once_and_restores_every_patch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    """Each collector started (the nested ones of the training hooks too) is stopped exactly once, newest
+    first, and every patch, thread and environment variable is as it was."""
+    started: list[str] = []
+    stopped: list[str] = []
+    start = Collectors.start
+
+    def counted(self: Collectors, what: str, collector: Collector) -> None:
+        stop = collector.stop
+
+        def counted_stop() -> list[str]:
+            stopped.append(what)
+            return stop()
+
+        setattr(collector, "stop", counted_stop)  # noqa: B010  (a Protocol's method, replaced on the object)
+        started.append(what)
+        start(self, what, collector)
+
+    def broken_start(self: Sampler) -> None:
+        raise RuntimeError("no thread")
+
+    monkeypatch.setattr(Collectors, "start", counted)
+    if ending == "failed_start":
+        monkeypatch.setattr(Sampler, "start", broken_start)
+    before = patched_things()
+    ours = ("PYTHONPATH", RUN_DIR_ENV, INTERVAL_ENV)  # what the children's profiling sets
+    environment = {name: os.environ.get(name) for name in ours}
+    errors = {"exception": ValueError, "keyboard_interrupt": KeyboardInterrupt, "failed_start": RuntimeError}
+    ends = pytest.raises(errors[ending]) if ending in errors else contextlib.nullcontext()
+    with ends, perfmagic.profile(sources=[], outdir=tmp_path):
+        tiny_training()
+        if ending in ("exception", "keyboard_interrupt"):
+            raise errors[ending]()
+    assert_all_restored(before)
+    assert {name: os.environ.get(name) for name in ours} == environment
+    assert {"the children's profiling", "the stage recorder", "the torch hooks", "the sampler"} <= set(
+        started
+    )
+    assert sorted(stopped) == sorted(started)  # each once
+    outer = [w for w in stopped if w in ("the children's profiling", "the stage recorder", "the sampler")]
+    assert outer == ["the sampler", "the stage recorder", "the children's profiling"]  # newest first
 
 
 def test_exception_propagates_and_the_report_covers_what_ran(tmp_path: Path) -> None:
@@ -365,7 +414,7 @@ def test_a_failing_stop_does_not_hide_the_blocks_exception(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("analysis bug")
 
-    monkeypatch.setattr(perfmagic.report, "report_from_timelines", broken)
+    monkeypatch.setattr(perfmagic.records, "report_from_timelines", broken)
     before = patched_things()
     with (
         pytest.warns(RuntimeWarning, match="analysis bug"),

@@ -13,7 +13,7 @@ import pytest
 from fakeclock import FakeClock
 
 import perfmagic
-import perfmagic.session
+import perfmagic.upkeep
 from perfmagic.analyze.steps import StepBreakdown, plan_fold, step_breakdown
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.render.chrome import PID
@@ -202,7 +202,7 @@ def test_a_long_session_folds_its_steps_and_reports_what_its_full_spool_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock
 ) -> None:
     """The report of the folded session equals the report rebuilt from its spool, which has every span."""
-    monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 2_000)
+    monkeypatch.setattr(perfmagic.upkeep, "SPAN_BUDGET", 2_000)
     session, steps = folded_session(tmp_path, fake_clock, steps=20_000, folded_spans=6_000, nested=True)
     assert steps == 20_000  # the sampler folded on time: every tick ran where the clock said
     tl = session.timeline
@@ -225,8 +225,8 @@ def test_the_training_thread_folds_what_a_sampler_thread_left_behind(
 ) -> None:
     """A loop of pure Python can starve the sampler thread of the GIL: here it never ticks at all, and
     the spans held stay bounded all the same, with every step in the report and the spool."""
-    monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 1_000)
-    cap = perfmagic.session.BACKLOG_SPANS * 1_000
+    monkeypatch.setattr(perfmagic.upkeep, "SPAN_BUDGET", 1_000)
+    cap = perfmagic.upkeep.BACKLOG_SPANS * 1_000
     held = []
     # the sampler's first tick: in an hour of the fake clock, which the loop's 30,000 steps never reach
     with perfmagic.profile(outdir=tmp_path, interval=3600, clock=fake_clock) as session:
@@ -274,7 +274,7 @@ def test_spans_go_to_the_spool_once_their_device_times_are_known(
 def test_the_chrome_trace_of_a_folded_session_has_every_stage_span(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock
 ) -> None:
-    monkeypatch.setattr(perfmagic.session, "SPAN_BUDGET", 500)
+    monkeypatch.setattr(perfmagic.upkeep, "SPAN_BUDGET", 500)
     session, steps = folded_session(tmp_path, fake_clock, steps=3_000, folded_spans=1)
     assert session.timeline.folded is not None
     path = session.report.to_chrome_trace(tmp_path / "trace.json")
