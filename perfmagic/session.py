@@ -25,7 +25,8 @@ from perfmagic.collect.sources import default_sources
 from perfmagic.collect.stacks import StackSource
 from perfmagic.registry import StatusFile
 from perfmagic.schema import STEP_BOUNDARY_PREFIX, THREAD_PREFIX
-from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME, Spooler, read_timeline
 
 if TYPE_CHECKING:
     from perfmagic.collect.evaluation import EvaluationPasses
@@ -657,7 +658,7 @@ def load(path: str | os.PathLike[str]) -> Report:
         return Report.load(p)
     if p.is_dir() and not (p / SPOOL_NAME).exists() and (p / REPORT_NAME).exists():
         return Report.load(p / REPORT_NAME)  # a perfmagic run directory: the records are per process
-    timeline = Timeline.load(p)
+    timeline = read_timeline(p)
     timelines = with_children(timeline, p) if p.is_dir() else [timeline]
     return report_from_timelines(timelines, source=str(timeline.meta.get("source", "live")))
 

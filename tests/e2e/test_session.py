@@ -29,7 +29,8 @@ from torchloops import SlowPickle, train
 import perfmagic
 import perfmagic.report
 from perfmagic.collect.sampler import Sampler, SourceUnavailable
-from perfmagic.timeline import SPOOL_NAME, Timeline
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME
 
 CONTRACT_KEYS = (
     "schema",
