@@ -23,7 +23,8 @@ import numpy as np
 
 from perfmagic.merge import SAMPLER_DIR, merge_records
 from perfmagic.schema import STEP_BOUNDARY_PREFIX
-from perfmagic.timeline import SPOOL_NAME, Timeline
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME, write_timeline
 
 PER_NODE = 8
 STAGES = (("data", 0.002), ("forward", 0.01), ("backward", 0.02), ("optimizer", 0.003))
@@ -65,11 +66,10 @@ def write_records(root: Path, ranks: int, steps: int) -> list[Path]:
         skew = 0.003 * node
         for rank in range(node * PER_NODE, min(ranks, (node + 1) * PER_NODE)):
             (directory / f"proc-{rank}").mkdir(parents=True)
-            rank_record(rank, steps, skew, rng).save(directory / f"proc-{rank}" / SPOOL_NAME)
+            write_timeline(rank_record(rank, steps, skew, rng), directory / f"proc-{rank}" / SPOOL_NAME)
         (directory / SAMPLER_DIR).mkdir()
-        Timeline({"epoch": 1_700_000_000.0 + skew, "source": "run", "wall_s": 1.0}).save(
-            directory / SAMPLER_DIR / SPOOL_NAME
-        )
+        sampler = Timeline({"epoch": 1_700_000_000.0 + skew, "source": "run", "wall_s": 1.0})
+        write_timeline(sampler, directory / SAMPLER_DIR / SPOOL_NAME)
         nodes.append(directory)
     return nodes
 

@@ -18,7 +18,8 @@ from perfmagic.analyze import node_name
 from perfmagic.analyze.clocks import clock_offset, collective_ends
 from perfmagic.contract import NodeClock
 from perfmagic.report import Report, report_from_timelines
-from perfmagic.timeline import SPOOL_NAME, Timeline, TimelineFormatError
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME, TimelineFormatError, read_timeline
 
 SAMPLER_DIR = "sampler"
 
@@ -47,12 +48,12 @@ def read_node(directory: Path, sampler: Timeline | None = None) -> NodeRecord:
     processes = []
     for spool in sorted(directory.glob(f"proc-*/{SPOOL_NAME}")):
         try:
-            processes.append(Timeline.load(spool))
+            processes.append(read_timeline(spool))
         except TimelineFormatError as e:
             warnings.append(f"skipped an unreadable record: {e}")
     if sampler is None and (directory / SAMPLER_DIR / SPOOL_NAME).exists():
         try:
-            sampler = Timeline.load(directory / SAMPLER_DIR / SPOOL_NAME)
+            sampler = read_timeline(directory / SAMPLER_DIR / SPOOL_NAME)
         except TimelineFormatError as e:
             warnings.append(f"no hardware samples: {e}")
     return NodeRecord(directory, sampler, processes, warnings)

@@ -8,7 +8,8 @@ from pathlib import Path
 from perfmagic.children import CHILDREN_DIR
 from perfmagic.merge import on_one_clock, read_node
 from perfmagic.report import Report, report_from_timelines
-from perfmagic.timeline import SPOOL_NAME, Timeline
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME, read_timeline
 
 REPORT_NAME = "report.json"
 
@@ -20,7 +21,7 @@ def load(path: str | os.PathLike[str]) -> Report:
         return Report.load(p)
     if p.is_dir() and not (p / SPOOL_NAME).exists() and (p / REPORT_NAME).exists():
         return Report.load(p / REPORT_NAME)  # a perfmagic run directory: the records are per process
-    timeline = Timeline.load(p)
+    timeline = read_timeline(p)
     timelines = with_children(timeline, p) if p.is_dir() else [timeline]
     return report_from_timelines(timelines, source=str(timeline.meta.get("source", "live")))
 

@@ -44,6 +44,7 @@ from perfmagic.contract import (
 from perfmagic.contract import Straggler as StragglerSection
 from perfmagic.schema import TORCH_TRACE_MARK
 from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import unfolded
 
 if TYPE_CHECKING:
     from perfmagic.compare import Comparison
@@ -92,7 +93,7 @@ class Report:
         """A Trace Event Format file for Perfetto / chrome://tracing (``.gz`` compresses)."""
         from perfmagic.render.chrome import write_chrome_trace
 
-        return write_chrome_trace(self._data, path, [t.unfolded() for t in self.timelines])
+        return write_chrome_trace(self._data, path, [unfolded(t) for t in self.timelines])
 
     def to_tensorboard(self, logdir: str | os.PathLike[str]) -> Path:
         """Step time, stage times and utilization as TensorBoard scalars in ``logdir``."""

@@ -13,7 +13,8 @@ from perfmagic.analyze.steps import plan_fold
 from perfmagic.clock import Clock
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import THREAD_PREFIX
-from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME, Spooler
 
 SPOOL_EVERY_S = 1.0
 

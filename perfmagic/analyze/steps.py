@@ -27,7 +27,8 @@ from perfmagic.schema import (
     THREAD_WAIT,
 )
 from perfmagic.step_policy import boundary_times, step_bounds
-from perfmagic.timeline import Fold, FoldedSteps, Spans, Timeline
+from perfmagic.timeline import Spans, Timeline
+from perfmagic.timeline.folds import Fold, FoldedSteps
 
 
 @dataclass(frozen=True)

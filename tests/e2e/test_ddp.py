@@ -21,7 +21,8 @@ from browser import assert_ranks_shown, chromium, screenshot
 from paths import SCRIPTS
 
 import perfmagic
-from perfmagic.timeline import SPOOL_NAME, Timeline
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME, read_timeline, write_timeline
 
 SCRIPT = SCRIPTS / "train_ddp_loader.py"
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -184,10 +185,10 @@ def free_port() -> int:
 def shifted_copy(node: Path, to: Path, seconds: float) -> None:
     """A node's records as if its host's clock ran ``seconds`` ahead."""
     for spool in node.glob(f"*/{SPOOL_NAME}"):
-        timeline = Timeline.load(spool)
+        timeline = read_timeline(spool)
         timeline.meta["epoch"] = float(timeline.meta["epoch"]) + seconds
         (to / spool.parent.name).mkdir(parents=True)
-        timeline.save(to / spool.parent.name / SPOOL_NAME)
+        write_timeline(timeline, to / spool.parent.name / SPOOL_NAME)
 
 
 @pytest.mark.slow

@@ -32,7 +32,8 @@ import perfmagic.report
 from perfmagic.children import INTERVAL_ENV, RUN_DIR_ENV
 from perfmagic.collect.collectors import Collector, Collectors
 from perfmagic.collect.sampler import Sampler, SourceUnavailable
-from perfmagic.timeline import SPOOL_NAME, Timeline
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME
 
 CONTRACT_KEYS = (
     "schema",

@@ -18,7 +18,8 @@ from perfmagic.analyze.steps import StepBreakdown, plan_fold, step_breakdown
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.render.chrome import PID
 from perfmagic.schema import THREAD_CPU
-from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME, Spooler, read_timeline, write_timeline
 
 ROW_TOLERANCE = 1e-6
 """Folded rows keep durations in float32: a microsecond is far below any step's noise."""
@@ -111,8 +112,8 @@ def test_a_folded_timeline_saves_and_loads_whole(tmp_path: Path) -> None:
     tl = Timeline({"epoch": 100.0})
     record_steps(tl, 800, "optimizer")
     assert fold_now(tl, keep=200)
-    tl.save(tmp_path / "t.jsonl")
-    loaded = Timeline.load(tmp_path / "t.jsonl")
+    write_timeline(tl, tmp_path / "t.jsonl")
+    loaded = read_timeline(tmp_path / "t.jsonl")
     assert_same_steps(step_breakdown(loaded), step_breakdown(tl))
     loaded.rebase(99.0)  # one second earlier on the clock of another process
     np.testing.assert_allclose(step_breakdown(loaded).start, step_breakdown(tl).start + 1.0)
@@ -135,7 +136,7 @@ def test_the_spool_keeps_every_span_and_sample_that_memory_gave_up(tmp_path: Pat
     assert len(t) == 701 and tl.sample_count("host.cpu_util") == 1001
     assert np.all(np.diff(t) > 0) and v[:300].mean() == pytest.approx((np.arange(600) % 10).mean())
     out.close()
-    spool = Timeline.load(tmp_path)
+    spool = read_timeline(tmp_path)
     assert spool.span_count == tl.span_count  # every span, once
     assert len(spool.series("host.cpu_util")[0]) == 1001
     assert spool.folded is None and step_breakdown(spool).count == step_breakdown(tl).count == 600
@@ -267,7 +268,7 @@ def test_spans_go_to_the_spool_once_their_device_times_are_known(
     spooler.flush()
     out.close()
     np.testing.assert_array_equal(
-        Timeline.load(tmp_path).spans.end, tl.spans.end
+        read_timeline(tmp_path).spans.end, tl.spans.end
     )  # the device-time ends, written once
 
 

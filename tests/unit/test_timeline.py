@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfmagic.timeline import SPOOL_NAME, Spooler, Timeline, TimelineFormatError
+from perfmagic.timeline import Timeline
+from perfmagic.timeline.file import SPOOL_NAME, Spooler, TimelineFormatError, read_timeline, write_timeline
 
 
 def filled() -> Timeline:
@@ -51,8 +52,8 @@ def test_interned_names_and_columnar_views() -> None:
 
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
     tl = filled()
-    tl.save(tmp_path / "t.jsonl")
-    back = Timeline.load(tmp_path / "t.jsonl")
+    write_timeline(tl, tmp_path / "t.jsonl")
+    back = read_timeline(tmp_path / "t.jsonl")
     assert_same(tl, back)
     assert back.meta == {"pid": 42, "torch": {"version": "2.13"}}
     assert math.isnan(back.series("gpu0.util")[1][0])
@@ -76,8 +77,8 @@ def test_spool_appends_only_what_is_new(tmp_path: Path) -> None:
         tl.meta["wall_s"] = 2.0
         spool.flush()
     assert lines == 3  # meta; spans + samples
-    assert_same(tl, Timeline.load(tmp_path))  # a directory means its spool
-    assert Timeline.load(path).meta == {"pid": 1, "wall_s": 2.0}
+    assert_same(tl, read_timeline(tmp_path))  # a directory means its spool
+    assert read_timeline(path).meta == {"pid": 1, "wall_s": 2.0}
 
 
 def test_spool_skips_a_span_another_thread_is_still_adding(tmp_path: Path) -> None:
@@ -92,21 +93,21 @@ def test_spool_skips_a_span_another_thread_is_still_adding(tmp_path: Path) -> No
         tl._span_end.append(2.0)
         assert len(tl.spans) == 1
         spool.flush()
-        assert len(Timeline.load(path).spans) == 1
+        assert len(read_timeline(path).spans) == 1
         tl._span_depth.append(0)
         spool.flush()
-    assert_same(tl, Timeline.load(path))
+    assert_same(tl, read_timeline(path))
 
 
 def test_a_torn_last_line_is_ignored(tmp_path: Path) -> None:
     tl = filled()
     path = tmp_path / "t.jsonl"
-    tl.save(path)
+    write_timeline(tl, path)
     text = path.read_text()
-    whole = Timeline.load(path)
+    whole = read_timeline(path)
     for cut in (len(text) - 2, len(text) - len(text.splitlines()[-1]) // 2):
         path.write_text(text[:cut])
-        back = Timeline.load(path)  # the last record (marks) is lost, the rest is there
+        back = read_timeline(path)  # the last record (marks) is lost, the rest is there
         assert len(back.spans) == len(whole.spans) and back.metrics == whole.metrics
         assert back.marks() == []
 
@@ -123,12 +124,12 @@ def test_corrupt_files_raise_a_clear_error(tmp_path: Path, text: str, message: s
     path = tmp_path / "t.jsonl"
     path.write_text(text)
     with pytest.raises(TimelineFormatError, match=message):
-        Timeline.load(path)
+        read_timeline(path)
 
 
 def test_missing_file_raises_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(TimelineFormatError, match="cannot read timeline"):
-        Timeline.load(tmp_path / "nothing.jsonl")
+        read_timeline(tmp_path / "nothing.jsonl")
 
 
 def test_rebase_puts_another_process_on_this_clock() -> None:
@@ -185,7 +186,7 @@ def test_reading_while_another_thread_records_never_breaks_the_recording_thread(
 def test_a_garbage_line_in_the_middle_costs_that_line_only(tmp_path: Path) -> None:
     tl = filled()
     path = tmp_path / "t.jsonl"
-    tl.save(path)
+    write_timeline(tl, path)
     lines = path.read_text().splitlines()
     garbage = [
         lines[0],
@@ -198,7 +199,7 @@ def test_a_garbage_line_in_the_middle_costs_that_line_only(tmp_path: Path) -> No
         *lines[1:],
     ]
     path.write_text("\n".join(garbage) + "\n")
-    back = Timeline.load(path)
+    back = read_timeline(path)
     assert len(back.spans) == len(tl.spans) and back.metrics == tl.metrics and back.marks() == tl.marks()
     (warning,) = back.meta["warnings"]
     assert warning.startswith("t.jsonl: 5 unreadable line(s) skipped (line 2, 3, 4, 5, 6)")
@@ -212,7 +213,7 @@ def test_a_spool_with_plain_number_lists_still_loads(tmp_path: Path) -> None:
         '"end": [0.25, 1.0], "depth": [0, 0]}\n'
         '{"type": "samples", "series": {"gpu0.util": [[0.1, 0.2], [null, 50.0]]}}\n'
     )
-    back = Timeline.load(path)
+    back = read_timeline(path)
     s = back.spans
     assert [s.name_of(i) for i in range(len(s))] == ["data", "forward"]
     assert s.start.tolist() == [0.0, 0.25] and s.end.tolist() == [0.25, 1.0]
@@ -227,7 +228,7 @@ def test_spooled_columns_are_packed_and_exact(tmp_path: Path) -> None:
     for a in starts:
         tl.add_span(tl.name_id("forward"), float(a), float(a) + 1 / 3, 0)
         tl.add_sample("host.cpu_util", float(a), float("nan") if a < 5 else float(a) / 7)
-    tl.save(tmp_path / "t.jsonl")
+    write_timeline(tl, tmp_path / "t.jsonl")
     text = (tmp_path / "t.jsonl").read_text()
     assert '"packed"' in text and str(float(starts[-1])) not in text
-    assert_same(tl, Timeline.load(tmp_path / "t.jsonl"))
+    assert_same(tl, read_timeline(tmp_path / "t.jsonl"))

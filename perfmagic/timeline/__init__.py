@@ -12,12 +12,8 @@ start); ``meta["epoch"]`` is the wall-clock time of that origin, so timelines
 of several processes can be put on one clock.
 
 Storage is columnar: appends go to ``array.array`` buffers (cheap enough for the
-training loop's hot path) and readers get numpy views. The same JSON-lines
-format serves as the crash-safe spool written while profiling and as the saved
-file: a reader takes every complete line and ignores a torn last one. Span and
-sample columns go into it packed (base64 of their little-endian bytes: exact, and
-written tens of times faster than numbers in JSON, which the spool thread would
-otherwise take from the training loop); a reader also takes plain lists.
+training loop's hot path) and readers get numpy views. :mod:`perfmagic.timeline.file`
+writes and reads it on disk.
 
 Memory stays bounded on long runs: the analysis folds the spans of old steps
 into per-step rows (:class:`FoldedSteps`, about 30 bytes a step) once the spool
@@ -28,28 +24,18 @@ that writes spans applies a fold between two of its own appends
 
 from __future__ import annotations
 
-import base64
-import json
-import math
-import os
-import sys
 import threading
 import warnings
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from perfmagic.contract import TimelineMeta
-
-SPOOL_NAME = "timeline.jsonl"
-
-
-class TimelineFormatError(ValueError):
-    """A timeline file that cannot be read."""
+from perfmagic.timeline.folds import Fold, FoldedColumns, FoldedSteps
 
 
 @dataclass(frozen=True)
@@ -87,84 +73,6 @@ class _Series:
         self.base = 0  # samples replaced by fewer (averaged or folded) since the first: indices are logical
 
 
-@dataclass(frozen=True)
-class FoldedSteps:
-    """Steps whose spans were folded away: per step its start, duration and the exclusive seconds of
-    each stage, and the profiled thread's CPU, run-queue wait and GC seconds (NaN: unmeasured)."""
-
-    kind: str  # the boundary kind that delimited them (see ``analyze.steps``)
-    until: float  # the end of the last one: spans before it are no longer in the timeline
-    start: np.ndarray
-    duration: np.ndarray
-    stages: dict[str, np.ndarray]
-    cpu_s: np.ndarray
-    wait_s: np.ndarray
-    gc_s: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-
-@dataclass(frozen=True)
-class Fold:
-    """The first ``spans`` spans (all before ``steps.until``) and samples, replaced by their steps' rows."""
-
-    spans: int
-    steps: FoldedSteps
-    samples: dict[str, int]  # per series: how many samples from the first may go
-
-
-class _FoldedColumns:
-    """Folded steps as the chunks each fold added (no column is ever copied to grow), float32 where a
-    duration is all a column holds; a stage's column where it was not used reads 0."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.until = 0.0
-        self.chunks: list[FoldedSteps] = []
-
-    def extend(self, rows: FoldedSteps) -> None:
-        def f32(column: np.ndarray) -> np.ndarray:
-            return np.asarray(column, dtype=np.float32)
-
-        self.chunks.append(
-            FoldedSteps(
-                kind=rows.kind,
-                until=rows.until,
-                start=np.asarray(rows.start, dtype=np.float64),
-                duration=f32(rows.duration),
-                stages={k: f32(v) for k, v in rows.stages.items()},
-                cpu_s=f32(rows.cpu_s),
-                wait_s=f32(rows.wait_s),
-                gc_s=f32(rows.gc_s),
-            )
-        )
-        self.until = rows.until
-
-    def view(self) -> FoldedSteps:
-        chunks = self.chunks
-
-        def joined(name: str) -> np.ndarray:
-            return np.concatenate([getattr(c, name) for c in chunks]).astype(np.float64)
-
-        stages = dict.fromkeys(k for c in chunks for k in c.stages)
-        return FoldedSteps(
-            kind=self.kind,
-            until=self.until,
-            start=joined("start"),
-            duration=joined("duration"),
-            stages={
-                k: np.concatenate([c.stages.get(k, np.zeros(len(c), np.float32)) for c in chunks]).astype(
-                    np.float64
-                )
-                for k in stages
-            },
-            cpu_s=joined("cpu_s"),
-            wait_s=joined("wait_s"),
-            gc_s=joined("gc_s"),
-        )
-
-
 class Timeline:
     """Spans, samples and marks of one process over one window."""
 
@@ -179,7 +87,7 @@ class Timeline:
         self._span_base = 0  # spans folded away: span indices are logical, ``base`` + position
         self._series: dict[str, _Series] = {}
         self._marks: list[Mark] = []
-        self._folded: _FoldedColumns | None = None
+        self._folded: FoldedColumns | None = None
         self.record: Path | None = None  # a file with every span and sample (the spool), where there is one
         # queued for the writer to apply (``request_fold``); an attribute the writer reads at every step
         self.pending_fold: Fold | None = None
@@ -277,7 +185,7 @@ class Timeline:
                     del s.t[:m], s.v[:m]
                     s.base += m
             if self._folded is None:
-                self._folded = _FoldedColumns(fold.steps.kind)
+                self._folded = FoldedColumns(fold.steps.kind)
             self._folded.extend(fold.steps)
         finally:
             self._cut_lock.release()
@@ -312,13 +220,6 @@ class Timeline:
         """(boundary kind, end of the last folded step), without copying the folded rows."""
         folded = self._folded
         return (folded.kind, folded.until) if folded is not None else None
-
-    def unfolded(self) -> Timeline:
-        """This timeline with every span it recorded: itself, or, where old steps were folded out of
-        memory, the one its record (the spool, which has every span and sample) holds."""
-        if self._folded is None or self.record is None:
-            return self
-        return Timeline.load(self.record)
 
     @property
     def span_base(self) -> int:
@@ -438,269 +339,90 @@ class Timeline:
             if self.meta.get(key) is not None:
                 self.meta[key] = float(self.meta[key]) + shift
 
-    # -- persistence -----------------------------------------------------
+    # -- what was added, for the spool ------------------------------------
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the whole timeline as JSON lines."""
-        with open(path, "w", encoding="utf-8") as f:
-            folded = self.folded
-            if folded is not None:
-                f.write(json.dumps(_steps_record(folded)) + "\n")
-            Spooler(self, f).flush()
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Timeline:
-        """Read a saved timeline or a spool, tolerating a torn last line and skipping unreadable ones
-        (said in the timeline's warnings); a file with no record at all is a :class:`TimelineFormatError`."""
-        p = Path(path)
-        if p.is_dir():
-            p = p / SPOOL_NAME
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as e:
-            raise TimelineFormatError(f"cannot read timeline {p}: {e.strerror}") from e
-        timeline = cls()
-        skipped: list[int] = []
-        applied = 0
-        for lineno, record in _records(text, p, skipped):
-            try:
-                timeline._apply(record)
-            except (KeyError, TypeError, ValueError, OverflowError):
-                skipped.append(lineno)
-            else:
-                applied += 1
-        if not applied:
-            raise TimelineFormatError(f"{p}: not a timeline: no readable record")
-        if skipped:
-            timeline.meta.setdefault("warnings", []).append(
-                f"{p.name}: {len(skipped)} unreadable line(s) skipped (line {', '.join(map(str, skipped[:5]))}"
-                f"{', ...' if len(skipped) > 5 else ''}): the record around them is kept"
+    def added_since(self, cursor: SpoolCursor, settled: int | None = None) -> Additions:
+        """What the timeline gained since ``cursor``: spans up to logical index ``settled`` (their times
+        final), samples and marks. Copies are taken under the lock, so no fold cuts a column meanwhile."""
+        with self._cut_lock:
+            base, held = self._span_base, len(self._span_depth)
+            n = base + held if settled is None else min(base + held, settled)
+            a = max(cursor.spans, base)
+            lo, hi = a - base, n - base
+            columns = (
+                self._span_name[lo:hi],
+                self._span_start[lo:hi],
+                self._span_end[lo:hi],
+                self._span_depth[lo:hi],
             )
-        return timeline
-
-    def _apply(self, record: dict[str, Any]) -> None:
-        kind = record["type"]
-        if kind == "meta":
-            self.meta.update(record["meta"])
-        elif kind == "spans":
-            # every column checked before any grows: a bad record must not leave them of unequal length
-            names = record["names"]
-            packed = record.get("packed")
-            if packed is not None:
-                ids, starts, ends = (
-                    _unpacked(packed["name"], "i"),
-                    _unpacked(packed["start"], "d"),
-                    _unpacked(packed["end"], "d"),
-                )
-                depths = _unpacked(packed["depth"], "b")
-            else:  # plain lists (spools written before columns were packed)
-                ids, starts, ends = (
-                    array("i", record["name"]),
-                    array("d", record["start"]),
-                    array("d", record["end"]),
-                )
-                depths = array("b", record["depth"])
-            name_ids = array("i", [self.name_id(names[i]) for i in ids])
-            if not len(name_ids) == len(starts) == len(ends) == len(depths):
-                raise ValueError("span columns of different lengths")
-            self._span_name.extend(name_ids)
-            self._span_start.extend(starts)
-            self._span_end.extend(ends)
-            self._span_depth.extend(depths)
-        elif kind == "samples":
-            packed = record.get("packed")
-            if packed is not None:
-                columns = {m: (_unpacked(t, "d"), _unpacked(v, "d")) for m, (t, v) in packed.items()}
-            else:  # plain lists, NaN as null
-                columns = {
-                    m: (array("d", ts), array("d", [math.nan if v is None else v for v in vs]))
-                    for m, (ts, vs) in record["series"].items()
-                }
-            for metric, (ts, vs) in columns.items():
-                if len(ts) != len(vs):
-                    raise ValueError(f"{metric}: times and values of different lengths")
-                s = self._series.setdefault(metric, _Series())
-                s.t.extend(ts)
-                s.v.extend(vs)
-        elif kind == "steps":
-            steps = record["steps"]
-            rows = FoldedSteps(
-                kind=str(steps["kind"]),
-                until=float(steps["until"]),
-                **{
-                    k: np.array(steps[k], dtype=np.float64)
-                    for k in ("start", "duration", "cpu_s", "wait_s", "gc_s")
-                },
-                stages={str(k): np.array(v, dtype=np.float64) for k, v in steps["stages"].items()},
-            )
-            if not all(len(c) == len(rows) for c in (rows.duration, rows.cpu_s, *rows.stages.values())):
-                raise ValueError("step columns of different lengths")
-            if self._folded is None:
-                self._folded = _FoldedColumns(rows.kind)
-            self._folded.extend(rows)
-        elif kind == "marks":
-            self._marks.extend(Mark(m["t"], m["name"], m.get("data", {})) for m in record["marks"])
-        else:
-            raise ValueError(f"unknown record type {kind!r}")
-
-
-def _records(text: str, path: Path, skipped: list[int]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The records of a JSON-lines timeline; line numbers of lines that are none go to ``skipped``."""
-    lines = text.split("\n")
-    complete = text.endswith("\n")
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            last = lineno == len(lines) or (lineno == len(lines) - 1 and not complete)
-            if not last:  # a process killed mid-write leaves one torn last line: no news
-                skipped.append(lineno)
-            continue
-        if not isinstance(record, dict) or "type" not in record:
-            skipped.append(lineno)
-            continue
-        yield lineno, record
-
-
-class Spooler:
-    """Appends what a timeline gained since the last flush to a JSON-lines file.
-
-    Each flush writes whole lines and flushes the OS buffer, so a process that
-    dies leaves every earlier chunk readable. Spans go out once they are
-    ``settled`` (their times final: no device time pending), in lines of at most
-    :data:`SPOOL_CHUNK` so a flush's memory stays small whatever the backlog.
-    """
-
-    def __init__(self, timeline: Timeline, file: IO[str], settled: Callable[[], int] | None = None) -> None:
-        self._tl = timeline
-        self._file = file
-        self._settled = settled
-        self._meta_written: dict[str, Any] = {}
-        self._spans_sent = 0
-        self._samples_sent: dict[str, int] = {}
-        self._marks_sent = 0
-        self._lock = threading.Lock()
-
-    @property
-    def spans_sent(self) -> int:
-        """Spans (logical index) on disk so far."""
-        return self._spans_sent
-
-    def samples_sent(self, metric: str) -> int:
-        """Samples of a series (logical index) on disk so far."""
-        return self._samples_sent.get(metric, 0)
-
-    def flush(self) -> None:
-        with self._lock:
-            self._flush()
-
-    def _write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, default=_jsonable) + "\n")
-
-    def _flush(self) -> None:
-        tl = self._tl
-        # list() copies in one step: the profiled thread may add keys while this runs on the sampler's
-        meta = {k: v for k, v in list(tl.meta.items()) if self._meta_written.get(k, _MISSING) != v}
-        if meta:
-            self._write({"type": "meta", "meta": meta})
-            self._meta_written.update(meta)
-
-        # copies taken under the lock (no fold cuts the columns meanwhile), written out after it
-        with tl._cut_lock:
-            base, held = tl._span_base, len(tl._span_depth)
-            n = base + held if self._settled is None else min(base + held, self._settled())
-            a = max(self._spans_sent, base)
-            span_columns = [
-                c[a - base : n - base] for c in (tl._span_name, tl._span_start, tl._span_end, tl._span_depth)
-            ]
-            names = list(tl._names)
-            with tl._lock:
-                items = list(tl._series.items())
+            names = list(self._names)
+            with self._lock:
+                items = list(self._series.items())
             samples: dict[str, tuple[array[float], array[float]]] = {}
+            sample_ends: dict[str, int] = {}
             for metric, s in items:
-                i = max(self._samples_sent.get(metric, 0), s.base) - s.base
+                i = max(cursor.samples.get(metric, 0), s.base) - s.base
                 j = min(len(s.t), len(s.v))
                 if j > i:
                     samples[metric] = (s.t[i:j], s.v[i:j])
-                    self._samples_sent[metric] = s.base + j
-        self._spans_sent = max(self._spans_sent, n)
-        for i in range(0, len(span_columns[0]), SPOOL_CHUNK):
-            name, start, end, depth = (_packed(c[i : i + SPOOL_CHUNK]) for c in span_columns)
-            self._write(
-                {
-                    "type": "spans",
-                    "names": names,
-                    "packed": {"name": name, "start": start, "end": end, "depth": depth},
-                }
-            )
-        for i in range(0, max((len(t) for t, _ in samples.values()), default=0), SPOOL_CHUNK):
-            # a line holds each series' next chunk: a per-step series may have a long backlog
-            chunk = {
-                metric: (_packed(t[i : i + SPOOL_CHUNK]), _packed(v[i : i + SPOOL_CHUNK]))
-                for metric, (t, v) in samples.items()
-                if len(t) > i
-            }
-            self._write({"type": "samples", "packed": chunk})
+                    sample_ends[metric] = s.base + j
+        marks = self._marks[cursor.marks : len(self._marks)]
+        after = SpoolCursor(
+            max(cursor.spans, n), {**cursor.samples, **sample_ends}, cursor.marks + len(marks)
+        )
+        return Additions(names, columns, samples, marks, after)
 
-        m = len(tl._marks)
-        if m > self._marks_sent:
-            marks = tl._marks[self._marks_sent : m]
-            self._write(
-                {"type": "marks", "marks": [{"t": k.t, "name": k.name, "data": k.data} for k in marks]}
-            )
-            self._marks_sent = m
-        self._file.flush()
+    # -- adding what a file holds ------------------------------------------
 
+    def add_spans(
+        self, names: list[str], ids: array[int], starts: array[float], ends: array[float], depths: array[int]
+    ) -> None:
+        """Append spans whose names are ``names[id]``; every column is checked before any grows."""
+        name_ids = array("i", [self.name_id(names[i]) for i in ids])
+        if not len(name_ids) == len(starts) == len(ends) == len(depths):
+            raise ValueError("span columns of different lengths")
+        self._span_name.extend(name_ids)
+        self._span_start.extend(starts)
+        self._span_end.extend(ends)
+        self._span_depth.extend(depths)
 
-SPOOL_CHUNK = 32768
-"""Most spans in one line of a spool."""
+    def add_samples(self, metric: str, times: array[float], values: array[float]) -> None:
+        if len(times) != len(values):
+            raise ValueError(f"{metric}: times and values of different lengths")
+        s = self._series.setdefault(metric, _Series())
+        s.t.extend(times)
+        s.v.extend(values)
 
-_BIG_ENDIAN = sys.byteorder == "big"
+    def add_folded(self, rows: FoldedSteps) -> None:
+        """Append steps folded before the timeline was saved."""
+        if not all(len(c) == len(rows) for c in (rows.duration, rows.cpu_s, *rows.stages.values())):
+            raise ValueError("step columns of different lengths")
+        if self._folded is None:
+            self._folded = FoldedColumns(rows.kind)
+        self._folded.extend(rows)
 
-
-def _packed(column: array[Any]) -> str:
-    """A column as base64 of its little-endian bytes."""
-    if _BIG_ENDIAN:
-        column = array(column.typecode, column)
-        column.byteswap()
-    return base64.b64encode(column.tobytes()).decode("ascii")
+    def add_marks(self, marks: Iterable[Mark]) -> None:
+        self._marks.extend(marks)
 
 
-def _unpacked(text: str, typecode: str) -> array[Any]:
-    """The column :func:`_packed` wrote (ValueError where the text is no such column)."""
-    raw = base64.b64decode(text, validate=True)
-    column = array(typecode)
-    if len(raw) % column.itemsize:
-        raise ValueError(f"{len(raw)} bytes are no whole number of {typecode!r} values")
-    column.frombytes(raw)
-    if _BIG_ENDIAN:
-        column.byteswap()
-    return column
+@dataclass(frozen=True)
+class SpoolCursor:
+    """How much of a timeline a spool holds: spans and each series' samples (logical indices), marks."""
+
+    spans: int = 0
+    samples: dict[str, int] = field(default_factory=dict)
+    marks: int = 0
 
 
-def _steps_record(rows: FoldedSteps) -> dict[str, Any]:
-    return {
-        "type": "steps",
-        "steps": {
-            "kind": rows.kind,
-            "until": rows.until,
-            **{k: getattr(rows, k).tolist() for k in ("start", "duration", "cpu_s", "wait_s", "gc_s")},
-            "stages": {k: v.tolist() for k, v in rows.stages.items()},
-        },
-    }
+@dataclass(frozen=True)
+class Additions:
+    """What a timeline gained since a :class:`SpoolCursor`, and the cursor after it."""
 
-
-_MISSING = object()
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return repr(value)
+    names: list[str]
+    span_columns: tuple[array[int], array[float], array[float], array[int]]  # name id, start, end, depth
+    samples: dict[str, tuple[array[float], array[float]]]
+    marks: list[Mark]
+    cursor: SpoolCursor
 
 
 def _snapshot(column: array[Any], n: int, dtype: type[np.generic]) -> np.ndarray:
