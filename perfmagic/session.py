@@ -305,7 +305,7 @@ class Session:
             if not self._running or self.recorder is None:
                 return
             hooks = torch_hooks.TorchStages(self.recorder, self._evaluation)
-            hooks.keep_inputs = self.tune
+            hooks.kept.hold = self.tune
             try:
                 hooks.install()  # on failure it has removed what it installed
             except Exception as e:  # an unexpected torch version must not fail the user's import or block
@@ -435,7 +435,7 @@ class Session:
         from perfmagic.analyze.steps import step_breakdown
         from perfmagic.tuning import BENCHMARKED, default_budget, tune
 
-        objects = self._torch.tuning_objects() if self._torch is not None else {}
+        objects = self._torch.kept.for_tuning() if self._torch is not None else {}
         if not objects:
             self.warnings.append("tune: no DataLoader or model was seen in the window: nothing to try")
             return
@@ -455,8 +455,7 @@ class Session:
             self.warnings.append(f"tune: tuning failed ({e!r}); the report covers the window only")
         finally:
             assert self._torch is not None
-            self._torch.inputs.clear()  # the batches kept for tuning: no longer needed
-            self._torch.met.clear()
+            self._torch.kept.clear()  # the batches kept for tuning: no longer needed
 
     def _tuning_progress(self, what: str, left_s: float) -> None:
         """What tuning tries now, for live views (their tick listeners run: the sampler has stopped)."""
