@@ -18,8 +18,10 @@ from typing import IO, TYPE_CHECKING, Any
 from perfmagic.analyze.running import RunningStages
 from perfmagic.analyze.steps import plan_fold
 from perfmagic.clock import REAL_CLOCK, Clock
+from perfmagic.collect.forked_child import keep_until_exit
 from perfmagic.collect.imports import PostImportHook, when_imported
-from perfmagic.collect.recorder import NO_RECORDER, StageRecorder, keep_until_exit
+from perfmagic.collect.nvtx_ranges import NO_RECORDER
+from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.sources import default_sources
 from perfmagic.collect.stacks import StackSource
