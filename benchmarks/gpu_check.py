@@ -393,7 +393,7 @@ def check_stage_truth(check: Check, torch: Any) -> None:
 def check_pending_marks(check: Check, torch: Any) -> None:
     """10k GPU-bound steps: the device marks waiting to be read stay bounded."""
     import perfmagic
-    from perfmagic.collect.recorder import _DRAIN_AT
+    from perfmagic.collect.device_times import DRAIN_AT
 
     model = _mlp(torch, 1024, "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -406,12 +406,12 @@ def check_pending_marks(check: Check, torch: Any) -> None:
             opt.zero_grad()
             model(x).mean().backward()
             opt.step()
-            most = max(most, session.recorder.pending_device_marks)
+            most = max(most, session.recorder.pending_device_spans)
     wall = time.perf_counter() - t0
     stop = session.report.to_dict()
     check.record(
         "pending marks",
-        most < _DRAIN_AT + 64 and stop["steps"]["count"] == 10_000,
+        most < DRAIN_AT + 64 and stop["steps"]["count"] == 10_000,
         f"at most {most} pending over 10k steps ({wall:.1f} s, median step {1000 * stop['steps']['median_s']:.3f} ms)",
     )
 

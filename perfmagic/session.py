@@ -18,7 +18,9 @@ from perfmagic.analyze.running import RunningStages
 from perfmagic.children import CHILDREN_DIR, ChildProfiling
 from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.collect.collectors import Collectors, Switch
-from perfmagic.collect.recorder import NO_RECORDER, StageRecorder, keep_until_exit
+from perfmagic.collect.forked_child import keep_until_exit
+from perfmagic.collect.nvtx_ranges import NO_RECORDER
+from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.sources import default_sources
 from perfmagic.collect.stacks import StackSource

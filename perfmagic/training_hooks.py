@@ -90,7 +90,7 @@ class TrainingHooks:
             if self._stopped:
                 return
             hooks = torch_hooks.TorchStages(self.recorder, self._evaluation)
-            hooks.keep_inputs = self.keep_inputs
+            hooks.kept.hold = self.keep_inputs
             try:  # on failure it has removed what it installed
                 self._running.start("the torch hooks", Switch(hooks.install, hooks.uninstall))
             except Exception as e:  # an unexpected torch version must not fail the user's import or block
@@ -138,7 +138,7 @@ def tune_after(
     from perfmagic.tuning import tune
 
     torch = hooks.torch if hooks is not None else None
-    objects = torch.tuning_objects() if torch is not None else {}
+    objects = torch.kept.for_tuning() if torch is not None else {}
     if torch is None or not objects:
         return ["tune: no DataLoader or model was seen in the window: nothing to try"]
     try:
@@ -152,6 +152,5 @@ def tune_after(
     except Exception as e:  # the report of the window must not be lost to a tuning failure
         return [f"tune: tuning failed ({e!r}); the report covers the window only"]
     finally:
-        torch.inputs.clear()  # the batches kept for tuning: no longer needed
-        torch.met.clear()
+        torch.kept.clear()  # the batches kept for tuning: no longer needed
     return []

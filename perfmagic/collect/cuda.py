@@ -22,7 +22,7 @@ DEVICES_EVERY_S = 1.0
 class CudaEventClock:
     """Device timestamps from CUDA events, mapped onto the timeline's clock.
 
-    A mark records one event on the current stream of each device in use (those whose
+    An event token records one event on the current stream of each device in use (those whose
     caching allocator holds memory); the device work queued before it is done when all
     of them are, and its time is the latest. Each device gets a reference event the first
     time it is used: waiting for it waits for that device's current stream once, never for
@@ -40,7 +40,7 @@ class CudaEventClock:
 
     @property
     def devices(self) -> tuple[int, ...]:
-        """The devices marked."""
+        """The devices an event token records on."""
         return self._devices
 
     def _look_for_devices(self) -> None:
@@ -55,7 +55,7 @@ class CudaEventClock:
         self._devices = tuple(used or [cuda.current_device()])
         self._looked_at = self._now()
 
-    def mark(self) -> object | None:
+    def event_token(self) -> object | None:
         cuda = self._cuda
         if cuda.is_current_stream_capturing():  # an event recorded into a graph being captured would replay
             return None

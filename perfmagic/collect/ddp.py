@@ -19,7 +19,7 @@ is timed the same way; the pre-hook is removed when backward returns.
 
 On NCCL the finalize only makes the current CUDA stream wait for the reductions,
 so the host's B − A is near 0. Where the recorder has a device clock, A and B
-also mark the device (on the current stream, as every stage does): the span then
+also take device event tokens (on the current stream, as every stage does): the span then
 lasts from the device finishing backward's compute to it getting past the wait.
 """
 
@@ -45,7 +45,7 @@ class ReducerWait:
         self._engine = torch.autograd.Variable._execution_engine
         self._ddp = torch.nn.parallel.DistributedDataParallel
         self.pending = False  # a DDP forward that will reduce gradients ran since the last backward
-        # (start, end, device marks at both) of each wait, appended from the thread that finishes the graph
+        # (start, end, device event tokens at both) of each wait, appended from the thread that finishes the graph
         self._waits: list[tuple[float, float, object | None, object | None]] = []
 
     def install(self, p: Patcher) -> None:
@@ -88,8 +88,8 @@ class ReducerWait:
                         handle.remove()
                     if self._waits:
                         waits, self._waits = self._waits, []
-                        for start, end, start_mark, end_mark in waits:
-                            rec.record_within(comm_id, start, end, (start_mark, end_mark))
+                        for start, end, start_token, end_token in waits:
+                            rec.record_within(comm_id, start, end, (start_token, end_token))
                     exit_()
                     if rec.rhythm_wanted:  # no optimizer step, batch or perfmagic.step() yet (step_policy)
                         rec.boundary("backward")
@@ -110,14 +110,14 @@ class ReducerWait:
             return None
         queue = self._engine.queue_callback
         waits = self._waits
-        mark, now = self._recorder.device_mark, self._recorder.clock.now
+        event_token, now = self._recorder.device_event_token, self._recorder.clock.now
 
         def compute_done() -> None:
-            start, start_mark = now(), mark()
+            start, start_token = now(), event_token()
 
             def reduced() -> None:
                 end = now()
-                waits.append((start, end, start_mark, mark()))
+                waits.append((start, end, start_token, event_token()))
 
             queue(reduced)
 

@@ -170,7 +170,7 @@ class FrameworkHooks:
                 stages = self._torch_stages()
                 if stages is None:
                     return method(*args, **kwargs)
-                return stages.run_checkpoint_routine(method, label, args, kwargs)
+                return stages.checkpoints.run_routine(method, label, args, kwargs)
             except BaseException as e:
                 drop_own_frame(e)
                 raise

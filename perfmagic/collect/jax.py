@@ -30,9 +30,9 @@ from perfmagic.schema import STEP_BOUNDARY_PREFIX
 
 
 class BlockingClock:
-    """A device clock for JAX: a mark waits until every live array is computed, then reads the time.
+    """A device clock for JAX: an event token waits until every live array is computed, then reads the time.
 
-    Marks are taken on the training thread at stage starts and ends, so a stage's
+    Tokens are taken on the training thread at stage starts and ends, so a stage's
     device work ends inside it (a few µs per hundred live arrays).
     """
 
@@ -42,18 +42,18 @@ class BlockingClock:
         self._jax = jax
         self._origin, self._now = origin, clock.now
 
-    def mark(self) -> object | None:
+    def event_token(self) -> object | None:
         self._jax.block_until_ready(self._jax.live_arrays())
         return self._now() - self._origin
 
     def done(self, token: object) -> bool:
-        return True  # a mark returns once the device is there
+        return True  # a token is taken once the device is there
 
     def resolve(self, tokens: list[object]) -> list[float | None]:
         return [t if isinstance(t, float) else None for t in tokens]
 
     def close(self) -> None:
-        return None  # its marks are times: nothing of the device to free
+        return None  # its tokens are times: nothing of the device to free
 
 
 class JaxHooks:
@@ -108,5 +108,5 @@ class JaxHooks:
         self._patcher.set(annotation, "__exit__", __exit__)
 
     def uninstall(self) -> list[str]:
-        # the clock stays: the recorder, closed next, resolves its last marks with it
+        # the clock stays: the recorder, closed next, resolves its last event tokens with it
         return self._patcher.restore()

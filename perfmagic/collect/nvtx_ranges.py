@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -27,3 +28,18 @@ if nvtx_listened():
         nvtx_push, nvtx_pop, NVTX = _nvtx.push_range, _nvtx.pop_range, True
     except Exception:  # nvtx is a dependency, but a broken install must not stop profiling
         pass
+
+
+class _NoRecorder:
+    """Stand-in used when no session is active: stages are NVTX ranges only."""
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        nvtx_push(name, domain="perfmagic")
+        try:
+            yield
+        finally:
+            nvtx_pop(domain="perfmagic")
+
+
+NO_RECORDER = _NoRecorder()

@@ -24,24 +24,17 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
-
-import numpy as np
+from typing import Any
 
 from perfmagic.clock import REAL_CLOCK, Clock
+from perfmagic.collect.device_times import DeviceClock, DeviceSpans
+from perfmagic.collect.forked_child import keep_until_exit
 from perfmagic.collect.nvtx_ranges import NVTX as _NVTX
 from perfmagic.collect.nvtx_ranges import nvtx_pop as _nvtx_pop
 from perfmagic.collect.nvtx_ranges import nvtx_push as _nvtx_push
 from perfmagic.collect.threadclock import ThreadClock
 from perfmagic.collect.tracebacks import drop_own_frame
-from perfmagic.schema import (
-    OPAQUE_STAGES,
-    STAGES,
-    STEP_BOUNDARY_PREFIX,
-    THREAD_CPU,
-    THREAD_GC,
-    THREAD_WAIT,
-)
+from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_GC, THREAD_WAIT
 from perfmagic.step_policy import ENDS_BATCH_STEPS, ENDS_RHYTHM, EVIDENCE, STEP_ENDS, delimiting_kind
 from perfmagic.timeline import Timeline
 
@@ -62,31 +55,6 @@ _CLOSED = -1
 
 _UNREAD: _ClockReading = (None, None, 0.0)
 """The thread clock at a step end where nothing was due to be read (see ``boundary``)."""
-
-
-class DeviceClock(Protocol):
-    """Timestamps of device work: when the device reached a point in its queue.
-
-    ``mark`` is called on the hot path and returns an opaque token (None when it cannot mark now, e.g.
-    while a CUDA graph is captured); ``done`` says, without waiting, whether the device got there;
-    ``resolve`` turns tokens into seconds on the timeline's clock (``None`` where unknown), waiting for
-    the device where it has to; ``close``, once the recorder has closed, frees what it holds of the device.
-    """
-
-    def mark(self) -> object | None: ...
-
-    def done(self, token: object) -> bool: ...
-
-    def resolve(self, tokens: list[object]) -> list[float | None]: ...
-
-    def close(self) -> None: ...
-
-
-_DRAIN_AT = 2048
-"""Device marks kept before the recorder resolves those the device has passed (bounds their memory)."""
-
-_DRAIN_EVERY_S = 1.0
-"""Longest time marks wait to be resolved: spans are spooled once their device times are known."""
 
 _BACKLOG_CHECK_EVERY = 1024
 """Step boundaries between two looks at the spans held (``on_backlog``)."""
@@ -120,7 +88,7 @@ class StageRecorder:
         # by stage id: its name (NVTX ranges need it on the hot path), how often it is open
         self._names = timeline.span_names
         self._active: list[int] = [0] * len(self._names)
-        # open stages: (id, start, device mark, what ends its trace annotation)
+        # open stages: (id, start, device event token, what ends its trace annotation)
         self._stack: list[tuple[int, float, object, Callable[[], object] | None]] = []
         # called on the recorded thread after each boundary that ends a training step (``--trace`` for
         # TensorFlow and JAX starts and stops their profiler there)
@@ -131,15 +99,13 @@ class StageRecorder:
         self.backlog_spans = 0
         self._backlog_countdown = _BACKLOG_CHECK_EVERY
         self._opaque_depth = 0
-        # (span index, token at start, token at end) for spans with device marks
-        self._device_marks: list[tuple[int, object, object]] = []
         self._warnings: list[str] = []
-        self._drained_at = self._now() - origin
+        self._device_spans = DeviceSpans(timeline, self._now() - origin, self._warnings)
         self._boundaries: dict[str, int] = {}
         self._steps_end_elsewhere = False  # an optimizer or user boundary was written: batches end no step
         self.rhythm_wanted = True  # no stronger boundary yet: each backward pass ends a step (step_policy)
         self._boundary_ids: dict[str, int] = {}
-        # a boundary held back (kind, time, device mark, thread clock reading): see ``boundary``
+        # a boundary held back (kind, time, device event token, thread clock reading): see ``boundary``
         self._held: tuple[str, float, object | None, _ClockReading | None] | None = None
 
     def stage_id(self, name: str) -> int:
@@ -151,7 +117,7 @@ class StageRecorder:
 
     @property
     def device_clock(self) -> DeviceClock | None:
-        """Where stage boundaries are also marked on the device (None: host times only)."""
+        """Where stage boundaries also take device event tokens (None: host times only)."""
         return self._device_clock
 
     @device_clock.setter
@@ -194,7 +160,7 @@ class StageRecorder:
 
     def _enter_extras(self, sid: int) -> None:
         annotate = self._annotate
-        token = self._mark() if self._device_clock is not None else None
+        token = self._event_token() if self._device_clock is not None else None
         note = annotate(self._names[sid]) if annotate is not None else None
         self._stack.append((sid, self._now(), token, note))
         if _NVTX:
@@ -223,17 +189,17 @@ class StageRecorder:
         if note is not None:
             note()
         if token is not None and self._device_clock is not None:
-            end_token = self._mark()
+            end_token = self._event_token()
             if end_token is not None:
-                self._device_marks.append((self.timeline.span_count, token, end_token))
+                self._device_spans.pending.append((self.timeline.span_count, token, end_token))
 
     def record_within(
-        self, sid: int, start: float, end: float, marks: tuple[object | None, object | None] = (None, None)
+        self, sid: int, start: float, end: float, tokens: tuple[object | None, object | None] = (None, None)
     ) -> None:
         """A stage measured elsewhere (``clock.now`` times, e.g. by a thread that finished autograd's
         graph) recorded inside the innermost open stage, under the same nesting rules as ``enter``;
-        ``marks``: :meth:`device_mark` tokens taken at its start and end, which give it device time."""
-        timed_on_device = marks[0] is not None and marks[1] is not None
+        ``tokens``: :meth:`device_event_token` results at its start and end, which give it device time."""
+        timed_on_device = tokens[0] is not None and tokens[1] is not None
         if (
             threading.get_ident() != self.thread_id
             or self._active[sid]
@@ -243,12 +209,12 @@ class StageRecorder:
         ):
             return
         if timed_on_device and self._device_clock is not None:
-            self._device_marks.append((self.timeline.span_count, marks[0], marks[1]))
+            self._device_spans.pending.append((self.timeline.span_count, tokens[0], tokens[1]))
         self.timeline.add_span(sid, start - self.origin, end - self.origin, len(self._stack))
 
-    def device_mark(self) -> object | None:
-        """A device mark now, from any thread (None without a device clock), for :meth:`record_within`."""
-        return self._mark() if self._device_clock is not None else None
+    def device_event_token(self) -> object | None:
+        """A device event token now, from any thread (None without a device clock), for :meth:`record_within`."""
+        return self._event_token() if self._device_clock is not None else None
 
     def boundary(self, kind: str, *, hold: bool = False) -> None:
         """Mark a step boundary (``kind``: one of ``step_policy.EVIDENCE`` or ``NOT_STEP_ENDS``).
@@ -265,7 +231,7 @@ class StageRecorder:
             self._write_boundary(*held)
         now = self._now()
         t = now - self.origin
-        token = self._mark() if self._device_clock is not None else None
+        token = self._event_token() if self._device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
         clock_reading = None
         clock = self.thread_clock
@@ -283,7 +249,7 @@ class StageRecorder:
 
     def boundary_at(self, kind: str, t: float) -> None:
         """A boundary at an earlier time ``t`` that no step ends at (an evaluation pass's start, known once
-        the pass is over): no device mark, no thread clock reading."""
+        the pass is over): no device event token, no thread clock reading."""
         if threading.get_ident() != self.thread_id:
             return
         self.release_held()
@@ -311,7 +277,7 @@ class StageRecorder:
         if sid is None:  # once per kind: this runs every step
             sid = self._boundary_ids[kind] = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
         if token is not None:
-            self._device_marks.append((self.timeline.span_count, token, token))
+            self._device_spans.pending.append((self.timeline.span_count, token, token))
         self._add_name(sid)
         self._add_start(t)
         self._add_end(t)
@@ -321,11 +287,8 @@ class StageRecorder:
         elif clock_reading is not None:
             self._add_thread_clock(t, clock_reading)
         clock = self._device_clock
-        if clock is not None and (
-            len(self._device_marks) >= _DRAIN_AT or t - self._drained_at >= _DRAIN_EVERY_S
-        ):
-            self._drained_at = t
-            self._drain(clock)
+        if clock is not None:
+            self._device_spans.drain_if_due(clock, t)
         self._backlog_countdown -= 1
         if self._backlog_countdown <= 0:
             self._backlog_countdown = _BACKLOG_CHECK_EVERY
@@ -346,8 +309,8 @@ class StageRecorder:
             self.on_backlog = None
             self._warnings.append(f"held spans could not be spooled and folded ({e!r})")
 
-    def _mark(self) -> object | None:
-        """A device mark now; None where the clock gives none (a CUDA graph capturing) or fails.
+    def _event_token(self) -> object | None:
+        """A device event token now; None where the clock gives none (a CUDA graph capturing) or fails.
 
         A clock that fails is turned off with a warning: a CUDA error inside a hook must not
         surface in the user's code as perfmagic's, nor mask the user's own.
@@ -356,33 +319,13 @@ class StageRecorder:
         if clock is None:
             return None
         try:
-            return clock.mark()
+            return clock.event_token()
         except Exception as e:
             self.device_clock = None
             self._warnings.append(
                 f"the device clock failed ({e!r}): stages are timed on the host from then on"
             )
             return None
-
-    def _drain(self, clock: DeviceClock) -> None:
-        """Resolve the marks the device has passed, without waiting for the device.
-
-        A stream runs its work in order, so the marks done are a prefix of the list (by their
-        end marks, recorded in list order): find its end by bisection, a few queries, and keep
-        the rest pending. The newest mark, recorded a moment ago, is almost never done in a
-        GPU-bound loop; waiting for it to be would let the marks pile up without limit.
-        """
-        marks = self._device_marks
-        lo, hi = 0, len(marks)  # marks[:lo] are done, marks[hi:] are not
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if clock.done(marks[mid][2]):
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo:
-            self._device_marks = marks[lo:]
-            self._warnings += self._apply_device_times(clock, marks[:lo])
 
     def _read_thread_clock(self, now: float) -> _ClockReading:
         """The recorded thread's cumulative CPU, run-queue wait and GC seconds at ``now`` (``clock.now``
@@ -423,16 +366,15 @@ class StageRecorder:
         self._add_thread_clock(now - self.origin, self._read_thread_clock(now))
 
     @property
-    def pending_device_marks(self) -> int:
+    def pending_device_spans(self) -> int:
         """Spans whose device times are not resolved yet."""
-        return len(self._device_marks)
+        return len(self._device_spans.pending)
 
     @property
     def settled_spans(self) -> int:
-        """Spans before this logical index have their final times: no device mark of theirs is pending."""
-        n = self.timeline.span_count  # read first: a span counted here has its mark listed already
-        marks = self._device_marks
-        return min(n, marks[0][0]) if marks else n
+        """Spans before this logical index have their final times: none of them awaits device times."""
+        # the count read first: a span counted here is listed as pending already
+        return self._device_spans.settled(self.timeline.span_count)
 
     def on_recorded_thread(self) -> bool:
         """Whether the caller is the thread this recorder records (never, once closed)."""
@@ -501,13 +443,13 @@ class StageRecorder:
     def stop_recording(self) -> None:
         """Record nothing more from now on (a forked child's copy of the recorder).
 
-        The child keeps the parent's device marks and clock referenced until it exits: freeing a CUDA
+        The child keeps the parent's device event tokens and clock referenced until it exits: freeing a CUDA
         event in a forked child calls into a CUDA context that child cannot use, and the C++
         destructor that fails there aborts the process (a DataLoader worker "exited unexpectedly").
         """
         self.thread_id = _CLOSED
-        keep_until_exit((self._stack, self._held, self._device_marks, self.device_clock))
-        self._stack, self._held, self._device_marks, self.device_clock = [], None, [], None
+        keep_until_exit((self._stack, self._held, self._device_spans.pending, self.device_clock))
+        self._stack, self._held, self._device_spans.pending, self.device_clock = [], None, [], None
         if self.thread_clock is not None:
             self.thread_clock.close()
 
@@ -523,54 +465,10 @@ class StageRecorder:
         self.thread_id = _CLOSED
         if self.thread_clock is not None:
             self.thread_clock.close()
-        clock, marks, self._device_marks = self.device_clock, self._device_marks, []
-        warnings, self._warnings = self._warnings, []
+        clock = self.device_clock
+        self._device_spans.close(clock)  # its warnings are the recorder's
         if clock is not None:
-            if marks:
-                warnings += self._apply_device_times(clock, marks)
             clock.close()  # now: a child forked before the collector finds this recorder's cycles frees them
+        warnings = self._warnings[:]
+        self._warnings.clear()  # the list itself stays: the device spans write to it
         return warnings
-
-    def _apply_device_times(self, clock: DeviceClock, marks: list[tuple[int, object, object]]) -> list[str]:
-        """A stage lasts until the device has also finished the work queued in it."""
-        tokens: list[object] = []
-        for _, a, b in marks:
-            tokens += (a, b)
-        try:
-            times = clock.resolve(tokens)
-        except Exception as e:  # e.g. a CUDA error the profiled code left in the context
-            return [f"device times could not be read ({e!r}): stages are timed on the host only"]
-        device = np.array([np.nan if t is None else t for t in times], dtype=np.float64)
-        index = np.array([i for i, _, _ in marks], dtype=np.int64)
-        start, end = self.timeline.span_times(index)
-        device_start, device_end = device[0::2], device[1::2]
-        # fmax keeps the host time where the device time is unknown (NaN) or earlier; a start moves only
-        # with its end, and never past it: a span whose end mark was lost keeps its host times
-        new_end = np.fmax(end, device_end)
-        new_start = np.where(np.isnan(device_end), start, np.minimum(np.fmax(start, device_start), new_end))
-        self.timeline.set_span_times(index, new_start, new_end)
-        return []
-
-
-_KEPT_BY_FORKED_CHILD: list[object] = []
-
-
-def keep_until_exit(obj: object) -> None:
-    """Keep ``obj`` referenced until this forked child exits: what it holds of the parent's device
-    (CUDA events, streams) must never be freed here (see ``StageRecorder.stop_recording``)."""
-    _KEPT_BY_FORKED_CHILD.append(obj)
-
-
-class _NoRecorder:
-    """Stand-in used when no session is active: stages are NVTX ranges only."""
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        _nvtx_push(name, domain="perfmagic")
-        try:
-            yield
-        finally:
-            _nvtx_pop(domain="perfmagic")
-
-
-NO_RECORDER = _NoRecorder()

@@ -3,7 +3,7 @@
 perfmagic puts wrappers in place of library functions (``nn.Module.__call__``, ``DataLoader``'s
 ``__next__``, ``torch.autograd.backward``, ``print``, a trainer's ``fit``...). An exception raised
 below one passes through its frame, and would show in the user's traceback once per wrapper it
-crossed: ``torch_hooks.py, in call`` once per level of ``nn.Module`` nesting. So each wrapper ends in
+crossed: ``torch_forward.py, in call`` once per level of ``nn.Module`` nesting. So each wrapper ends in
 
 .. code-block:: python
 

@@ -14,7 +14,7 @@ import pytest
 
 import perfmagic
 from perfmagic.collect.cuda import CudaEventClock
-from perfmagic.collect.recorder import _DRAIN_AT
+from perfmagic.collect.device_times import DRAIN_AT
 from tests.sim_cuda import CaptureError, SimCuda, install
 
 torch = pytest.importorskip("torch")
@@ -99,7 +99,7 @@ ALLREDUCE_S = 0.02
 
 def test_ddp_reduction_on_a_nccl_like_stream_is_comm_in_device_time(sim: SimCuda, gloo_group: None) -> None:
     """As on NCCL: the hook's all-reduce runs on a stream of its own and DDP's finalize only makes the
-    current stream wait for it, so the host's wait is ~0 and only device marks see the reduction."""
+    current stream wait for it, so the host's wait is ~0 and only device event tokens see the reduction."""
     engine = torch.autograd.Variable._execution_engine
     reduced_until: list[float] = []
 
@@ -130,7 +130,7 @@ def test_ddp_reduction_on_a_nccl_like_stream_is_comm_in_device_time(sim: SimCuda
     assert step == pytest.approx(FORWARD_S + BACKWARD_S + ALLREDUCE_S + OPTIMIZER_S, rel=0.15, abs=5e-4)
 
 
-def test_pending_device_marks_stay_bounded_with_the_hooks(sim: SimCuda) -> None:
+def test_pending_device_spans_stay_bounded_with_the_hooks(sim: SimCuda) -> None:
     model, pending = Net(sim, forward_s=1e-4, backward_s=1e-4), []
     opt = device_sgd(sim, model.parameters(), seconds=5e-5)
     x = torch.randn(4, 8)
@@ -141,12 +141,12 @@ def test_pending_device_marks_stay_bounded_with_the_hooks(sim: SimCuda) -> None:
             opt.zero_grad()
             model(x).sum().backward()
             opt.step()
-            pending.append(recorder.pending_device_marks)
-    assert sim.idle_at() > 0 and max(pending) < _DRAIN_AT + 16, max(pending)
+            pending.append(recorder.pending_device_spans)
+    assert sim.idle_at() > 0 and max(pending) < DRAIN_AT + 16, max(pending)
     assert session.report.to_dict()["steps"]["count"] == 3000
 
 
-def test_nothing_is_marked_or_queried_while_a_cuda_graph_is_captured(sim: SimCuda) -> None:
+def test_no_event_token_is_taken_or_queried_while_a_cuda_graph_is_captured(sim: SimCuda) -> None:
     model = Net(sim)
     opt = device_sgd(sim, model.parameters())
     x = torch.randn(4, 8)
@@ -165,16 +165,16 @@ def test_nothing_is_marked_or_queried_while_a_cuda_graph_is_captured(sim: SimCud
 
 def test_a_capture_error_in_a_query_turns_nothing_off(sim: SimCuda) -> None:
     clock = CudaEventClock(torch, origin=0.0)
-    token = clock.mark()
+    token = clock.event_token()
     with sim.capture():
-        assert clock.mark() is None and clock.done(token) is False
+        assert clock.event_token() is None and clock.done(token) is False
         with pytest.raises(CaptureError):
             sim.Event().query()
     assert clock.done(token) in (True, False)
 
 
 def test_a_model_on_another_device_is_timed_there(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``cuda:1`` while the current device is 0: marks on device 0 alone would see no work at all."""
+    """``cuda:1`` while the current device is 0: event tokens on device 0 alone would see no work at all."""
     sim = install(monkeypatch, SimCuda(devices=2))
     sim.alloc(1 << 20, device=1)  # the model's memory lives on device 1
 
@@ -269,20 +269,20 @@ def test_the_allocator_reads_nothing_before_cuda_is_initialized(sim: SimCuda) ->
     assert "cuda_allocator" not in session.timeline.meta
 
 
-def test_a_mark_is_timed_when_the_device_reaches_it(sim: SimCuda) -> None:
+def test_an_event_token_is_timed_when_the_device_reaches_it(sim: SimCuda) -> None:
     origin = time.perf_counter()
     clock = CudaEventClock(torch, origin=origin)
     queued = time.perf_counter() - origin
     sim.launch(0.05)
-    token = clock.mark()
+    token = clock.event_token()
     assert clock.done(token) is False  # 50 ms of work were queued before it
     (t,) = clock.resolve([token])  # waits for that event only
     assert t == pytest.approx(queued + 0.05, abs=5e-3)
     assert clock.done(token) is True and sim.device_syncs == 0
 
 
-def test_dataloader_workers_forked_while_device_marks_are_held_live_on(sim: SimCuda) -> None:
-    """A worker forked inside the data stage (its start mark held, the last step's boundary held back)
+def test_dataloader_workers_forked_while_device_event_tokens_are_held_live_on(sim: SimCuda) -> None:
+    """A worker forked inside the data stage (its start event token held, the last step's boundary held back)
     must free none of the parent's events: on a GPU that aborts the worker."""
     from torch.utils.data import DataLoader, TensorDataset
 

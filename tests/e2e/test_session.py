@@ -393,12 +393,12 @@ def test_profiling_from_another_thread(tmp_path: Path) -> None:
 def test_torch_hooks_that_fail_to_install_leave_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perfmagic.collect.torch_hooks import TorchStages
+    from perfmagic.collect import torch_hooks
 
     def broken(*args: Any) -> None:
         raise AttributeError("module 'torch.distributed' has no attribute 'all_reduce'")
 
-    monkeypatch.setattr(TorchStages, "_install_comm", broken)
+    monkeypatch.setattr(torch_hooks, "install_comm", broken)
     before = patched_things()
     with perfmagic.profile(sources=[], outdir=tmp_path) as session:
         during = patched_things()

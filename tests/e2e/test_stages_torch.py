@@ -724,7 +724,7 @@ def test_a_device_clock_that_fails_to_start_leaves_host_times(
 def test_non_blocking_is_read_by_keyword_or_position(
     args: tuple[Any, ...], kwargs: dict[str, Any], expected: bool
 ) -> None:
-    from perfmagic.collect.torch_hooks import non_blocking
+    from perfmagic.collect.torch_tensors import non_blocking
 
     assert non_blocking(args, kwargs) is expected
 

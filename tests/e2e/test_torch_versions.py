@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import perfmagic
-from perfmagic.collect.torch_hooks import _autocast_queries, _is_compiling
+from perfmagic.collect.torch_forward import autocast_queries, compiling_query
 
 torch = pytest.importorskip("torch")
 
@@ -26,7 +26,7 @@ def test_autocast_is_read_the_pre_2_4_way() -> None:
         get_autocast_gpu_dtype=lambda: torch.get_autocast_dtype("cuda"),
         get_autocast_cpu_dtype=lambda: torch.get_autocast_dtype("cpu"),
     )
-    enabled, dtype = _autocast_queries(old_torch)
+    enabled, dtype = autocast_queries(old_torch)
     assert not enabled("cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert enabled("cpu") and not enabled("cuda") and dtype("cpu") == torch.bfloat16
@@ -34,7 +34,7 @@ def test_autocast_is_read_the_pre_2_4_way() -> None:
 
 def test_dynamo_tracing_is_seen_before_torch_2_3() -> None:
     """Without ``torch.compiler.is_compiling`` the hooks still step aside while dynamo traces."""
-    is_compiling = _is_compiling(SimpleNamespace(compiler=SimpleNamespace(), _dynamo=torch._dynamo))
+    is_compiling = compiling_query(SimpleNamespace(compiler=SimpleNamespace(), _dynamo=torch._dynamo))
     seen: list[bool] = []
 
     def step(x: object) -> object:

@@ -13,7 +13,7 @@ import pytest
 from paths import BENCHMARKS
 
 import perfmagic
-from perfmagic.collect import recorder, torch_hooks
+from perfmagic.collect import recorder, torch_data
 
 sys.path.insert(0, str(BENCHMARKS))
 from hot_path_calls import python_calls
@@ -27,7 +27,7 @@ optimizer, the DataLoader and where the user built it) spread over 200."""
 def test_a_plain_step_gets_no_more_python_calls_than_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     # the thread's clocks are read every 10 ms, as many calls a step as the steps are short: left out here
     monkeypatch.setattr(recorder, "THREAD_CLOCK_EVERY_S", math.inf)
-    monkeypatch.setattr(torch_hooks, "DATA_CPU_EVERY_S", math.inf)
+    monkeypatch.setattr(torch_data, "DATA_CPU_EVERY_S", math.inf)
     steps = 200
     python_calls(8)  # first calls: imports and caches, in neither count
     plain = python_calls(steps)

@@ -242,7 +242,7 @@ class FakeDeviceClock:
         self.resolved = 0
         self.closed = False
 
-    def mark(self) -> object:
+    def event_token(self) -> object:
         self.host_times.append(self.clock.now())
         return len(self.host_times) - 1
 
@@ -282,9 +282,9 @@ def test_a_closed_recorder_has_its_device_clock_free_what_it_holds(
     """A finished session lives on in reference cycles until the collector runs: a child forked before then
     would free the clock's CUDA events there (which aborts it). The parent's recorder has the clock free
     them as it closes; a forked child's copy keeps them."""
-    import perfmagic.collect.recorder as recorder_module
+    import perfmagic.collect.forked_child as forked_child
 
-    monkeypatch.setattr(recorder_module, "_KEPT_BY_FORKED_CHILD", [])  # this process is no forked child
+    monkeypatch.setattr(forked_child, "_KEPT_BY_FORKED_CHILD", [])  # this process is no forked child
     forked = StageRecorder(Timeline(), origin=0.0, clock=fake_clock)
     kept = forked.device_clock = FakeDeviceClock(lag=0.0, clock=fake_clock)
     forked.stop_recording()
@@ -294,7 +294,7 @@ def test_a_closed_recorder_has_its_device_clock_free_what_it_holds(
     with rec.stage("forward"):
         fake_clock.advance(0.25)
     assert rec.close() == [] and clock.closed and clock.resolved == 2
-    assert rec.device_clock is clock  # still there to say which devices it marked
+    assert rec.device_clock is clock  # still there to say which devices its event tokens covered
 
 
 def test_device_times_that_cannot_be_read_leave_host_times(fake_clock: FakeClock) -> None:
@@ -313,7 +313,7 @@ def test_device_times_that_cannot_be_read_leave_host_times(fake_clock: FakeClock
     assert len(warnings) == 1 and "illegal memory access" in warnings[0]
 
 
-def test_device_marks_of_a_long_run_are_resolved_as_the_device_passes_them(fake_clock: FakeClock) -> None:
+def test_device_spans_of_a_long_run_are_resolved_as_the_device_passes_them(fake_clock: FakeClock) -> None:
     """Hours of training must not keep every CUDA event alive until the end."""
     tl = Timeline()
     rec = StageRecorder(tl, origin=0.0, clock=fake_clock)
@@ -329,7 +329,7 @@ def test_device_marks_of_a_long_run_are_resolved_as_the_device_passes_them(fake_
         with rec.stage("forward"):
             fake_clock.advance(1 / 1024)
         rec.boundary("optimizer")
-    assert clock.resolved > 0 and len(rec._device_marks) < 2 * 10  # only the marks since the drain
+    assert clock.resolved > 0 and rec.pending_device_spans < 2 * 10  # only the spans since the drain
     early = tl.spans
     assert early.end[0] == pytest.approx(clock.host_times[1] + 0.5, abs=1e-6)  # already device-timed
     assert rec.close() == []
@@ -337,15 +337,15 @@ def test_device_marks_of_a_long_run_are_resolved_as_the_device_passes_them(fake_
 
 
 class InOrderDevice:
-    """A device as unkind as a GPU: each mark is reached ``lag`` seconds (of ``clock``) after the host put
+    """A device as unkind as a GPU: each event token is reached ``lag`` seconds (of ``clock``) after the host put
     it in the queue, in order, and a query says so only then (a fake that catches up all at once hides
-    pile-ups). Resolving waits for the device: the clock moves on to the last mark."""
+    pile-ups). Resolving waits for the device: the clock moves on to the last token."""
 
     def __init__(self, lag: float, clock: FakeClock) -> None:
         self.lag, self.clock = lag, clock
         self.queries = 0
 
-    def mark(self) -> object:
+    def event_token(self) -> object:
         return self.clock.now() + self.lag
 
     def done(self, token: object) -> bool:
@@ -361,10 +361,10 @@ class InOrderDevice:
         pass
 
 
-def test_pending_device_marks_stay_bounded_in_a_gpu_bound_loop(fake_clock: FakeClock) -> None:
-    """The newest event of a GPU-bound loop is never done: waiting for it let ~20 marks a step pile up.
-    Here the device is 2 ms (eight 1/4096 s stages) behind the host, and a drain is due every 2048 marks."""
-    from perfmagic.collect.recorder import _DRAIN_AT
+def test_pending_device_spans_stay_bounded_in_a_gpu_bound_loop(fake_clock: FakeClock) -> None:
+    """The newest event of a GPU-bound loop is never done: waiting for it let ~20 spans a step pile up.
+    Here the device is 2 ms (eight 1/4096 s stages) behind the host, and a drain is due every 2048 spans."""
+    from perfmagic.collect.device_times import DRAIN_AT
 
     tl = Timeline()
     rec = StageRecorder(tl, origin=0.0, clock=fake_clock)
@@ -375,13 +375,13 @@ def test_pending_device_marks_stay_bounded_in_a_gpu_bound_loop(fake_clock: FakeC
             with rec.stage(stage):
                 fake_clock.advance(1 / 4096)
         rec.boundary("optimizer")
-        most = max(most, len(rec._device_marks))
-    assert most <= 2 * _DRAIN_AT, most
-    assert device.queries < 30_000  # a few queries per drain, not one per mark
+        most = max(most, rec.pending_device_spans)
+    assert most <= 2 * DRAIN_AT, most
+    assert device.queries < 30_000  # a few queries per drain, not one per span
     assert rec.close() == []
 
 
-def test_a_span_whose_end_mark_is_lost_keeps_its_host_times(fake_clock: FakeClock) -> None:
+def test_a_span_whose_end_token_is_lost_keeps_its_host_times(fake_clock: FakeClock) -> None:
     class StartsOnly(InOrderDevice):
         def resolve(self, tokens: list[object]) -> list[float | None]:
             return [float(t) + 10.0 if i % 2 == 0 else None for i, t in enumerate(tokens)]  # type: ignore[arg-type]
@@ -396,15 +396,15 @@ def test_a_span_whose_end_mark_is_lost_keeps_its_host_times(fake_clock: FakeCloc
     assert tl.spans.start.tolist() == host.start.tolist() and (tl.spans.end >= tl.spans.start).all()
 
 
-def test_a_failing_device_mark_never_masks_the_users_error(fake_clock: FakeClock) -> None:
+def test_a_failing_device_event_token_never_masks_the_users_error(fake_clock: FakeClock) -> None:
     class FailingDevice(InOrderDevice):
         calls = 0
 
-        def mark(self) -> object:
+        def event_token(self) -> object:
             self.calls += 1
             if self.calls > 1:
                 raise RuntimeError("CUDA error: device-side assert triggered")
-            return super().mark()
+            return super().event_token()
 
     tl = Timeline()
     rec = StageRecorder(tl, origin=0.0, clock=fake_clock)

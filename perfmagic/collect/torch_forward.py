@@ -1,0 +1,123 @@
+"""The ``forward`` stage of torch loops: the outermost ``nn.Module.__call__``, with autocast and grad counted.
+
+``nn.Module.__call__`` is patched at the class rather than through the global module hooks: global
+hooks push every module off PyTorch's hook-free fast path, which costs more than the whole recorder
+on small models.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from perfmagic.collect.patching import Patcher
+from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.stacks import call_site
+from perfmagic.collect.tracebacks import drop_own_frame
+
+if TYPE_CHECKING:
+    from perfmagic.collect.torch_hooks import TorchStages
+
+
+def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+    """Time the outermost ``nn.Module.__call__`` as ``forward``; note each top-level module once."""
+    forward_id = rec.stage_id("forward")
+    orig_call = torch.nn.Module.__call__
+    stats = stages.stats
+    is_autocast, autocast_dtype = autocast_queries(torch)
+    # one call where most forwards have no autocast (torch >= 2.4), else each device asked
+    any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+    autocast_devices = ("cuda", "cpu")
+    grad_enabled = torch.is_grad_enabled
+    is_compiling = compiling_query(torch)
+    seen = stages.seen
+    active = rec.active
+    kept = stages.kept
+    record_model = _model_record(stages, torch)
+
+    def call(module: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            # a module inside the forward pass (most calls): one list read and on
+            if active[forward_id] or is_compiling() or not rec.enter(forward_id):
+                return orig_call(module, *args, **kwargs)
+            try:
+                stats["forwards"] += 1
+                if grad_enabled():
+                    stats["grad_enabled_forwards"] += 1
+                for device in autocast_devices if any_autocast() else ():
+                    if is_autocast(device):
+                        stats["autocast_forwards"] += 1
+                        dtype = str(autocast_dtype(device)).replace("torch.", "")
+                        key = f"{device}:{dtype}"
+                        stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
+                        break
+                result = orig_call(module, *args, **kwargs)
+                if id(module) not in seen:  # after the call: a lazy module's parameters exist
+                    stages.record_once("model", record_model, module)
+                if kept.hold:
+                    kept.inputs[id(module)] = (weakref.ref(module), args, kwargs)
+                return result
+            finally:
+                rec.exit()
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
+
+    p.set(torch.nn.Module, "__call__", call)
+
+
+def _model_record(stages: TorchStages, torch: Any) -> Callable[[Any], None]:
+    """What notes a top-level module's set-up: the ``model`` mark."""
+    timeline, now = stages.recorder.timeline, stages.now
+
+    def record_model(module: Any) -> None:
+        params = [q for q in module.parameters() if not torch.nn.parameter.is_lazy(q)]
+        first = params[0] if params else None
+        name = type(module).__name__
+        timeline.add_mark(
+            now(),
+            "model",
+            cls=name,
+            parameters=sum(int(q.numel()) for q in params),
+            param_dtype=str(first.dtype).replace("torch.", "") if first is not None else None,
+            device=str(first.device) if first is not None else None,
+            data_parallel=isinstance(module, torch.nn.DataParallel),
+            ddp=isinstance(module, torch.nn.parallel.DistributedDataParallel),
+            compiled=name == "OptimizedModule" or hasattr(module, "_orig_mod"),
+            training=bool(module.training),
+            call_site=call_site(sys._getframe(1)),  # where perfmagic.step() goes if nothing marks steps
+        )
+
+    return record_model
+
+
+def autocast_queries(torch: Any) -> tuple[Callable[[str], bool], Callable[[str], Any]]:
+    """``is_autocast_enabled(device)`` and ``get_autocast_dtype(device)``; before torch 2.4 each device
+    had its own functions (``is_autocast_enabled()`` meant CUDA)."""
+    dtype = getattr(torch, "get_autocast_dtype", None)
+    if dtype is not None:
+        return torch.is_autocast_enabled, dtype
+
+    def enabled(device: str) -> bool:
+        return bool(torch.is_autocast_enabled() if device == "cuda" else torch.is_autocast_cpu_enabled())
+
+    def old_dtype(device: str) -> Any:
+        return torch.get_autocast_gpu_dtype() if device == "cuda" else torch.get_autocast_cpu_dtype()
+
+    return enabled, old_dtype
+
+
+def compiling_query(torch: Any) -> Callable[[], bool]:
+    """What says whether dynamo traces now: ``torch.compiler.is_dynamo_compiling`` (one call, where
+    ``is_compiling`` makes two: the forward hook asks it every step), else ``is_compiling``; before
+    torch 2.3, dynamo's own."""
+    compiler = getattr(torch, "compiler", None)
+    dynamo = getattr(torch, "_dynamo", None)
+    return (
+        getattr(compiler, "is_dynamo_compiling", None)
+        or getattr(compiler, "is_compiling", None)
+        or getattr(dynamo, "is_compiling", None)
+        or (lambda: False)
+    )

@@ -1,0 +1,183 @@
+"""The ``optimizer`` stage of torch loops: optimizer steps (which end training steps), ``zero_grad``, GradScaler.
+
+A step the scaler skips (inf/NaN gradients) still ends a training step; a second optimizer stepping in
+the same iteration (a GAN's generator after its discriminator) continues it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from perfmagic.collect.patching import Patcher
+from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.tracebacks import drop_own_frame
+
+if TYPE_CHECKING:
+    from perfmagic.collect.torch_hooks import TorchStages
+
+
+def install_optimizer(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+    """Time every optimizer's ``step`` (through torch's global step hooks) and ``zero_grad``."""
+    from torch.optim import optimizer as opt_mod
+
+    optimizer_id = rec.stage_id("optimizer")
+    other_id = rec.stage_id("other")
+    open_steps: list[bool] = []  # per optimizer step open (nested ones too): whether it was recorded
+    stats, stepped, seen = stages.stats, stages.stepped, stages.seen
+    guarded: set[type] = set()
+    maybe_start_device_clock = stages.maybe_start_device_clock if stages.cuda_available else None
+    record_optimizer = _optimizer_record(stages)
+
+    def guard(cls: type) -> None:
+        p.set(cls, "step", _guarded_step(cls.__dict__["step"], open_steps, rec))
+        guarded.add(cls)
+
+    def pre(optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
+        if id(optimizer) not in seen:
+            stages.record_once("optimizer", record_optimizer, optimizer)
+        cls = type(optimizer)
+        if cls not in guarded and "step" in cls.__dict__:
+            guard(cls)
+        outermost = not open_steps
+        open_steps.append(rec.enter(optimizer_id))
+        if not outermost:
+            return None
+        # The last step ended is held back until now: another optimizer's step in the same
+        # iteration (no batch fetched since) continues it; the same optimizer again starts a new one.
+        if id(optimizer) in stepped:
+            rec.release_held()
+            stepped.clear()
+        else:
+            rec.drop_held()
+        stepped.add(id(optimizer))
+        # torch hands the hooks the step's own arguments: (optimizer, closure?, ...)
+        if len(args) < 2 and not kwargs:  # no closure: most loops, every step
+            return None
+        return _with_timed_closure(args, kwargs, rec, other_id)
+
+    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if open_steps and open_steps.pop():
+            rec.exit()
+        if open_steps:
+            # A step inside a step (a subclass calling super().step(), a wrapping optimizer):
+            # the training step ends once, with the outermost.
+            return
+        stats["optimizer_steps"] += 1
+        rec.boundary("optimizer", hold=True)
+        if maybe_start_device_clock is not None:
+            maybe_start_device_clock()
+
+    # Classes torch already hooked (their instances exist): guard them before their first step.
+    for cls in _subclasses(torch.optim.Optimizer):
+        if getattr(cls.__dict__.get("step"), "hooked", False):
+            guard(cls)
+    stages.handles.append(opt_mod.register_optimizer_step_pre_hook(pre))
+    stages.handles.append(opt_mod.register_optimizer_step_post_hook(post))
+    p.set(torch.optim.Optimizer, "zero_grad", rec.wrap(torch.optim.Optimizer.zero_grad, "optimizer"))
+    p.set(torch.nn.Module, "zero_grad", rec.wrap(torch.nn.Module.zero_grad, "optimizer"))
+
+
+def _guarded_step(step: Any, open_steps: list[bool], rec: StageRecorder) -> Any:
+    """``step`` that closes what it left open when it raised (its post hook never runs)."""
+
+    def guarded_step(*args: Any, **kwargs: Any) -> Any:
+        depth = len(open_steps)
+        try:
+            return step(*args, **kwargs)
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
+        finally:
+            while len(open_steps) > depth:
+                if open_steps.pop():
+                    rec.exit()
+
+    guarded_step.hooked = True  # type: ignore[attr-defined]  # torch must not wrap it again
+    guarded_step.__wrapped__ = step  # type: ignore[attr-defined]
+    return guarded_step
+
+
+def install_grad_scaler(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher) -> None:
+    """Time ``GradScaler.step`` and ``unscale_`` as ``optimizer``; a step it skips still ends a step."""
+    scaler_cls = getattr(torch.amp, "GradScaler", None)  # torch >= 2.3; torch.cuda.amp's subclasses it
+    if scaler_cls is None:
+        return
+    optimizer_id = rec.stage_id("optimizer")
+    orig_step = scaler_cls.step
+    stats = stages.stats
+
+    def scaler_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if not rec.enter(optimizer_id):
+                return orig_step(scaler, optimizer, *args, **kwargs)
+            steps = stats["optimizer_steps"]
+            try:
+                result = orig_step(scaler, optimizer, *args, **kwargs)
+            finally:
+                rec.exit()
+            if stats["optimizer_steps"] == steps:
+                # inf/NaN gradients: the scaler skipped optimizer.step(), yet a training step ended
+                rec.boundary("optimizer")
+            return result
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
+
+    scaler_step.__wrapped__ = orig_step  # type: ignore[attr-defined]
+    p.set(scaler_cls, "step", scaler_step)
+    p.set(scaler_cls, "unscale_", rec.wrap(scaler_cls.unscale_, "optimizer"))
+
+
+def _optimizer_record(stages: TorchStages) -> Callable[[Any], None]:
+    """What notes an optimizer's set-up: the ``optimizer`` mark."""
+    timeline, now = stages.recorder.timeline, stages.now
+
+    def record_optimizer(optimizer: Any) -> None:
+        defaults = optimizer.defaults
+        timeline.add_mark(
+            now(),
+            "optimizer",
+            cls=type(optimizer).__name__,
+            foreach=defaults.get("foreach"),
+            fused=defaults.get("fused"),
+            parameters=sum(int(q.numel()) for g in optimizer.param_groups for q in g["params"]),
+        )
+
+    return record_optimizer
+
+
+def _with_timed_closure(
+    args: Any, kwargs: Any, rec: StageRecorder, other_id: int
+) -> tuple[Any, dict[str, Any]] | None:
+    """An optimizer step's arguments with its closure timed: a closure (Lightning runs ``training_step``
+    in one, LBFGS re-evaluates the loss) is not the optimizer's time: inside it, what is no forward or
+    backward is ``other``."""
+    closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+    if closure is None or not callable(closure):
+        return None
+    enter, exit_ = rec.enter, rec.exit
+
+    def timed_closure(*a: Any, **k: Any) -> Any:
+        try:
+            if not enter(other_id):
+                return closure(*a, **k)
+            try:
+                return closure(*a, **k)
+            finally:
+                exit_()
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": timed_closure}
+    return (args[0], timed_closure, *args[2:]), kwargs
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    sub: type
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return list(dict.fromkeys(found))
