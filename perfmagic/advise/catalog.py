@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from perfmagic.advise import data, distributed, gpu, host, loop, pace, storage
+from perfmagic.advise import data, distributed, gpu, host, loop, pace, startup, storage
 from perfmagic.advise.card import SEVERITIES, Card
 from perfmagic.advise.plan import Plan, plan_of
 from perfmagic.analyze import Analysis
@@ -37,7 +37,7 @@ RULES: list[Rule] = [
     distributed.gpu_imbalance,
     distributed.data_parallel,
     host.numa_affinity,
-    pace.slow_startup,
+    startup.slow_startup,
     pace.step_outliers,
     pace.compute_bound,
 ]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from analysis_builder import CUDA_TORCH, HEALTHY, HOST, HOST_SAMPLES, LOADER, MODEL, GiB, build, gpu_static
 
-from perfmagic.advise import Card, advise, data, distributed, gpu, host, loop, pace, storage
+from perfmagic.advise import Card, advise, data, distributed, gpu, host, loop, pace, startup, storage
 from perfmagic.advise.catalog import RULES
 from perfmagic.advise.fixes import nice_interval
 from perfmagic.advise.workers import HANDOFF_S, PARALLEL_EFFICIENCY
@@ -601,30 +601,32 @@ def test_data_parallel() -> None:
 
 
 def test_slow_startup() -> None:
-    card = check(pace.slow_startup(build(first_extra={"data": 2.0})), "slow_startup")
+    card = check(startup.slow_startup(build(first_extra={"data": 2.0})), "slow_startup")
     assert card.metrics["where"] == "data"
     # 2 s once is 80% of this window but a sliver of an hour's job: low, with a saving to match
     assert card.severity == "low" and card.metrics["job_s"] == 3600
     assert card.speedup == pytest.approx(3600 / (3600 - 2.0), rel=1e-3)
     assert "0.06% of a 1-hour job" in card.evidence
-    before = check(pace.slow_startup(build(before_s=2.0)), "slow_startup")
+    before = check(startup.slow_startup(build(before_s=2.0)), "slow_startup")
     assert before.metrics["where"] == "before"
-    assert pace.slow_startup(build(first_extra={"data": 0.02})) is None
+    assert startup.slow_startup(build(first_extra={"data": 0.02})) is None
 
 
 @pytest.mark.parametrize(
     ("excess_s", "severity"), [(910, "high"), (890, "medium"), (370, "medium"), (350, "low")]
 )
 def test_slow_startup_severity_is_its_share_of_an_hour_long_job(excess_s: float, severity: str) -> None:
-    card = check(pace.slow_startup(build(first_extra={"data": excess_s}, samples={})), "slow_startup")
+    card = check(startup.slow_startup(build(first_extra={"data": excess_s}, samples={})), "slow_startup")
     assert card.severity == severity  # high from 15 min, medium from 6 min
 
 
 def test_slow_startup_is_only_the_users_own_second_or_more_and_names_its_line() -> None:
     # 0.6 s of start-up is most of a 1 s window, and still not worth a card
-    assert pace.slow_startup(build(first_extra={"data": 0.6})) is None
+    assert startup.slow_startup(build(first_extra={"data": 0.6})) is None
     a = build(before_s=3.0)
-    assert pace.slow_startup(dataclasses.replace(a, ready_s=2.5)) is None  # 2.5 s of it were perfmagic's own
+    assert (
+        startup.slow_startup(dataclasses.replace(a, ready_s=2.5)) is None
+    )  # 2.5 s of it were perfmagic's own
     sleep = {
         "where": "<module> (train.py:4)",
         "samples": 27,
@@ -635,7 +637,7 @@ def test_slow_startup_is_only_the_users_own_second_or_more_and_names_its_line() 
         "cell": None,
         "sampled": "training thread",
     }
-    card = check(pace.slow_startup(dataclasses.replace(a, hotspots={"startup": [sleep]})), "slow_startup")
+    card = check(startup.slow_startup(dataclasses.replace(a, hotspots={"startup": [sleep]})), "slow_startup")
     assert "Most of it in <module> (train.py:4) (90%" in card.evidence
     assert card.fix.startswith("# Most of the start-up: <module> (train.py:4)\n")
     assert card.metrics["hot_line"] == "<module> (train.py:4)"
@@ -644,10 +646,10 @@ def test_slow_startup_is_only_the_users_own_second_or_more_and_names_its_line() 
 def test_slow_startup_under_perfmagic_run_names_interpreter_and_imports() -> None:
     a = build(before_s=2.5)
     a = dataclasses.replace(a, whole_process=True, argv=["train.py", "--epochs", "3"])
-    card = check(pace.slow_startup(a), "slow_startup")
+    card = check(startup.slow_startup(a), "slow_startup")
     assert card.severity == "low" and "importing torch" in card.evidence
     assert "python -X importtime train.py --epochs 3" in card.fix
-    live = check(pace.slow_startup(build(before_s=2.5)), "slow_startup")
+    live = check(startup.slow_startup(build(before_s=2.5)), "slow_startup")
     assert "importing torch" not in live.evidence and "start profiling after it" in live.fix
 
 

@@ -27,7 +27,7 @@ from analysis_builder import (
 )
 from report_checks import assert_consistent
 
-from perfmagic.advise import Card, advise, catalog, data, distributed, gpu, host, loop, pace, storage
+from perfmagic.advise import Card, advise, catalog, data, distributed, gpu, host, loop, pace, startup, storage
 from perfmagic.advise.catalog import RULES
 from perfmagic.analyze import Analysis
 
@@ -192,7 +192,7 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
         lambda: on_gpu(stages=stages(data=0.003)),
     ),
     "slow_startup": (
-        pace.slow_startup,
+        startup.slow_startup,
         lambda: plain(first_extra={"data": 2.0}),
         lambda: plain(first_extra={"data": 0.02}),
     ),
