@@ -1,4 +1,5 @@
-"""Imports follow the pipeline: no module imports a layer above its own.
+"""Imports follow the pipeline: no module imports a layer above its own, and none imports itself
+through others (an import circle, within a package or among the top modules).
 
 Layers, lowest first: names and units, the timeline, collectors (trace readers
 among them), the analysis, advice, the comparison of two reports (by the advice's
@@ -187,3 +188,73 @@ def test_imports_follow_the_pipeline() -> None:
         label = str(path.relative_to(ROOT))
         found += violations(label, module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
     assert not found, "imports against the pipeline:\n" + "\n".join(found)
+
+
+def runtime_imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """The perfmagic modules ``tree`` imports when it runs (``if TYPE_CHECKING:`` blocks left out)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            node.body = []
+    return {name for _, name in imports(tree, module, is_package) if name in MODULES and name != module}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each strongly connected set of two or more modules, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm; the graph is a few hundred modules deep at most
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_circle_finder_finds_a_circle_within_a_package_and_among_top_modules() -> None:
+    graph = {
+        "perfmagic.render.html": {"perfmagic.render.ranks"},
+        "perfmagic.render.ranks": {"perfmagic.render.html", "perfmagic.units"},
+        "perfmagic.session": {"perfmagic.bootstrap"},
+        "perfmagic.bootstrap": {"perfmagic.children", "perfmagic.session"},
+        "perfmagic.children": set(),
+    }
+    assert circles(graph) == [
+        ["perfmagic.bootstrap", "perfmagic.session"],
+        ["perfmagic.render.html", "perfmagic.render.ranks"],
+    ]
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from perfmagic.session import Session\n"
+    )
+    assert runtime_imports(tree, "perfmagic.bootstrap", False) == set()
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph = {
+        module: runtime_imports(
+            ast.parse(path.read_text(encoding="utf-8")), module, path.name == "__init__.py"
+        )
+        for module, path in MODULES.items()
+    }
+    assert sum(map(len, graph.values())) > 300  # the graph is read, not empty
+    found = circles(graph)
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
