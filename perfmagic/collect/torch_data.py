@@ -26,6 +26,20 @@ DATA_CPU_EVERY_S = 0.01
 """Shortest time between the starts of two fetches whose CPU time is measured (``THREAD_DATA_CPU``)."""
 
 
+class _TimedFetches:
+    """CPU, wall and run-queue seconds of the fetches timed so far, and when the last one began.
+
+    Against each other they tell CPU demand (the training thread's own loading, taking batches over
+    from workers, or waiting for a CPU) from blocked waiting. A clock read is a system call that costs
+    a fast loop: fetches are timed :data:`DATA_CPU_EVERY_S` apart."""
+
+    __slots__ = ("cpu_s", "last_began", "queued_s", "wall_s")
+
+    def __init__(self) -> None:
+        self.cpu_s = self.wall_s = self.queued_s = 0.0
+        self.last_began = -DATA_CPU_EVERY_S
+
+
 def install_data(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher) -> None:
     """Time ``_BaseDataLoaderIter.__next__`` and ``DataLoader.__iter__`` as ``data``."""
     from torch.utils.data import dataloader as dl
@@ -55,11 +69,7 @@ def _next_batch(
     # a loop whose batches have no size has no series)
     appends_samples: list[Callable[[float], None]] = []
     now = stages.now
-    # CPU, wall and run-queue seconds of the fetches timed, and when the last one began: against each
-    # other they tell CPU demand (the training thread's own loading, taking batches over from workers, or
-    # waiting for a CPU) from blocked waiting. A clock read is a system call that costs a fast loop:
-    # fetches are timed DATA_CPU_EVERY_S apart.
-    timed = [0.0, 0.0, -DATA_CPU_EVERY_S, 0.0]
+    timed = _TimedFetches()
     counted = [0, 0]  # samples and tokens taken so far: throughput as the frameworks log it
     Tensor = torch.Tensor
 
@@ -70,7 +80,7 @@ def _next_batch(
         stepped.clear()  # a batch between two optimizer steps: they are two iterations
         entered = rec.enter(data_id)
         began = perf_counter()
-        cpu = thread_clock() if entered and began - timed[2] >= DATA_CPU_EVERY_S else None
+        cpu = thread_clock() if entered and began - timed.last_began >= DATA_CPU_EVERY_S else None
         try:
             batch = orig_next(it)
         except StopIteration:
@@ -88,13 +98,13 @@ def _next_batch(
                 rec.exit()
                 if cpu is not None:
                     on_cpu, waiting = thread_clock()
-                    timed[0] += on_cpu - cpu[0]
-                    timed[1] += perf_counter() - began
-                    timed[2], timed[3] = began, timed[3] + waiting - cpu[1]
+                    timed.cpu_s += on_cpu - cpu[0]
+                    timed.wall_s += perf_counter() - began
+                    timed.last_began, timed.queued_s = began, timed.queued_s + waiting - cpu[1]
                     t = now()
-                    add_sample(THREAD_DATA_CPU, t, timed[0])
-                    add_sample(THREAD_DATA_TIMED, t, timed[1])
-                    add_sample(THREAD_DATA_WAIT, t, timed[3])
+                    add_sample(THREAD_DATA_CPU, t, timed.cpu_s)
+                    add_sample(THREAD_DATA_TIMED, t, timed.wall_s)
+                    add_sample(THREAD_DATA_WAIT, t, timed.queued_s)
         stats["batches"] += 1
         size = batch_size(batch, Tensor)
         if size is not None:
