@@ -21,15 +21,18 @@ class Collector(Protocol):
 
 
 class Switch:
-    """A collector made of two functions: ``on`` (which undoes itself where it raises) and ``off``."""
+    """A collector made of two functions: ``on`` (which undoes itself where it raises) and ``off``
+    (called after ``on`` however it ended, so it copes with what a failed ``on`` undid)."""
 
     def __init__(self, on: Callable[[], None], off: Callable[[], list[str] | None]) -> None:
         self._on, self._off = on, off
         self._running = False
 
     def start(self) -> None:
+        self._running = (
+            True  # first: an interrupt (Ctrl-C) the moment ``on`` returns must still find ``off`` due
+        )
         self._on()
-        self._running = True
 
     def stop(self) -> list[str]:
         if not self._running:
@@ -47,13 +50,15 @@ class Collectors:
     def start(self, what: str, collector: Collector) -> None:
         """Start ``collector`` (``what`` names it in warnings); a start that raises is stopped at once
         (its warnings dropped) and the error goes on to the caller."""
+        entry = (what, collector)
+        self._running.append(entry)  # first, as in Switch: an interrupt as start returns leaves it listed
         try:
             collector.start()
         except BaseException:
+            self._running.remove(entry)
             with contextlib.suppress(Exception):  # the start's own error is the one that says what went wrong
                 collector.stop()
             raise
-        self._running.append((what, collector))
 
     def stop(self) -> list[str]:
         """Stop every collector, newest first, each even if another failed; their warnings, with one
