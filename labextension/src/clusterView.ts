@@ -58,7 +58,8 @@ export function clusterGpuText(g: IClusterGpu): string {
 /** A profiled process of a node: its rank (or pid), program and pace. */
 export function clusterRankText(r: IClusterRank): string {
   const who = r.rank !== null ? `rank ${r.rank}` : `pid ${r.pid ?? '?'}`;
-  const pace = r.steps_per_s === null ? '' : ` · ${r.steps_per_s.toFixed(r.steps_per_s < 10 ? 1 : 0)} steps/s`;
+  const pace =
+    r.steps_per_s === null ? '' : ` · ${r.steps_per_s.toFixed(r.steps_per_s < 10 ? 1 : 0)} steps/s`;
   return `${who}${r.program ? ` · ${r.program}` : ''}${pace}`;
 }
 

@@ -19,9 +19,7 @@ export function clampRate(hz: number): number {
 /** Whether a message from the stream is a snapshot (the server also sends config acks). */
 export function isSnapshot(msg: unknown): msg is ISnapshot {
   return (
-    typeof msg === 'object' &&
-    msg !== null &&
-    (msg as { schema?: unknown }).schema === 'perfmagic.snapshot/1'
+    typeof msg === 'object' && msg !== null && (msg as { schema?: unknown }).schema === 'perfmagic.snapshot/1'
   );
 }
 

@@ -48,12 +48,13 @@ export function processRows(procs: IGpuProcess[]): IProcessRow[] {
             ? `pid ${p.pid} (not visible here)`
             : `${p.name ?? 'process'} (pid ${p.pid})`;
       const rank = p.rank ?? null;
+      const localRank = p.local_rank ?? null;
       const label = rank === null ? who : `rank ${rank}${p.node ? ` · ${p.node}` : ''}`;
       const title = p.kernel?.path
         ? `${p.kernel.path} — kernel ${p.kernel.name ?? ''} (pid ${p.pid})`
         : rank === null
           ? label
-          : `${label} — ${who}${p.local_rank != null ? `, local rank ${p.local_rank}` : ''}`;
+          : `${label} — ${who}${localRank !== null ? `, local rank ${localRank}` : ''}`;
       return {
         label,
         title,

@@ -241,8 +241,14 @@ test('backoff doubles up to a cap, with bounded jitter', () => {
   const noJitter = (a: number) => backoffDelay(a, 500, 30000, 0);
   assert.deepEqual([0, 1, 2, 3].map(noJitter), [500, 1000, 2000, 4000]);
   assert.equal(noJitter(20), 30000);
-  assert.equal(backoffDelay(1, 500, 30000, 0.2, () => 0), 800);
-  assert.equal(backoffDelay(1, 500, 30000, 0.2, () => 1), 1200);
+  assert.equal(
+    backoffDelay(1, 500, 30000, 0.2, () => 0),
+    800
+  );
+  assert.equal(
+    backoffDelay(1, 500, 30000, 0.2, () => 1),
+    1200
+  );
 });
 
 test('only snapshots are treated as snapshots', () => {
@@ -287,10 +293,16 @@ test('a node of the cluster reads as one line per GPU and per rank', () => {
     util_history: [] as [number, number][]
   };
   assert.equal(clusterGpuText(gpu), '87% · 20.0 GiB / 80.0 GiB · 250 W');
-  assert.equal(clusterGpuText({ ...gpu, util_pct: null, fb_free_mib: null, power_w: null }), 'n/a · 20.0 GiB');
+  assert.equal(
+    clusterGpuText({ ...gpu, util_pct: null, fb_free_mib: null, power_w: null }),
+    'n/a · 20.0 GiB'
+  );
   const rank = { rank: 3, local_rank: 1, pid: 42, program: 'train.py', steps: 100, steps_per_s: 12.34 };
   assert.equal(clusterRankText(rank), 'rank 3 · train.py · 12 steps/s');
-  assert.equal(clusterRankText({ ...rank, rank: null, program: null, steps_per_s: 2.34 }), 'pid 42 · 2.3 steps/s');
+  assert.equal(
+    clusterRankText({ ...rank, rank: null, program: null, steps_per_s: 2.34 }),
+    'pid 42 · 2.3 steps/s'
+  );
 });
 
 test('the cluster section says why it shows no nodes', () => {
