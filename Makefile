@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-e2e advice-matrix test-tfjax test-fast lint typecheck cuda-coverage test-torch-min lab browser prometheus gpu-check clean
+.PHONY: install demo test test-unit test-e2e advice-matrix test-tfjax test-fast lint lint-ts typecheck cuda-coverage test-torch-min lab browser prometheus gpu-check clean
 
 install: $(STAMP)
 
@@ -11,6 +11,9 @@ install: $(STAMP)
 # into the venv so a rebuilt extension reaches the running lab.
 $(STAMP): pyproject.toml labextension/package.json labextension/package-lock.json
 	command -v npm >/dev/null || { echo "make install needs Node.js >= 20.19 and npm (the sidebar is TypeScript)"; exit 1; }
+	# the lockfile's packages, devDependencies (ESLint, Prettier: make lint-ts) included; the build
+	# hook below installs only when the built sidebar is older than its source
+	cd labextension && npm ci --no-audit --no-fund
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q torch==2.13.0
@@ -32,6 +35,11 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
+# The sidebar's TypeScript: Prettier and ESLint as labextension/package.json configures them, then tsc
+# on the sources and on the node tests (whose fixtures must match the generated snapshot types).
+lint-ts: install
+	cd labextension && npm run lint:check && npx tsc --noEmit && npx tsc --noEmit -p tsconfig.test.json
+
 # Debian's Chromium for the real-browser tests (Playwright drives it; no browser download).
 browser:
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
@@ -42,7 +50,7 @@ prometheus:
 
 # Every part runs whatever an earlier one returned (a failing TF/JAX test must not hide the main
 # suite's results); the last line names the parts that failed, and the exit status is theirs.
-TEST_PARTS := lint typecheck cuda-coverage test-unit test-e2e test-tfjax
+TEST_PARTS := lint lint-ts typecheck cuda-coverage test-unit test-e2e test-tfjax
 test: install browser prometheus
 	@failed=""; for part in $(TEST_PARTS); do \
 	  $(MAKE) --no-print-directory $$part || failed="$$failed $$part"; \

@@ -3,7 +3,7 @@
  * Deliberately tiny: a sidebar of many GPUs must stay cheap to redraw several times a second.
  */
 
-import { Series } from './logic';
+import { Series } from './series';
 
 export class Sparkline {
   readonly node: HTMLCanvasElement;

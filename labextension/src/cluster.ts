@@ -14,9 +14,9 @@ import {
   clusterRankText,
   IClusterNode,
   IClusterView,
-  isClusterView,
-  Series
-} from './logic';
+  isClusterView
+} from './clusterView';
+import { Series } from './series';
 
 const POLL_MS = 5000;
 

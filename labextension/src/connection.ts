@@ -7,7 +7,8 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { backoffDelay, clampRate, ISnapshot, isSnapshot } from './logic';
+import { ISnapshot } from './snapshot';
+import { backoffDelay, clampRate, isSnapshot } from './stream';
 
 /** What the panel shows about the feed. */
 export type FeedState = 'connecting' | 'live' | 'polling' | 'reconnecting' | 'paused' | 'error';

@@ -10,20 +10,10 @@ import { Widget } from '@lumino/widgets';
 import { Sparkline } from './chart';
 import { ClusterSection } from './cluster';
 import { FeedState, MonitorFeed } from './connection';
-import {
-  clampRate,
-  gpuMetrics,
-  historySpan,
-  hostMetrics,
-  IGpu,
-  IGpuProcess,
-  IMetricView,
-  isStale,
-  ISnapshot,
-  noGpuMessage,
-  processRows,
-  Series
-} from './logic';
+import { gpuMetrics, historySpan, hostMetrics, IMetricView, Series } from './series';
+import { IGpu, IGpuProcess, ISnapshot } from './snapshot';
+import { clampRate } from './stream';
+import { isStale, noGpuMessage, processRows } from './view';
 
 /** Samples each chart keeps: one per refresh. */
 const HISTORY = 120;

@@ -1,30 +1,93 @@
 import { strict as assert } from 'node:assert';
 import { test } from 'node:test';
 
-import {
-  backoffDelay,
-  clampRate,
-  clusterGpuText,
-  clusterNotice,
-  clusterRankText,
-  formatBytes,
-  formatCelsius,
-  formatPercent,
-  formatWatts,
-  gpuMetrics,
-  historySpan,
-  hostMetrics,
-  IGpu,
-  isClusterView,
-  isSnapshot,
-  isStale,
-  ISnapshot,
-  noGpuMessage,
-  processRows,
-  Series
-} from '../src/logic';
+import { clusterGpuText, clusterNotice, clusterRankText, isClusterView } from '../src/clusterView';
+import { formatBytes, formatCelsius, formatPercent, formatWatts } from '../src/format';
+import { gpuMetrics, historySpan, hostMetrics, Series } from '../src/series';
+import { IGpu, IGpuProcess, IKernelRef, INvmlStatus, ISnapshot } from '../src/snapshot';
+import { backoffDelay, clampRate, isSnapshot } from '../src/stream';
+import { isStale, noGpuMessage, processRows } from '../src/view';
 
 const GiB = 1024 ** 3;
+
+// Whole snapshot parts (every field the server sends), with the fields a test cares about over them.
+
+function nvml(over: Partial<INvmlStatus> = {}): INvmlStatus {
+  return {
+    available: true,
+    reason: null,
+    driver_version: null,
+    cuda_driver_version: null,
+    device_count: 0,
+    warnings: [],
+    ...over
+  };
+}
+
+function gpuOf(over: Partial<IGpu> & Pick<IGpu, 'index'>): IGpu {
+  return {
+    name: null,
+    uuid: null,
+    pci_bus_id: null,
+    power_limit_w: null,
+    numa_cpus: null,
+    numa_node: null,
+    compute_capability: null,
+    mig_enabled: false,
+    mig_instances: [],
+    util_gpu: null,
+    util_mem: null,
+    mem_used_bytes: null,
+    mem_total_bytes: null,
+    power_w: null,
+    energy_j: null,
+    sm_clock_mhz: null,
+    mem_clock_mhz: null,
+    temperature_c: null,
+    pstate: null,
+    throttle_mask: null,
+    throttle_reasons: null,
+    pcie_tx_bytes_per_s: null,
+    pcie_rx_bytes_per_s: null,
+    nvlink_tx_bytes_per_s: null,
+    nvlink_rx_bytes_per_s: null,
+    mig_mem_used_bytes: null,
+    sm_active: null,
+    sm_occupancy: null,
+    tensor_active: null,
+    dram_bw_util: null,
+    lost: false,
+    ...over
+  };
+}
+
+function proc(over: Partial<IGpuProcess> & Pick<IGpuProcess, 'gpu_index' | 'pid'>): IGpuProcess {
+  return {
+    gpu_uuid: null,
+    used_memory_bytes: null,
+    type: 'compute',
+    name: null,
+    username: null,
+    visible: true,
+    kernel: null,
+    rank: null,
+    local_rank: null,
+    node: null,
+    ...over
+  };
+}
+
+function kernel(over: Partial<IKernelRef> & Pick<IKernelRef, 'id'>): IKernelRef {
+  return {
+    name: null,
+    execution_state: null,
+    session_id: null,
+    session_type: null,
+    path: null,
+    notebook: null,
+    ...over
+  };
+}
 
 function snapshot(over: Partial<ISnapshot> = {}): ISnapshot {
   return {
@@ -33,7 +96,7 @@ function snapshot(over: Partial<ISnapshot> = {}): ISnapshot {
     time: 0,
     interval_s: 1,
     age_s: 0,
-    nvml: { available: true, reason: null },
+    nvml: nvml(),
     gpus: [],
     processes: [],
     host: {},
@@ -41,7 +104,7 @@ function snapshot(over: Partial<ISnapshot> = {}): ISnapshot {
   };
 }
 
-const gpu: IGpu = {
+const gpu: IGpu = gpuOf({
   index: 1,
   name: 'NVIDIA A100',
   util_gpu: 0.93,
@@ -51,7 +114,7 @@ const gpu: IGpu = {
   power_limit_w: 400,
   temperature_c: 64.4,
   lost: false
-};
+});
 
 test('formatters use report units and show a dash for missing values', () => {
   assert.equal(formatBytes(0), '0 B');
@@ -113,7 +176,7 @@ test('series keeps a bounded history and records gaps', () => {
 
 test('no-GPU state says why', () => {
   assert.equal(
-    noGpuMessage(snapshot({ nvml: { available: false, reason: 'NVML library not found' } })),
+    noGpuMessage(snapshot({ nvml: nvml({ available: false, reason: 'NVML library not found' }) })),
     'No GPU data: NVML library not found.'
   );
   assert.match(noGpuMessage(snapshot())!, /found no GPU/);
@@ -128,15 +191,15 @@ test('stale snapshots are flagged', () => {
 
 test('processes: notebook names, biggest first, foreign PIDs labelled', () => {
   const rows = processRows([
-    { gpu_index: 0, pid: 7, used_memory_bytes: GiB, name: 'python', visible: true, kernel: null },
-    {
+    proc({ gpu_index: 0, pid: 7, used_memory_bytes: GiB, name: 'python', visible: true, kernel: null }),
+    proc({
       gpu_index: 1,
       pid: 9,
       used_memory_bytes: 4 * GiB,
       name: 'python',
-      kernel: { id: 'abcdef0123', name: 'python3', path: 'work/train.ipynb', notebook: 'train.ipynb' }
-    },
-    { gpu_index: 0, pid: 4242, used_memory_bytes: null, name: null, visible: false, kernel: null }
+      kernel: kernel({ id: 'abcdef0123', name: 'python3', path: 'work/train.ipynb', notebook: 'train.ipynb' })
+    }),
+    proc({ gpu_index: 0, pid: 4242, used_memory_bytes: null, name: null, visible: false, kernel: null })
   ]);
   assert.deepEqual(
     rows.map(r => r.label),
@@ -148,12 +211,12 @@ test('processes: notebook names, biggest first, foreign PIDs labelled', () => {
 });
 
 test('processes: the ranks of a job first, by rank, named by rank and node', () => {
-  const proc = { used_memory_bytes: GiB, name: 'python', visible: true, kernel: null };
+  const python = { used_memory_bytes: GiB, name: 'python', visible: true, kernel: null };
   const rows = processRows([
-    { ...proc, gpu_index: 0, pid: 30, used_memory_bytes: 8 * GiB },
-    { ...proc, gpu_index: 1, pid: 21, rank: 1, local_rank: 1, node: 'a#0' },
-    { ...proc, gpu_index: 0, pid: 22, rank: 2, local_rank: 0, node: 'b#1' },
-    { ...proc, gpu_index: 0, pid: 20, rank: 0, local_rank: 0, node: 'a#0' }
+    proc({ ...python, gpu_index: 0, pid: 30, used_memory_bytes: 8 * GiB }),
+    proc({ ...python, gpu_index: 1, pid: 21, rank: 1, local_rank: 1, node: 'a#0' }),
+    proc({ ...python, gpu_index: 0, pid: 22, rank: 2, local_rank: 0, node: 'b#1' }),
+    proc({ ...python, gpu_index: 0, pid: 20, rank: 0, local_rank: 0, node: 'a#0' })
   ]);
   assert.deepEqual(
     rows.map(r => [r.label, r.rank]),
@@ -178,8 +241,14 @@ test('backoff doubles up to a cap, with bounded jitter', () => {
   const noJitter = (a: number) => backoffDelay(a, 500, 30000, 0);
   assert.deepEqual([0, 1, 2, 3].map(noJitter), [500, 1000, 2000, 4000]);
   assert.equal(noJitter(20), 30000);
-  assert.equal(backoffDelay(1, 500, 30000, 0.2, () => 0), 800);
-  assert.equal(backoffDelay(1, 500, 30000, 0.2, () => 1), 1200);
+  assert.equal(
+    backoffDelay(1, 500, 30000, 0.2, () => 0),
+    800
+  );
+  assert.equal(
+    backoffDelay(1, 500, 30000, 0.2, () => 1),
+    1200
+  );
 });
 
 test('only snapshots are treated as snapshots', () => {
@@ -224,10 +293,16 @@ test('a node of the cluster reads as one line per GPU and per rank', () => {
     util_history: [] as [number, number][]
   };
   assert.equal(clusterGpuText(gpu), '87% · 20.0 GiB / 80.0 GiB · 250 W');
-  assert.equal(clusterGpuText({ ...gpu, util_pct: null, fb_free_mib: null, power_w: null }), 'n/a · 20.0 GiB');
+  assert.equal(
+    clusterGpuText({ ...gpu, util_pct: null, fb_free_mib: null, power_w: null }),
+    'n/a · 20.0 GiB'
+  );
   const rank = { rank: 3, local_rank: 1, pid: 42, program: 'train.py', steps: 100, steps_per_s: 12.34 };
   assert.equal(clusterRankText(rank), 'rank 3 · train.py · 12 steps/s');
-  assert.equal(clusterRankText({ ...rank, rank: null, program: null, steps_per_s: 2.34 }), 'pid 42 · 2.3 steps/s');
+  assert.equal(
+    clusterRankText({ ...rank, rank: null, program: null, steps_per_s: 2.34 }),
+    'pid 42 · 2.3 steps/s'
+  );
 });
 
 test('the cluster section says why it shows no nodes', () => {

@@ -2,6 +2,11 @@
 
 Units match the report: bytes, watts, joules, seconds; utilizations in [0, 1].
 Everything here runs on the sampler thread, never on the server's IO loop.
+
+The TypedDicts below (:class:`Snapshot` and its parts) are the snapshot's schema: the sidebar's
+TypeScript types (``labextension/src/snapshot.ts``) are generated from them by
+:mod:`perfmagic.server.snapshot_ts`, and ``tests/unit/test_snapshot_schema.py`` checks both that
+the committed file is up to date and that real snapshots (fake NVML) have exactly these fields.
 """
 
 from __future__ import annotations
@@ -10,17 +15,141 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypedDict
 
 import psutil
 
 from perfmagic.analyze import node_name
 from perfmagic.collect.host import busy_fractions, cpu_times_of
 from perfmagic.contract import DeviceInfo, NvmlProcess
+from perfmagic.contract.meta import MigInstance
 
 SCHEMA = "perfmagic.snapshot/1"
 
 Json = dict[str, Any]
+
+
+# ---- the schema ---------------------------------------------------------------------------------
+# Every field listed is in every snapshot unless its class is ``total=False``; ``None`` where
+# the source could not read it. Change a field here, then regenerate the TypeScript:
+# ``python -m perfmagic.server.snapshot_ts``.
+
+
+class NvmlStatus(TypedDict):
+    """``snapshot["nvml"]``: whether GPUs can be read, and if not, why."""
+
+    available: bool
+    reason: str | None
+    driver_version: str | None
+    cuda_driver_version: str | None
+    device_count: int
+    warnings: list[str]
+
+
+class _Gpu(TypedDict):
+    # what NVML says of the GPU at the start (Nvml.static_info)
+    index: int
+    name: str | None
+    uuid: str | None
+    pci_bus_id: str | None
+    power_limit_w: float | None
+    numa_cpus: list[int] | None
+    numa_node: int | None
+    compute_capability: str | None
+    mig_enabled: bool | None
+    mig_instances: list[MigInstance]
+    # one read (Nvml.read, READ_KEYS), which replaces mem_total_bytes
+    util_gpu: float | None
+    util_mem: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    power_w: float | None
+    energy_j: float | None
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    temperature_c: int | None
+    pstate: int | None
+    throttle_mask: int | None
+    throttle_reasons: list[str] | None
+    pcie_tx_bytes_per_s: float | None
+    pcie_rx_bytes_per_s: float | None
+    nvlink_tx_bytes_per_s: float | None
+    nvlink_rx_bytes_per_s: float | None
+    mig_mem_used_bytes: list[int | None] | None
+    sm_active: float | None
+    sm_occupancy: float | None
+    tensor_active: float | None
+    dram_bw_util: float | None
+    lost: bool
+
+
+class Gpu(_Gpu, total=False):
+    """``snapshot["gpus"][i]``: one GPU's facts and latest metrics (a lost GPU's are ``None``)."""
+
+    lost_reason: str | None  # only on a lost GPU
+
+
+class KernelRef(TypedDict):
+    """The kernel (and notebook) a GPU process belongs to (``kernels.kernel_info``)."""
+
+    id: str
+    name: str | None
+    execution_state: str | None
+    session_id: str | None
+    session_type: str | None
+    path: str | None
+    notebook: str | None
+
+
+class _GpuProcess(TypedDict):
+    gpu_index: int
+    gpu_uuid: str | None
+    pid: int
+    used_memory_bytes: int | None
+    type: str  # "compute" or "graphics"
+    name: str | None
+    username: str | None
+    visible: bool  # False: a PID of another PID namespace (containers)
+    kernel: KernelRef | None
+    # where a perfmagic session profiles the process: its distributed rank and node
+    rank: int | None
+    local_rank: int | None
+    node: str | None
+
+
+class GpuProcess(_GpuProcess, total=False):
+    """``snapshot["processes"][i]``: a process on a GPU, and who it is."""
+
+    sm_util: float | None  # its SM share, where the driver reports it
+
+
+class Host(TypedDict, total=False):
+    """``snapshot["host"]``: CPU and memory; empty in the snapshot served before the first sample."""
+
+    cpu_count: int
+    cpu_util: float | None
+    load_avg_1m: float | None
+    mem_total_bytes: int
+    mem_used_bytes: int
+    mem_available_bytes: int
+    mem_util: float | None
+
+
+class _Snapshot(TypedDict):
+    schema: Literal["perfmagic.snapshot/1"]
+    seq: int
+    time: float
+    interval_s: float
+    nvml: NvmlStatus
+    gpus: list[Gpu]
+    processes: list[GpuProcess]
+    host: Host
+
+
+class Snapshot(_Snapshot, total=False):
+    """One sample of everything the sidebar shows."""
+
+    age_s: float | None  # added when served (handlers): how old the sample is
 
 
 class NvmlLike(Protocol):
@@ -84,6 +213,9 @@ class HostReader:
         }
 
 
+_READ_FIELDS = tuple(k for k in _Gpu.__annotations__ if k not in DeviceInfo.__annotations__)
+
+
 def read_gpus(nv: NvmlLike, static: list[DeviceInfo]) -> list[Json]:
     """Per-GPU metrics: static facts plus one read; a GPU that fails is reported lost, not dropped."""
     gpus: list[Json] = []
@@ -93,7 +225,10 @@ def read_gpus(nv: NvmlLike, static: list[DeviceInfo]) -> list[Json]:
         try:
             gpu.update(nv.read(i))
         except Exception as e:  # one bad device must not hide the others
-            gpu.update(lost=True, lost_reason=f"read failed: {type(e).__name__}: {e}")
+            # the fields of a read, unread, so that the snapshot keeps its shape (Gpu)
+            gpu.update(
+                dict.fromkeys(_READ_FIELDS), lost=True, lost_reason=f"read failed: {type(e).__name__}: {e}"
+            )
         gpu["index"] = i
         gpu["lost"] = bool(gpu.get("lost"))
         if gpu["lost"] and not gpu.get("lost_reason"):

@@ -1,0 +1,75 @@
+/** The cluster view (`perfmagic/api/cluster`): its types and how a node's GPUs and ranks read. */
+
+import { formatBytes, formatWatts } from './format';
+
+export interface IClusterGpu {
+  gpu: string | null;
+  uuid: string | null;
+  model: string | null;
+  util_pct: number | null;
+  fb_used_mib: number | null;
+  fb_free_mib: number | null;
+  power_w: number | null;
+  util_history: [number, number][];
+}
+
+export interface IClusterRank {
+  rank: number | null;
+  local_rank: number | null;
+  pid: number | null;
+  program: string | null;
+  steps: number | null;
+  steps_per_s: number | null;
+}
+
+export interface IClusterNode {
+  hostname: string;
+  gpus: IClusterGpu[];
+  ranks: IClusterRank[];
+}
+
+export interface IClusterView {
+  prometheus: { configured: boolean; reachable: boolean; error: string | null };
+  nodes: IClusterNode[];
+}
+
+export function isClusterView(x: unknown): x is IClusterView {
+  const v = x as IClusterView;
+  return !!v && typeof v === 'object' && !!v.prometheus && Array.isArray(v.nodes);
+}
+
+/** One GPU of another node in a line: utilization, memory used of total, power. */
+export function clusterGpuText(g: IClusterGpu): string {
+  const MiB = 1024 ** 2;
+  const total = g.fb_used_mib !== null && g.fb_free_mib !== null ? g.fb_used_mib + g.fb_free_mib : null;
+  const memory =
+    g.fb_used_mib === null
+      ? null
+      : `${formatBytes(g.fb_used_mib * MiB)}${total !== null ? ` / ${formatBytes(total * MiB)}` : ''}`;
+  return [
+    g.util_pct === null ? 'n/a' : `${Math.round(g.util_pct)}%`,
+    memory,
+    g.power_w === null ? null : formatWatts(g.power_w)
+  ]
+    .filter(Boolean)
+    .join(' · ');
+}
+
+/** A profiled process of a node: its rank (or pid), program and pace. */
+export function clusterRankText(r: IClusterRank): string {
+  const who = r.rank !== null ? `rank ${r.rank}` : `pid ${r.pid ?? '?'}`;
+  const pace =
+    r.steps_per_s === null ? '' : ` · ${r.steps_per_s.toFixed(r.steps_per_s < 10 ? 1 : 0)} steps/s`;
+  return `${who}${r.program ? ` · ${r.program}` : ''}${pace}`;
+}
+
+/** What the cluster section says instead of nodes, or null when it shows nodes (or nothing). */
+export function clusterNotice(v: IClusterView): string | null {
+  if (!v.prometheus.configured) {
+    return null;
+  }
+  if (!v.prometheus.reachable) {
+    return `Prometheus unreachable: ${v.prometheus.error ?? 'no answer'}. This machine's GPUs above stay live.`;
+  }
+  return v.nodes.length ? null : 'Prometheus has no GPU series (dcgm-exporter or perfmagic exporter) yet.';
+}
