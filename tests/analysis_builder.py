@@ -31,6 +31,7 @@ from perfmagic.analyze.loop import LoopFacts
 from perfmagic.analyze.ranks import find_straggler
 from perfmagic.analyze.steady import steady_of
 from perfmagic.analyze.steps import StepBreakdown
+from perfmagic.contract import LoaderConfig
 from perfmagic.schema import STAGES
 from perfmagic.timeline import Timeline
 
@@ -313,7 +314,7 @@ def plain(
             gpu=gpu,
             ranks=rank_rows,
             config=TrainingConfig(
-                dataloaders=[dict(run.loader)] if run.loader else [],
+                dataloaders=[LoaderConfig.from_mark(run.loader)] if run.loader else [],
                 models=[dict(run.model)] if run.model else [],
                 optimizers=[dict(run.optimizer)] if run.optimizer else [],
                 checkpoints=[{"t": t, **saved} for t in b.start[saves].tolist()],
@@ -335,5 +336,5 @@ def accounted(a: Analysis, **changes: Any) -> Analysis:
     """``a`` with ``changes``, and its loading account made anew from its loop facts and sampled means."""
     a = dataclasses.replace(a, **changes)
     ld = a.config.loader
-    workers = int(ld.get("num_workers") or 0) if ld else 0
+    workers = ld.num_workers if ld else 0
     return dataclasses.replace(a, loading=loading_account(a.loop, a.steady_means, workers) if ld else None)

@@ -23,7 +23,7 @@ from perfmagic.advise.workers import (
 )
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
-from perfmagic.contract import KnobResult
+from perfmagic.contract import KnobResult, LoaderConfig
 from perfmagic.tuning.pairs import described, saving_interval
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
@@ -39,7 +39,7 @@ PIN_H2D_SHARE = 0.05
 
 def _has_workers(a: Analysis) -> bool:
     ld = a.config.loader
-    return bool(ld and ld.get("num_workers"))
+    return bool(ld and ld.num_workers)
 
 
 def _beside(others: float) -> str:
@@ -65,7 +65,7 @@ def input_bound(a: Analysis) -> Card | None:
     if remedy is None:
         return None
     verdict = "HIGHLY input-bound" if share >= HIGHLY_INPUT_SHARE else "moderately input-bound"
-    workers = f", DataLoader num_workers={ld.get('num_workers') or 0}" if ld else ""
+    workers = f", DataLoader num_workers={ld.num_workers}" if ld else ""
     says = f"; {loading_says(a, kind)}" if kind else ""
     evidence = (
         f"{fmt_fraction(share)} of step time is spent waiting for the next batch: {fmt_seconds(wait)} of a "
@@ -107,12 +107,12 @@ def _input_remedy(a: Analysis, s: Steady, kind: str | None, plan: MoreWorkers | 
     """More workers where the machine affords them, else cheaper samples, a better tf.data pipeline, or a
     loader with workers; None where another card names the cause (CPUs taken by other processes)."""
     ld, wait = a.config.loader, s.stage_s("data")
-    if plan is None and kind == "cpu" and ld and ld.get("num_workers") and contention(a) is not None:
+    if plan is None and kind == "cpu" and ld and ld.num_workers and contention(a) is not None:
         return None  # workers starved of CPU by a crowded machine: cpu_contention names the cause
     if plan is not None:
         return _more_workers_remedy(a, s, plan)
     if ld is not None and rank_cpus(a) is not None:
-        n = int(ld.get("num_workers") or 0)
+        n = ld.num_workers
         says = (
             f"the {_workers(n)} already use{'s' if n == 1 else ''} the CPUs this machine affords"
             if n
@@ -189,8 +189,8 @@ def _handoff(a: Analysis, s: Steady) -> Card:
     Loading in the training process instead saves the wait less building a batch there: what a
     worker timed for it, else the workers' CPU per batch (which also holds the pickling)."""
     wait, share, step = s.stage_s("data"), s.share("data"), s.step_s
-    ld = a.config.loader or {}
-    workers = int(ld.get("num_workers") or 0)
+    ld = a.config.loader
+    workers = ld.num_workers if ld else 0
     cores = a.steady_mean("host.children_cpu_cores")
     busy = f" (together {cores:.1f} cores busy)" if cores is not None else ""
     m = loader_model(a, s)
@@ -258,7 +258,7 @@ def dataloader_workers(a: Analysis) -> Card | None:
     step = s.step_s
     cpus = usable_cpus(a)
     now = "the training loop loads every batch itself" if not m.workers else f"{_workers(m.workers)}"
-    batch = f" of {ld['batch_size']}" if ld.get("batch_size") else ""
+    batch = f" of {ld.batch_size}" if ld.batch_size else ""
     io = loading_kind(a) == "io"
     affords = (
         f"{loading_says(a, 'io')}, so workers need no CPU each: {cpus} usable CPUs and the memory left afford "
@@ -305,7 +305,7 @@ def _measured_workers(a: Analysis, s: Steady, tried: KnobResult) -> Card | None:
     base, best = tried["baseline"], tried["best"]
     if base is None or best is None or best["value"] == base["value"]:
         return None  # measured: more workers do not load faster here
-    ld = a.config.loader or {}
+    ld = a.config.loader or LoaderConfig()
     step = a.tuned("step")
     rest = max(s.step_s - s.stage_s("data"), best["seconds"])
     predicted = step["best"]["seconds"] if step and step["best"] else rest
@@ -361,7 +361,7 @@ def pin_memory(a: Analysis) -> Card | None:
     if best is not None and best["value"] is not True:
         return None  # tried on this loader after the window: pinned batches copied no faster here
     ld = a.config.loader
-    rewrites = ld is not None and not ld.get("pin_memory")
+    rewrites = ld is not None and not ld.pin_memory
     fix = loader_code(a, ld, pin_memory=True) + "\n" if ld and rewrites else ""
     if trainer_name(a) is None:  # a framework copies batches itself, non-blocking from pinned memory
         fix += "# and in the loop, copy with .to(device, non_blocking=True): copies overlap with compute"
@@ -461,11 +461,11 @@ def preprocess_in_loop(a: Analysis) -> Card | None:
     )
 
 
-def _preprocessed_loader(a: Analysis, ld: dict[str, Any] | None, workers: int) -> str:
+def _preprocessed_loader(a: Analysis, ld: LoaderConfig | None, workers: int) -> str:
     """The user's DataLoader call over ``Preprocessed(<their dataset>, transform)``, with ``workers``."""
     call = loader_call(ld) if trainer_name(a) is None else None
     dataset = call.passed().get("dataset") if call else None
-    if call is None or dataset is None:
+    if ld is None or call is None or dataset is None:
         return "\n".join(
             [
                 f"dataset = Preprocessed({dataset_name(ld)}, transform)",
@@ -473,4 +473,4 @@ def _preprocessed_loader(a: Analysis, ld: dict[str, Any] | None, workers: int) -
             ]
         )
     wrapped = Source(f"Preprocessed({dataset}, transform)")
-    return loader_code(a, ld or {}, dataset=wrapped, num_workers=workers, persistent_workers=True)
+    return loader_code(a, ld, dataset=wrapped, num_workers=workers, persistent_workers=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from perfmagic.advise.calls import DROP, UserCall, find_call
+from perfmagic.contract import LoaderConfig
 from perfmagic.contract.code import FixSite
 
 
@@ -16,12 +17,12 @@ def nice_interval(steps: float) -> int:
     return k
 
 
-def loader_call(ld: dict[str, Any] | None) -> UserCall | None:
+def loader_call(ld: LoaderConfig | None) -> UserCall | None:
     """The user's statement that built the DataLoader (None: not found for certain)."""
-    return find_call(ld.get("call")) if ld else None
+    return find_call(ld.call) if ld else None
 
 
-def dataset_name(ld: dict[str, Any] | None) -> str:
+def dataset_name(ld: LoaderConfig | None) -> str:
     """The user's own expression for the loader's dataset, where it is a name (``train_set``,
     ``self.data``); else ``dataset``."""
     call = loader_call(ld)
@@ -29,26 +30,25 @@ def dataset_name(ld: dict[str, Any] | None) -> str:
     return text if text and text.replace(".", "").replace("_", "").isalnum() else "dataset"
 
 
-def loader_site(ld: dict[str, Any] | None) -> FixSite | None:
+def loader_site(ld: LoaderConfig | None) -> FixSite | None:
     call = loader_call(ld)
     return call.site if call else None
 
 
-def dataloader_code(ld: dict[str, Any], **changes: Any) -> str:
+def dataloader_code(ld: LoaderConfig, **changes: Any) -> str:
     """The user's DataLoader call with ``changes`` applied, each change commented with the old value:
     their own statement where it was found, else a call of the settings perfmagic saw."""
-    call = loader_call(ld)
-    if call is not None:
-        if not changes.get("num_workers", ld.get("num_workers")):  # DataLoader rejects these without workers
+    if ld.call is not None and (call := find_call(ld.call)) is not None:
+        if not changes.get("num_workers", ld.num_workers):  # DataLoader rejects these without workers
             changes = {**changes, "persistent_workers": DROP, "prefetch_factor": DROP}
-        return call.rewritten(changes, ld["call"]["values"])
+        return call.rewritten(changes, ld.call["values"])
     observed: dict[str, Any] = {
-        "batch_size": ld.get("batch_size"),
-        "num_workers": ld.get("num_workers") or 0,
-        "pin_memory": bool(ld.get("pin_memory")),
-        "persistent_workers": bool(ld.get("persistent_workers")),
-        "prefetch_factor": ld.get("prefetch_factor"),
-        "drop_last": bool(ld.get("drop_last")),
+        "batch_size": ld.batch_size,
+        "num_workers": ld.num_workers,
+        "pin_memory": ld.pin_memory,
+        "persistent_workers": ld.persistent_workers,
+        "prefetch_factor": ld.prefetch_factor,
+        "drop_last": ld.drop_last,
     }
     new = {**observed, **changes}
     if not new["num_workers"]:  # DataLoader rejects these without workers

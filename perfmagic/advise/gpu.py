@@ -239,24 +239,20 @@ def jit_compile(a: Analysis) -> Card | None:
     if lost < COMPILE_SHARE * step:
         return None
     ld = a.config.loader
-    partial = bool(
-        ld
-        and not ld.get("drop_last")
-        and ld.get("dataset_len")
-        and ld.get("batch_size")
-        and ld["dataset_len"] % ld["batch_size"]
+    last = (
+        ld.dataset_len % ld.batch_size if ld and not ld.drop_last and ld.dataset_len and ld.batch_size else 0
     )
     reason = (
-        f" The DataLoader's last batch has {ld['dataset_len'] % ld['batch_size']} samples, not {ld['batch_size']}: "
+        f" The DataLoader's last batch has {last} samples, not {ld.batch_size}: "
         "a new shape at each epoch's end."
-        if ld and partial
+        if ld and last
         else ""
     )
     lines = [
         "# see what triggers each recompilation:",
         "# $ TORCH_LOGS=recompiles python train.py  (in a shell)",
     ]
-    if partial:
+    if last:
         lines.append("loader = DataLoader(dataset, ..., drop_last=True)  # every batch the same shape")
     lines.append("model = torch.compile(model, dynamic=True)  # or: compile once for varying shapes")
     return make_card(

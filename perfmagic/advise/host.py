@@ -101,7 +101,7 @@ def contention(a: Analysis) -> Contention | None:
         ours=ours,
         others=others,
         threads=int(threads) if threads else None,
-        workers=int(ld.get("num_workers") or 0) if ld else 0,
+        workers=ld.num_workers if ld else 0,
         usable=usable,
         worker_cores=ran + (queued or 0.0) if ran is not None else None,
         loaders_blocked=loading_kind(a) == "io",
@@ -244,10 +244,10 @@ def host_memory_pressure(a: Analysis) -> Card | None:
     held = f"{fmt_bytes(pss if kind == 'PSS' else rss)} of {memory_name(kind)}"
     ld = a.config.loader
     lines = ["# Each DataLoader worker holds its own copy of what the Dataset references; keep it small:"]
-    if ld and (ld.get("num_workers") or 0) > 1:
+    if ld and ld.num_workers > 1:
         lines.append(
-            f"loader = DataLoader(dataset, num_workers={max(1, int(ld['num_workers']) // 2)}, prefetch_factor=2)"
-            f"  # was num_workers={ld['num_workers']}"
+            f"loader = DataLoader(dataset, num_workers={max(1, ld.num_workers // 2)}, prefetch_factor=2)"
+            f"  # was num_workers={ld.num_workers}"
         )
     lines += [
         "# store samples in numpy arrays or a memmap, not Python lists of objects (copy-on-read refcounts):",

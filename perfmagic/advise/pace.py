@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -13,6 +12,7 @@ from perfmagic.advise.host import contention, contention_fix, free_cpus
 from perfmagic.advise.trainer_fixes import compile_code, loader_code, mixed_precision_code
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
+from perfmagic.contract import LoaderConfig
 from perfmagic.schema import COMPUTE_STAGES
 from perfmagic.units import fmt_fraction, fmt_seconds
 
@@ -169,23 +169,17 @@ def _crowded_out(a: Analysis, s: Steady, slow: _SlowSteps, cause: str | None) ->
     )
 
 
-def _epoch_steps(ld: dict[str, Any] | None) -> int | None:
+def _epoch_steps(ld: LoaderConfig | None) -> int | None:
     """Steps per epoch of the loader, where its dataset's length and batch size are known."""
-    if ld and ld.get("dataset_len") and ld.get("batch_size"):
-        return -(-int(ld["dataset_len"]) // int(ld["batch_size"]))
+    if ld and ld.dataset_len and ld.batch_size:
+        return -(-ld.dataset_len // ld.batch_size)
     return None
 
 
 def _slow_loading(a: Analysis, period: int | None) -> tuple[str, str]:
     """Why steps are slow in ``data``, and the fix: workers started again each epoch, else slow samples."""
     ld = a.config.loader
-    if (
-        period
-        and period == _epoch_steps(ld)
-        and ld
-        and ld.get("num_workers")
-        and not ld.get("persistent_workers")
-    ):
+    if period and period == _epoch_steps(ld) and ld and ld.num_workers and not ld.persistent_workers:
         return (
             "at each epoch's start, when DataLoader workers are started again",
             loader_code(a, ld, persistent_workers=True),
@@ -389,10 +383,10 @@ def compute_bound(a: Analysis) -> Card | None:
         ((d.get("mem_used_peak_fraction") or 0.0) for d in a.devices if d.get("mem_total_bytes")),
         default=None,
     )
-    if ld and ld.get("batch_size") and (not on_gpu or (peak is not None and peak < 0.5)):
+    if ld and ld.batch_size and (not on_gpu or (peak is not None and peak < 0.5)):
         levers.append(
-            f"loader = DataLoader(dataset, batch_size={2 * int(ld['batch_size'])})  "
-            f"# was {ld['batch_size']}; scale the learning rate with it"
+            f"loader = DataLoader(dataset, batch_size={2 * ld.batch_size})  "
+            f"# was {ld.batch_size}; scale the learning rate with it"
         )
     free = free_cpus(a)
     if not on_gpu and free and t.get("num_threads") and t["num_threads"] < free:

@@ -11,6 +11,7 @@ said, never guessed.
 from __future__ import annotations
 
 from perfmagic.analyze import Analysis
+from perfmagic.contract import LoaderConfig
 from perfmagic.units import fmt_fraction, fmt_seconds
 
 LISTED = 3
@@ -28,9 +29,9 @@ WHAT_TO_DO = [
 def cheaper_samples_lines(a: Analysis) -> list[str]:
     """Comment lines: the measured time per sample, the lines that cost it with their shares, and what
     to do about each."""
-    ld = a.config.loader or {}
-    workers = int(ld.get("num_workers") or 0)
-    lines = [_cost_line(a, workers, ld.get("batch_size"))]
+    ld = a.config.loader or LoaderConfig()
+    workers = ld.num_workers
+    lines = [_cost_line(a, workers, ld.batch_size)]
     loaders = "workers" if workers else "training thread"
     spots = [h for h in a.hotspots.get("data") or [] if h["sampled"] == loaders]
     named = [h for h in spots[:LISTED] if h["share"] >= LISTED_SHARE]

@@ -122,6 +122,6 @@ def _startup_fix(a: Analysis, where: str, interpreter: bool) -> str:
             + _STARTUP_FIX["forward"]
         )
     fix = _STARTUP_FIX.get(where, f"# The first step's {where} does one-time work: move it before the loop.")
-    if where == "data" and ld and ld.get("num_workers"):
+    if where == "data" and ld and ld.num_workers:
         fix += "\n" + loader_code(a, ld, persistent_workers=True)
     return fix

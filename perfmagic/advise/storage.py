@@ -30,7 +30,7 @@ def _blocked_on_storage(a: Analysis, s: Steady) -> float | None:
     if iowait is None or not cpus:
         return None
     ld = a.config.loader
-    loaders = max(1, int(ld.get("num_workers") or 0) if ld else 1)
+    loaders = max(1, ld.num_workers if ld else 1)
     return min(1.0, iowait * float(cpus) / loaders)
 
 

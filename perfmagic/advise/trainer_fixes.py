@@ -17,6 +17,7 @@ from perfmagic.advise.calls import UserCall, find_call
 from perfmagic.advise.fixes import dataloader_code, loader_site
 from perfmagic.advise.tf_fixes import jax_jit_code, keras_jit_compile_code, keras_mixed_precision_code
 from perfmagic.analyze import Analysis
+from perfmagic.contract import LoaderConfig
 from perfmagic.contract.code import FixSite
 
 HF = "transformers.Trainer"
@@ -77,7 +78,7 @@ def trainer_fix_site(a: Analysis, key: str = "call") -> FixSite | None:
     return call.site if call else None
 
 
-def loader_fix_site(a: Analysis, ld: dict[str, Any] | None) -> FixSite | None:
+def loader_fix_site(a: Analysis, ld: LoaderConfig | None) -> FixSite | None:
     """The user's statement :func:`loader_code` rewrites: their ``TrainingArguments`` under the HF
     Trainer, else their DataLoader call."""
     if trainer_name(a) == HF:
@@ -93,12 +94,12 @@ def run_steps(a: Analysis) -> int | None:
     return int(known) if isinstance(known, int) and known > 0 else None
 
 
-def loader_code(a: Analysis, ld: dict[str, Any], **changes: Any) -> str:
+def loader_code(a: Analysis, ld: LoaderConfig, **changes: Any) -> str:
     """DataLoader changes where the user makes them: ``TrainingArguments`` under the HF Trainer (which
     builds the DataLoaders), the ``DataLoader`` call otherwise (Lightning: in ``train_dataloader``)."""
     name = trainer_name(a)
     if name == HF:
-        workers = changes.get("num_workers", ld.get("num_workers") or 0)
+        workers = changes.get("num_workers", ld.num_workers)
         hf = {
             _LOADER_ARGUMENTS[k]: v
             for k, v in changes.items()

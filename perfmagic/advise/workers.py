@@ -134,7 +134,7 @@ def usable_cpus(a: Analysis) -> int | None:
     if count:
         return int(count)
     ld = a.config.loader
-    return int(ld["cpu_count"]) if ld and ld.get("cpu_count") else None
+    return ld.cpu_count if ld and ld.cpu_count else None
 
 
 def rank_cpus(a: Analysis) -> int | None:
@@ -157,7 +157,7 @@ def io_worker_cap(a: Analysis) -> int | None:
         return None
     cap = min(MAX_WORKERS, IO_WORKERS_PER_CPU * cpus)
     ld = a.config.loader
-    workers = int(ld.get("num_workers") or 0) if ld else 0
+    workers = ld.num_workers if ld else 0
     rss, available = (
         a.host.get("uss_peak_bytes") or a.host.get("rss_peak_bytes"),
         a.host.get("mem_available_min_bytes"),
@@ -171,7 +171,7 @@ def io_worker_cap(a: Analysis) -> int | None:
 def loader_model(a: Analysis, s: Steady) -> LoaderModel:
     """The loader model of the steady steps; CPU time counts as the whole where it was not measured."""
     ld = a.config.loader
-    workers = int(ld.get("num_workers") or 0) if ld else 0
+    workers = ld.num_workers if ld else 0
     wait = s.stage_s("data")
     rest = s.step_s - wait
     on_cpu = a.loop.data_cpu_share
@@ -208,7 +208,7 @@ def more_workers(a: Analysis, s: Steady) -> MoreWorkers | None:
     if kind == "handoff":
         return None  # the workers keep up: more of them take nothing off the wait
     ld = a.config.loader
-    if kind == "io" and ld and ld.get("num_workers") and s.share("data") < HANDOFF_SHARE:
+    if kind == "io" and ld and ld.num_workers and s.share("data") < HANDOFF_SHARE:
         return None  # idle workers and a small wait: hand-over cost and slow reads look the same here
     cap = io_worker_cap(a) if kind == "io" else rank_cpus(a)
     if ld is None or cap is None:

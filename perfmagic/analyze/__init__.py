@@ -34,6 +34,7 @@ from perfmagic.contract import (
     Host,
     Hotspot,
     KnobResult,
+    LoaderConfig,
     NodeClock,
     TimelineMeta,
     Timeseries,
@@ -83,7 +84,7 @@ class StepStats:
 class TrainingConfig:
     """What the hooks saw of the training set-up (empty where nothing was seen)."""
 
-    dataloaders: list[dict[str, Any]] = field(default_factory=list)
+    dataloaders: list[LoaderConfig] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)
     optimizers: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
@@ -101,11 +102,11 @@ class TrainingConfig:
         return self.pipelines[-1] if self.pipelines else None
 
     @property
-    def loader(self) -> dict[str, Any] | None:
+    def loader(self) -> LoaderConfig | None:
         """The DataLoader the training iterated (the largest one seen)."""
         if not self.dataloaders:
             return None
-        return max(self.dataloaders, key=lambda d: d.get("dataset_len") or 0)
+        return max(self.dataloaders, key=lambda d: d.dataset_len or 0)
 
     @property
     def model(self) -> dict[str, Any] | None:
@@ -233,7 +234,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
     config = training_config(tl)
     wall_s = max(_wall(t) for t in timelines)
     means, loop = _means(tl, sampled, steady, window), loop_facts(tl, primary.breakdown, steady)
-    workers = int(config.loader.get("num_workers") or 0) if config.loader else 0
+    workers = config.loader.num_workers if config.loader else 0
     return Analysis(
         wall_s=wall_s,
         framework=next((t.meta["framework"] for t in timelines if t.meta.get("framework")), None),
@@ -362,7 +363,7 @@ def training_config(timeline: Timeline) -> TrainingConfig:
     if counters.get("num_threads"):  # seen at the end: after any set_num_threads of the loop
         torch["num_threads"] = counters["num_threads"]
     return TrainingConfig(
-        dataloaders=[m.data for m in timeline.marks("dataloader")],
+        dataloaders=[LoaderConfig.from_mark(m.data) for m in timeline.marks("dataloader")],
         models=[m.data for m in timeline.marks("model")],
         optimizers=[m.data for m in timeline.marks("optimizer")],
         checkpoints=[{"t": m.t, **m.data} for m in timeline.marks("checkpoint")],

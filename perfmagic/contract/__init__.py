@@ -1,14 +1,16 @@
 """The typed contract: the report, the timeline's meta and the tuning results as plain typed data.
 
-Everything here is a ``TypedDict`` over JSON-safe values: the report a renderer reads
-(:class:`ReportData`), the facts the collectors write into ``Timeline.meta``
-(:class:`TimelineMeta`), and what tuning measured (:class:`KnobResult`). Key names are exactly
-those the code writes. Layer 0: it imports nothing else of perfmagic.
+The report a renderer reads (:class:`ReportData`), the facts the collectors write into
+``Timeline.meta`` (:class:`TimelineMeta`) and what tuning measured (:class:`KnobResult`) are
+``TypedDict``s over JSON-safe values, their key names exactly those the code writes. The
+DataLoader's settings the analysis reads from its mark are a frozen dataclass
+(:class:`LoaderConfig`), read by attribute. Layer 0: it imports nothing else of perfmagic.
 """
 
 from __future__ import annotations
 
 from perfmagic.contract.gpu import GpuSection
+from perfmagic.contract.loader import LoaderConfig
 from perfmagic.contract.machine import Device, Host
 from perfmagic.contract.meta import (
     AllocatorMeta,
@@ -69,6 +71,7 @@ __all__ = [
     "HostMeta",
     "Hotspot",
     "KnobResult",
+    "LoaderConfig",
     "Loading",
     "MinorCard",
     "NodeClock",

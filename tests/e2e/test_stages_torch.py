@@ -687,7 +687,7 @@ def test_odd_objects_never_break_the_training(tmp_path: Path) -> None:
     assert report.steps["count"] == 4
     assert report.analysis is not None
     config = report.analysis.config
-    assert config.dataloaders[0]["dataset_len"] is None and config.dataloaders[0]["prefetch_factor"] is None
+    assert config.dataloaders[0].dataset_len is None and config.dataloaders[0].prefetch_factor is None
     # recorded after its first call: materialized (and a Linear by then)
     assert {"cls": "Linear", "parameters": 9} in [
         {k: m[k] for k in ("cls", "parameters")} for m in config.models
