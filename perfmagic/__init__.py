@@ -12,8 +12,9 @@ from typing import Any
 from perfmagic.records import load
 from perfmagic.report import Report
 from perfmagic.server import _jupyter_labextension_paths, _jupyter_server_extension_points
-from perfmagic.session import Session, profile, stage, step
+from perfmagic.session import Session, profile
 from perfmagic.tuning import tune
+from perfmagic.user_marks import stage, step
 
 __version__ = "0.1.0"
 __all__ = [

@@ -16,9 +16,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
+
+from perfmagic.analyze.running import RunningStages
+from perfmagic.timeline import Timeline
 
 Json = dict[str, Any]
 
@@ -109,3 +112,37 @@ def running_sessions(directory: Path | None = None) -> list[Json]:
         if now - updated < STALE_S and psutil.pid_exists(pid):
             found.append(status)
     return found
+
+
+class SessionStatus:
+    """A session's status file kept up to date from its sampler's ticks: the steps so far, the stage
+    the training thread is in, and the seconds per stage of the steps ended so far."""
+
+    def __init__(self, identity: Json, timeline: Timeline, stages: StageCount | None) -> None:
+        self._file = StatusFile(identity)
+        self._timeline, self._stages = timeline, stages
+        self._totals = RunningStages()
+
+    def tick(self) -> None:
+        def stage_seconds() -> dict[str, float]:
+            self._totals.add_ended(self._timeline)
+            return self._totals.totals
+
+        stages = self._stages
+        steps, stage = (stages.step_count, stages.current_stage) if stages is not None else (0, None)
+        self._file.publish(steps, stage, stage_seconds)
+
+    def remove(self) -> list[str]:
+        """Take the file away; a warning if it could never be written."""
+        self._file.remove()
+        return [self._file.failed] if self._file.failed else []
+
+
+class StageCount(Protocol):
+    """What the status reads of the stage recorder."""
+
+    @property
+    def step_count(self) -> int: ...
+
+    @property
+    def current_stage(self) -> str | None: ...

@@ -3,30 +3,24 @@
 from __future__ import annotations
 
 import os
-import socket
-import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from perfmagic.analyze.running import RunningStages
 from perfmagic.children import CHILDREN_DIR, ChildProfiling
 from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.collect.collectors import Collectors, Switch
 from perfmagic.collect.forked_child import keep_until_exit
-from perfmagic.collect.nvtx_ranges import NO_RECORDER
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
-from perfmagic.collect.sources import default_sources
-from perfmagic.collect.stacks import StackSource
+from perfmagic.collect.sources import session_sources
+from perfmagic.process_meta import process_identity, process_meta
 from perfmagic.records import REPORT_NAME, window_report
-from perfmagic.registry import StatusFile
-from perfmagic.schema import STEP_BOUNDARY_PREFIX
+from perfmagic.registry import SessionStatus
 from perfmagic.timeline import Timeline
 from perfmagic.training_hooks import TrainingHooks, tune_after
 from perfmagic.tuning import default_budget
@@ -98,8 +92,9 @@ class Session:
         self._origin = 0.0
         self._report: Report | None = None
         self._tick_listeners: list[Callable[[], None]] = []
-        self._status: StatusFile | None = None  # this session in the machine's registry (perfmagic exporter)
-        self._running_stages = RunningStages()  # what it says of the steps ended so far
+        self._status: SessionStatus | None = (
+            None  # this session in the machine's registry (perfmagic exporter)
+        )
 
     # -- start -----------------------------------------------------------
 
@@ -128,31 +123,9 @@ class Session:
     def _start(self) -> None:
         self._origin = self.clock.now()
         meta = self.timeline.meta
-        meta.update(
-            {
-                "epoch": self.clock.wall(),
-                "pid": os.getpid(),
-                "hostname": socket.gethostname(),
-                "rank": _env_int("RANK"),
-                "local_rank": _env_int("LOCAL_RANK"),
-                "node_rank": _env_int("GROUP_RANK"),  # torchrun's node rank
-                "world_size": _env_int("WORLD_SIZE"),
-                "argv": list(sys.argv),
-                "python": sys.version.split()[0],
-                "source": self.source,
-                "interval": self.interval,
-            }
-        )
+        meta.update(process_meta(self.clock, self.source, self.interval))
         self.outdir = self._upkeep.open(self.outdir)
         self._running = True
-        # a session that profiles code (not perfmagic run's own hardware sampler) is a training process
-        if self.hooks:
-            program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else None
-            keys = {
-                k: meta[k]
-                for k in ("pid", "hostname", "rank", "local_rank", "node_rank", "world_size", "epoch")
-            }
-            self._status = StatusFile(keys | {"program": program})
         if self.children:
             self._collectors.start(
                 "the children's profiling", ChildProfiling(self.outdir / CHILDREN_DIR, self.interval)
@@ -163,13 +136,9 @@ class Session:
             self._collectors.start("the stage recorder", Switch(lambda: None, recorder.close))
             self._training = TrainingHooks(recorder, self.outdir, self.trace_steps, self.tune, self.warnings)
             self._collectors.start("the training hooks", self._training)
-        sources: list[Source] = []
-        if self.sample:
-            sources = list(self._sources if self._sources is not None else default_sources(self.clock))
-        if self.sample and self.recorder is not None:  # where the training thread is, by stage: "other"
-            # first in each tick: the sampler has just won the GIL from the training thread, before
-            # other sources' I/O hands it back and forth (which would favour moments in torch calls)
-            sources.insert(0, StackSource(self.recorder))
+            # a session that profiles code (not perfmagic run's own hardware sampler) is a training process
+            self._status = SessionStatus(process_identity(meta), self.timeline, recorder)
+        sources = session_sources(self._sources, self.clock, self.recorder) if self.sample else []
         # no metrics without ``sample``, but the thread still spools: a killed process keeps its record
         interval = self.interval if self.sample else SPOOL_EVERY_S
         sampler = Sampler(self.timeline, sources, interval, self._clock, self._on_tick, timer=self.clock)
@@ -198,14 +167,7 @@ class Session:
     def _on_tick(self) -> None:
         self._upkeep.tick()
         if self._running and self._status is not None:  # for perfmagic exporter: this process's progress
-            recorder, stages = self.recorder, self._running_stages
-
-            def stage_seconds() -> dict[str, float]:
-                stages.add_ended(self.timeline)
-                return stages.totals
-
-            steps, stage = (recorder.step_count, recorder.current_stage) if recorder else (0, None)
-            self._status.publish(steps, stage, stage_seconds)
+            self._status.tick()
         self._notify_listeners()
 
     def _notify_listeners(self) -> None:
@@ -245,9 +207,7 @@ class Session:
                 _active = None
             self._tick_listeners = []
             if self._status is not None:
-                self._status.remove()
-                if self._status.failed:
-                    self.warnings.append(self._status.failed)
+                self.warnings += self._status.remove()
             self._upkeep.finish()
             self.timeline.meta["warnings"] = list(self.warnings)
         self._report = window_report(self.timeline, self.outdir, self.source, self.warnings)
@@ -314,32 +274,3 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def profile(**options: Any) -> Session:
     """Profile a block: ``with perfmagic.profile() as session: train()``."""
     return Session(**options)
-
-
-@contextmanager
-def stage(name: str) -> Iterator[None]:
-    """A user-named stage (and NVTX range) around a block."""
-    if not isinstance(name, str) or not name or name.startswith(STEP_BOUNDARY_PREFIX):
-        raise ValueError(
-            f"perfmagic.stage: a stage name is a non-empty string not starting with {STEP_BOUNDARY_PREFIX!r} "
-            f"(those mark step ends), got {name!r}"
-        )
-    session = _active
-    recorder = session.recorder if session is not None else None
-    with (recorder or NO_RECORDER).stage(name):
-        yield
-
-
-def step() -> None:
-    """Mark the end of a training step, where no optimizer or DataLoader shows it."""
-    session = _active
-    if session is not None and session.recorder is not None:
-        session.recorder.boundary("user")
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None

@@ -55,6 +55,8 @@ LAYERS = {
     "perfmagic.monitor": TOP,
     "perfmagic.exporter": TOP,
     "perfmagic.registry": TOP,
+    "perfmagic.process_meta": TOP,
+    "perfmagic.user_marks": TOP,
     "perfmagic.trace_report": TOP,
     "perfmagic.merge": TOP,
     "perfmagic.__main__": TOP,
