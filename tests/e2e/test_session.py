@@ -31,7 +31,7 @@ import perfmagic.records
 import perfmagic.report
 from perfmagic.children import INTERVAL_ENV, RUN_DIR_ENV
 from perfmagic.collect.collectors import Collector, Collectors
-from perfmagic.collect.sampler import Sampler, SourceUnavailable
+from perfmagic.collect.sampler import START_TIMEOUT_S, STOP_TIMEOUT_S, Sampler, SourceUnavailable
 from perfmagic.timeline import Timeline
 from perfmagic.timeline.file import SPOOL_NAME
 
@@ -600,6 +600,9 @@ class _HungSource:
 def test_a_hung_source_delays_the_training_by_at_most_seconds(tmp_path: Path, where: str) -> None:
     """8 s stalls made a 0.4 s block take 24 s; a hung driver would block forever. (3 s stalls here: longer
     than the 2 s the session waits, short enough that the stalled thread is gone before the next test.)"""
+    # the first session of a process imports what its hooks look up (torch._dynamo: seconds on a busy
+    # machine), which is not what this test times
+    perfmagic.profile(sources=[], outdir=tmp_path / "first").start().stop()
     session = perfmagic.profile(sources=[_HungSource(where)], outdir=tmp_path, interval=0.05)
     begin = time.monotonic()
     session.start()
@@ -609,8 +612,15 @@ def test_a_hung_source_delays_the_training_by_at_most_seconds(tmp_path: Path, wh
     ended = time.monotonic()
     session.stop()
     stopped = time.monotonic()
-    # start and stop each wait for the sampler 2 s at most (stop also builds the report)
-    assert started - begin < 2.5 and stopped - ended < 3.0, (started - begin, stopped - ended)
+    # start and stop each wait for the sampler 2 s at most; stop also builds the report, which a busy
+    # machine slows: what building it again from the record takes, measured here, is its allowance
+    built = time.monotonic()
+    assert perfmagic.load(tmp_path).steps["count"] == 3
+    build_s = time.monotonic() - built
+    waited = (started - begin, stopped - ended, build_s)
+    assert started - begin < START_TIMEOUT_S + 0.5 and stopped - ended < STOP_TIMEOUT_S + 2 * build_s + 0.5, (
+        waited
+    )
     assert session.report.steps["count"] == 3
     assert any(w.startswith("nvml: ") and "2 s" in w for w in session.report.warnings), (
         session.report.warnings
