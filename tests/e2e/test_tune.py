@@ -130,7 +130,10 @@ def test_the_measured_worker_count_gives_the_predicted_step(dataset: Dataset[Any
     else:  # measured: more workers load no faster here (a CPU-bound loader on a busy 2-CPU machine)
         assert card is None
     if isinstance(dataset, Sleepy):  # waiting on storage: workers overlap the waits, CPUs or not
-        assert best > 0 and workers["speedup"] > 1.5, workers
+        # what workers take off the step is the batch's wait, however slow a busy machine makes the rest
+        batch_wait_s = 16 * dataset.wait_s
+        saved_s = workers["baseline"]["seconds"] - workers["best"]["seconds"]
+        assert best > 0 and saved_s > 0.5 * batch_wait_s, workers
         # kept workers start an epoch with a batch, not with processes: measured, and faster
         kept = tuning["persistent_workers"]
         assert kept["best"]["value"] is True and kept["speedup"] > 1.5, kept
