@@ -29,9 +29,8 @@ class Switch:
         self._running = False
 
     def start(self) -> None:
-        self._running = (
-            True  # first: an interrupt (Ctrl-C) the moment ``on`` returns must still find ``off`` due
-        )
+        # marked first: an interrupt (Ctrl-C) the moment ``on`` returns must still find ``off`` due
+        self._running = True
         self._on()
 
     def stop(self) -> list[str]:
