@@ -202,21 +202,24 @@ def _handoff(a: Analysis, s: Steady) -> Card:
         f"CPU {fmt_fraction(a.loop.data_cpu_share)} of that wait, taking each batch over from a worker "
         "(unpickling it from shared memory). More workers cannot shorten it."
     )
-    if build is not None and saving is not None:
+    if saving is not None:
         evidence += (
             f" Building a batch in the training process would take about {fmt_seconds(build)} (an estimate: "
             f"what the workers spent per batch), so loading there saves up to {fmt_seconds(saving)} per step."
         )
-    fix = "\n".join(
-        [
-            "# Each batch crosses from a worker process: make fewer, cheaper crossings.",
-            "# Return tensors (not Python lists or dicts of many small objects) from the Dataset,",
-            "# and let the workers collate: a batch of few large tensors unpickles fastest.",
+    crossings = [
+        "# Each batch crosses from a worker process: make fewer, cheaper crossings.",
+        "# Return tensors (not Python lists or dicts of many small objects) from the Dataset,",
+        "# and let the workers collate: a batch of few large tensors unpickles fastest.",
+    ]
+    in_loop = saving is None or saving > 0  # the estimate leaves loading in the loop something to save
+    if in_loop:
+        crossings += [
             "# When samples are cheap, loading in the training process may cost less than the hand-over:",
             loader_code(a, ld, num_workers=0) if ld else "loader = DataLoader(dataset, num_workers=0)",
             "# (time a few hundred steps both ways: perfmagic.profile() before and after, then report.compare)",
         ]
-    )
+    fix = "\n".join(crossings)
     return make_card(
         "input_bound",
         f"Handing batches over from the DataLoader workers takes {fmt_fraction(share)} of each step",
@@ -234,7 +237,7 @@ def _handoff(a: Analysis, s: Steady) -> Card:
         step_s=step,
         model=None,
         severity=severity_for(wait if saving is None else saving, step),
-        replaces=loader_fix_site(a, ld) if ld else None,
+        replaces=loader_fix_site(a, ld) if ld and in_loop else None,
     )
 
 

@@ -279,3 +279,13 @@ def test_the_handoff_card_weighs_the_wait_against_building_batches_in_the_loop()
     cheap = run(0.012, 2, 0.4, 0.1, **means, **{LOADER_BUSY_QUEUED: 0.0, LOADER_BATCHES: 400.0})
     bigger = data.input_bound(cheap)
     assert bigger is not None and bigger.severity != "low", bigger
+
+
+def test_the_handoff_card_offers_no_in_loop_loading_that_its_estimate_says_saves_nothing() -> None:
+    means = {CHILDREN_CPU: 0.2, CHILDREN_QUEUED: 0.0, LOADER_BUSY: 0.6, LOADER_BUSY_CPU: 0.55}
+    dear = run(0.012, 2, 0.4, 0.1, **means, **{LOADER_BUSY_QUEUED: 0.0, LOADER_BATCHES: 40.0})
+    card = data.input_bound(dear)
+    assert card is not None and card.metrics["build_batch_s"] >= 0.012, card  # building costs the whole wait
+    assert "num_workers=0" not in card.fix and card.replaces is None and "saves up to 0" in card.evidence, (
+        card
+    )
