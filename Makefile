@@ -17,9 +17,6 @@ $(STAMP): pyproject.toml labextension/package.json labextension/package-lock.jso
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q torch==2.13.0
-	# a rebuild leaves its own copy of install.json in the built extension, which the wheel also takes
-	# from labextension/: reinstalling (after a pyproject change) fails on the duplicate unless it goes
-	rm -f perfmagic/labextension/install.json
 	# torch named again: the frameworks must install against the pinned torch, never replace it
 	$(PY) -m pip install -q -e '.[dev,frameworks]' torch==2.13.0
 	$(VENV)/bin/jupyter-builder develop --overwrite .
