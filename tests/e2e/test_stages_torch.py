@@ -22,6 +22,7 @@ from torchloops import (
     SlowPickle,
     SlowStream,
     Stopwatch,
+    assert_other_matches,
     assert_stage_matches,
     assert_steps_match,
     step_total_s,
@@ -50,7 +51,7 @@ def test_data_stage(tmp_path: Path) -> None:
     report, t = profiled(tmp_path, lambda: train(STEPS, data_s=0.015))
     assert_steps_match(report, t)
     assert_stage_matches(report, "data", t.data.total_s)
-    assert_stage_matches(report, "other", t.other_s)
+    assert_other_matches(report, t)
     assert report.bottleneck == "data"
 
 
@@ -58,7 +59,7 @@ def test_forward_stage_is_the_outermost_module_call(tmp_path: Path) -> None:
     report, t = profiled(tmp_path, lambda: train(STEPS, forward_s=0.015))
     assert_steps_match(report, t)
     assert_stage_matches(report, "forward", t.forward.total_s)
-    assert_stage_matches(report, "other", t.other_s)
+    assert_other_matches(report, t)
     # SleepyNet holds a Sequential of Linears: one forward for it and one for the loss module
     assert counters(report)["forwards"] == 2 * STEPS
 
@@ -67,7 +68,7 @@ def test_backward_stage(tmp_path: Path) -> None:
     report, t = profiled(tmp_path, lambda: train(STEPS, backward_s=0.015))
     assert_steps_match(report, t)
     assert_stage_matches(report, "backward", t.backward.total_s)
-    assert_stage_matches(report, "other", t.other_s)
+    assert_other_matches(report, t)
 
 
 def test_optimizer_stage_and_one_step_per_outermost_optimizer_step(tmp_path: Path) -> None:
@@ -76,7 +77,7 @@ def test_optimizer_stage_and_one_step_per_outermost_optimizer_step(tmp_path: Pat
     report, t = profiled(tmp_path, lambda: train(STEPS, optimizer_s=0.015))
     assert_steps_match(report, t)
     assert_stage_matches(report, "optimizer", t.optimizer.total_s)
-    assert_stage_matches(report, "other", t.other_s)
+    assert_other_matches(report, t)
     assert counters(report)["optimizer_steps"] == STEPS
 
 
@@ -122,7 +123,7 @@ def test_checkpoint_stage(tmp_path: Path) -> None:
     report, t = profiled(tmp_path, lambda: train(STEPS, extra=lambda i: torch.save(state, path)))
     assert_steps_match(report, t)
     assert_stage_matches(report, "checkpoint", t.extra.total_s)
-    assert_stage_matches(report, "other", t.other_s)
+    assert_other_matches(report, t)
     assert report.analysis is not None
     saves = report.analysis.config.checkpoints
     assert len(saves) == STEPS
@@ -144,12 +145,22 @@ def test_logging_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     logger.propagate = False
     logger.setLevel(logging.INFO)
 
+    # Each logging call is timed on its own: the Python between them (formatting the text, calling
+    # the next one) is no logging, for perfmagic nor for this truth, and on a busy machine a
+    # preemption there would otherwise count as logging here and as `other` in the report.
+    watch = Stopwatch()
+
     def log(i: int) -> None:
-        print(f"step {i}")  # two writes: text and newline
-        logger.info("step %d", i)
-        sys.stderr.write(f"step {i}\n")
+        text = f"step {i}"
+        with watch():
+            print(text)  # two writes: text and newline
+        with watch():
+            logger.info("step %d", i)
+        with watch():
+            sys.stderr.write(text + "\n")
         if writer is not None:
-            writer.add_scalar("loss", float(i), i)
+            with watch():
+                writer.add_scalar("loss", float(i), i)
 
     try:
         report, t = profiled(tmp_path, lambda: train(STEPS, extra=log))
@@ -159,8 +170,8 @@ def test_logging_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         if writer is not None:
             writer.close()
     assert_steps_match(report, t)
-    assert_stage_matches(report, "logging", t.extra.total_s)
-    assert_stage_matches(report, "other", t.other_s)
+    assert_stage_matches(report, "logging", watch.total_s)
+    assert_other_matches(report, t, also_untracked_s=t.extra.total_s - watch.total_s)
 
 
 def test_comm_stage(tmp_path: Path, gloo_group: None) -> None:
@@ -176,7 +187,7 @@ def test_comm_stage(tmp_path: Path, gloo_group: None) -> None:
     report, t = profiled(tmp_path, lambda: train(STEPS, extra=communicate))
     assert_steps_match(report, t)
     assert_stage_matches(report, "comm", t.extra.total_s)
-    assert_stage_matches(report, "other", t.other_s)
+    assert_other_matches(report, t)
 
 
 def test_user_stage(tmp_path: Path) -> None:
@@ -187,7 +198,7 @@ def test_user_stage(tmp_path: Path) -> None:
     report, t = profiled(tmp_path, lambda: train(STEPS, extra=augment))
     assert_steps_match(report, t)
     assert_stage_matches(report, "augment", t.extra.total_s)
-    assert_stage_matches(report, "other", t.other_s)
+    assert_other_matches(report, t)
 
 
 def test_cpu_to_cpu_copies_are_not_h2d(tmp_path: Path) -> None:
@@ -205,7 +216,7 @@ def test_cpu_to_cpu_copies_are_not_h2d(tmp_path: Path) -> None:
     assert report.stages.get("h2d", {}).get("total_s", 0.0) == 0.0
     assert counters(report)["h2d_copies"] == 0
     assert counters(report)["syncs"] == 0
-    assert_stage_matches(report, "other", t.other_s + t.extra.total_s)
+    assert_other_matches(report, t, also_untracked_s=t.extra.total_s)
 
 
 # -- nesting -------------------------------------------------------------
