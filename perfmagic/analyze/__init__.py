@@ -18,6 +18,7 @@ from perfmagic.analyze.disk_waits import disk_waits
 from perfmagic.analyze.evaluation import EvaluationStats, evaluation_stats
 from perfmagic.analyze.host import host_summary
 from perfmagic.analyze.hotspots import hotspots
+from perfmagic.analyze.job_energy import energy_of_job
 from perfmagic.analyze.loading import LoadingAccount, loading_account
 from perfmagic.analyze.loop import LoopFacts, loop_facts
 from perfmagic.analyze.ranks import Straggler, find_straggler
@@ -30,6 +31,7 @@ from perfmagic.contract import (
     CollectiveSkew,
     Device,
     DiskWait,
+    Energy,
     GpuSection,
     Host,
     Hotspot,
@@ -182,6 +184,7 @@ class Analysis:
     straggler: Straggler | None = None
     # a job merged from several nodes' records: each node's ranks and clock offset (perfmagic merge)
     nodes: list[NodeClock] | None = None
+    energy: Energy | None = None  # the GPUs' joules over the steady steps (analyze.energy)
 
     def tuned(self, knob: str) -> KnobResult | None:
         """The measured result of one tuning knob, where it was tried."""
@@ -235,6 +238,10 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
     wall_s = max(_wall(t) for t in timelines)
     means, loop = _means(tl, sampled, steady, window), loop_facts(tl, primary.breakdown, steady)
     workers = config.loader.num_workers if config.loader else 0
+    devices = devices_summary(sampled)
+    bound = straggler.stage if straggler is not None else bottleneck(primary.stages)
+    energy, energy_notes = _energy(timelines, tl, steady, steps, config, means, bound)
+    warnings += energy_notes
     return Analysis(
         wall_s=wall_s,
         framework=next((t.meta["framework"] for t in timelines if t.meta.get("framework")), None),
@@ -244,8 +251,9 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         steps=steps,
         stages=primary.stages,
         # what holds the job back is the straggler's stage, not the wait it causes on the primary rank
-        bottleneck=straggler.stage if straggler is not None else bottleneck(primary.stages),
-        devices=devices_summary(sampled),
+        bottleneck=bound,
+        devices=devices,
+        energy=energy,
         host=host_summary(sampled),
         gpu=gpu if gpu is not None else primary.gpu,
         ranks=sorted(ranks, key=lambda r: r.rank),
@@ -266,6 +274,21 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         tuning=list(tl.meta.get("tuning") or []),
         straggler=straggler,
     )
+
+
+def _energy(
+    timelines: list[Timeline],
+    tl: Timeline,
+    steady: Steady | None,
+    steps: StepStats,
+    config: TrainingConfig,
+    means: dict[str, float],
+    bound: str | None,
+) -> tuple[Energy | None, list[str]]:
+    model_device = next((m.get("device") for m in config.models if m.get("device")), None)
+    epoch_samples = config.loader.dataset_len if config.loader else None
+    rates = (steps.samples_per_s, steps.tokens_per_s)
+    return energy_of_job(timelines, tl, steady, rates, model_device, epoch_samples, means, bound == "data")
 
 
 def _with_throughput(

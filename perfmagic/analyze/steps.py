@@ -179,6 +179,21 @@ def ended_steps(spans: Spans, kind: str | None = None, since: float | None = Non
     return StepBreakdown(kind, starts, ends, columns, seconds)
 
 
+def stage_clocks(timeline: Timeline) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per stage, the knots of its cumulative exclusive seconds over the spans the timeline holds.
+
+    A stage's seconds in [a, b] are ``np.interp(b, *knots) - np.interp(a, *knots)``: what lets a
+    sampled figure (power, energy) be split among the stages open while it was sampled.
+    """
+    spans = timeline.spans
+    names = spans.names
+    is_boundary = np.array([n.startswith(STEP_BOUNDARY_PREFIX) for n in names], dtype=bool)
+    stage_mask = ~is_boundary[spans.name_id] if len(spans) else np.zeros(0, dtype=bool)
+    if not stage_mask.any():
+        return {}
+    return {names[sid]: knots for sid, knots in _exclusive_cumulative(spans, stage_mask).items()}
+
+
 def _stage_seconds(
     spans: Spans, is_boundary: np.ndarray, stage_mask: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[list[str], np.ndarray]:

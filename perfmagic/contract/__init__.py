@@ -9,6 +9,7 @@ DataLoader's settings the analysis reads from its mark are a frozen dataclass
 
 from __future__ import annotations
 
+from perfmagic.contract.energy import Energy, StageEnergy
 from perfmagic.contract.gpu import GpuSection
 from perfmagic.contract.loader import LoaderConfig
 from perfmagic.contract.machine import Device, Host
@@ -64,6 +65,7 @@ __all__ = [
     "Device",
     "DeviceInfo",
     "DiskWait",
+    "Energy",
     "Evaluation",
     "GpuProcess",
     "GpuSection",
@@ -90,6 +92,7 @@ __all__ = [
     "Source",
     "StackSample",
     "Stage",
+    "StageEnergy",
     "StepTable",
     "Steps",
     "Straggler",

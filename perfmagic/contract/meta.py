@@ -174,6 +174,7 @@ class TimelineMeta(TypedDict, total=False):
     source: str  # "live", "run" or "trace" (a Source)
     interval: float  # sampling period, seconds
     ready_s: float  # when perfmagic had finished its own start
+    price_per_gpu_hour: float  # the user's price of one GPU for an hour (energy.cost_*)
     wall_s: float  # the window's end: written when the profile finishes
     framework: str | None
     trace_file: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 from perfmagic.contract.code import FixSite
+from perfmagic.contract.energy import Energy
 from perfmagic.contract.gpu import GpuSection
 from perfmagic.contract.machine import Device, Host
 from perfmagic.contract.meta import CodePlace, Source
@@ -246,6 +247,7 @@ class ReportBody(TypedDict):
     stages: dict[str, Stage]  # by stage name, in schema.STAGES order
     bottleneck: str | None  # the stage with most time (the straggler's, in a job)
     devices: list[Device]
+    energy: Energy | None  # None: no GPU power or energy sampled over steady steps
     host: Host
     gpu: GpuSection | None
     ranks: list[Rank]
