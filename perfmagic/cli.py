@@ -17,6 +17,7 @@ from pathlib import Path
 from perfmagic import __version__
 from perfmagic.children import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV, write_sitecustomize
 from perfmagic.merge import merge_records, node_report, read_node
+from perfmagic.price import PRICE_ENV, gpu_hour_price
 from perfmagic.report import Report
 from perfmagic.session import Session
 
@@ -120,6 +121,13 @@ def _run_arguments(run_p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="with --tune: seconds tuning may take per process (default: the smaller of 60 s and a quarter "
         "of the profiled time)",
+    )
+    run_p.add_argument(
+        "--price-per-gpu-hour",
+        type=float,
+        metavar="PRICE",
+        help=f"what one GPU costs for an hour (else ${PRICE_ENV}): the report adds cost per hour, per "
+        "sample and per epoch, and what each card's change saves",
     )
     run_p.add_argument(
         "--outdir",
@@ -247,31 +255,47 @@ def _wait_forwarding(child: subprocess.Popen[bytes]) -> int:
     return _exit_code(child.wait())
 
 
-def run(args: argparse.Namespace) -> int:
-    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
-    wanted = Path(args.outdir) if args.outdir else Path("perfmagic-out") / time.strftime("run-%Y%m%d-%H%M%S")
+def _record_dir(wanted_dir: str | None) -> tuple[Path, Path]:
+    """Where the run's records go, and the directory of the ``sitecustomize`` that starts profiling."""
+    wanted = Path(wanted_dir) if wanted_dir else Path("perfmagic-out") / time.strftime("run-%Y%m%d-%H%M%S")
     try:
         wanted.mkdir(parents=True, exist_ok=True)
-        boot = write_sitecustomize(wanted / "boot").parent
-        outdir = wanted
+        return wanted, write_sitecustomize(wanted / "boot").parent
     except OSError as e:  # the command runs all the same, recorded elsewhere
         outdir = Path(tempfile.mkdtemp(prefix="perfmagic-run-"))
         print(
             f"perfmagic run: cannot write to {wanted} ({e.strerror}); recording in {outdir}", file=sys.stderr
         )
-        boot = write_sitecustomize(outdir / "boot").parent
+        return outdir, write_sitecustomize(outdir / "boot").parent
+
+
+def _child_env(args: argparse.Namespace, boot: Path, outdir: Path, price: float | None) -> dict[str, str]:
+    """The command's environment: what each of its Python processes' profiling reads."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(boot.resolve()), *filter(None, [env.get("PYTHONPATH")])])
     env[RUN_DIR_ENV] = str(outdir.resolve())
     env[INTERVAL_ENV] = str(args.interval)
     if args.trace:
         env[TRACE_ENV] = str(args.trace)
+    if args.tune:
+        env[TUNE_ENV] = str(args.tune_budget or "")
+    if price is not None:
+        env[PRICE_ENV] = repr(price)
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if args.tune_budget is not None and not args.tune:
         print("perfmagic run: --tune-budget sets how long --tune may take: add --tune", file=sys.stderr)
         return 2
-    if args.tune:
-        env[TUNE_ENV] = str(args.tune_budget or "")
-
+    try:
+        price = gpu_hour_price(args.price_per_gpu_hour)
+    except ValueError as e:
+        print(f"perfmagic run: {e}", file=sys.stderr)
+        return 2
+    outdir, boot = _record_dir(args.outdir)
+    env = _child_env(args, boot, outdir, price)
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:  # the shell's codes: 126 found but not runnable, 127 not found
@@ -287,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
         children=False,  # the command's own environment profiles them
         sources=[NvmlSource(), HostSource(root_pid=child.pid)],
         source="run",
+        price_per_gpu_hour=price,
     )
     with _signals_held():
         try:

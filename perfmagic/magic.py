@@ -25,6 +25,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class, output_can_be_silenced
 
 from perfmagic.cells import compile_body, shown_from_body, syntax_check
+from perfmagic.price import gpu_hour_price
 from perfmagic.report import Report
 from perfmagic.session import Session, active_session
 
@@ -104,6 +105,14 @@ class PerfMagics(Magics):
         metavar="S",
         help="with --tune: seconds tuning may take (default: the smaller of 60 s and a quarter of the cell's time)",
     )
+    @argument(
+        "--price-per-gpu-hour",
+        type=float,
+        default=None,
+        metavar="PRICE",
+        help="what one GPU costs for an hour (else $PERFMAGIC_PRICE_PER_GPU_HOUR): the report adds cost per "
+        "hour, per sample and per epoch",
+    )
     @argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     @argument("--html", metavar="FILE", help="also write the report as one self-contained HTML file")
     @argument("--no-live", action="store_true", help="no live panel while the cell runs")
@@ -173,6 +182,10 @@ class PerfMagics(Magics):
             raise UsageError("--tune-budget sets how long --tune may take: add --tune")
         if args.tune_budget is not None and not 0 < args.tune_budget < float("inf"):
             raise UsageError(f"--tune-budget must be a positive number of seconds, got {args.tune_budget}")
+        try:
+            args.price_per_gpu_hour = gpu_hour_price(args.price_per_gpu_hour)
+        except ValueError as e:
+            raise UsageError(str(e).replace("price_per_gpu_hour", "--price-per-gpu-hour")) from None
         report, value = self._profile_cell(args, line, cell)
         if args.return_report:
             if value is not _NOTHING and value is not None:
@@ -242,6 +255,7 @@ class PerfMagics(Magics):
             trace=args.steps or args.trace,
             tune=args.tune,
             tune_budget=args.tune_budget,
+            price_per_gpu_hour=args.price_per_gpu_hour,
         )
         view = None if args.no_live or args.quiet else _LiveView(session)
         if view is not None:

@@ -18,6 +18,7 @@ from perfmagic.collect.forked_child import keep_until_exit
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.sources import session_sources
+from perfmagic.price import gpu_hour_price
 from perfmagic.process_meta import process_identity, process_meta
 from perfmagic.records import REPORT_NAME, window_report
 from perfmagic.registry import SessionStatus
@@ -46,7 +47,9 @@ class Session:
     Without it, a temporary directory is used. With ``children`` (the default), the
     Python interpreters the block starts (``torch.multiprocessing.spawn`` workers,
     subprocesses) are profiled into ``outdir/children`` and are the report's ranks.
-    ``clock`` is what every collector times on (a test's fake one drives the whole window).
+    ``price_per_gpu_hour`` (else ``$PERFMAGIC_PRICE_PER_GPU_HOUR``) puts money on the energy figures;
+    without it the report has none. ``clock`` is what every collector times on (a test's fake one
+    drives the whole window).
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class Session:
         tune: bool = False,
         tune_budget: float | None = None,
         children: bool = True,
+        price_per_gpu_hour: float | None = None,
         clock: Clock = REAL_CLOCK,
     ) -> None:
         if not interval > 0:
@@ -77,6 +81,7 @@ class Session:
         self.interval, self.hooks, self.sample, self.source = float(interval), hooks, sample, source
         self.tune, self.tune_budget, self.trace_steps = tune, tune_budget, trace_steps
         self.children, self.clock = children, clock
+        self.price_per_gpu_hour = gpu_hour_price(price_per_gpu_hour)
         self.outdir = Path(outdir) if outdir is not None else Path(tempfile.mkdtemp(prefix="perfmagic-"))
         self.timeline = Timeline()
         self.recorder: StageRecorder | None = None
@@ -124,6 +129,8 @@ class Session:
         self._origin = self.clock.now()
         meta = self.timeline.meta
         meta.update(process_meta(self.clock, self.source, self.interval))
+        if self.price_per_gpu_hour is not None:
+            meta["price_per_gpu_hour"] = self.price_per_gpu_hour
         self.outdir = self._upkeep.open(self.outdir)
         self._running = True
         if self.children:

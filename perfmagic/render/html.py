@@ -16,6 +16,7 @@ from perfmagic.advise.headline import headline
 from perfmagic.contract import Card, ReportData
 from perfmagic.render.colors import SEVERITY_COLORS, stage_color
 from perfmagic.render.embed import charts_html
+from perfmagic.render.energy import energy_kpi, energy_lines
 from perfmagic.render.kernels import gpu_html
 from perfmagic.render.ranks import ranks_html
 from perfmagic.render.wording import (
@@ -116,6 +117,14 @@ def report_fragment(
         if said:
             parts.append(f'<p class="pm-minor">{html.escape(said[0].upper() + said[1:])}.</p>')
     parts.append(tuning_html(report))
+    energy = energy_lines(report)
+    if energy:
+        details = "".join(f"<li>{html.escape(line.strip())}</li>" for line in energy[1:])
+        parts.append(
+            f'<div class="pm-energy"><p>{html.escape(energy[0])}</p>'
+            + (f"<ul>{details}</ul>" if details else "")
+            + "</div>"
+        )
     if report.get("warnings"):
         items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
         parts.append(
@@ -183,6 +192,7 @@ def _header(report: ReportData) -> str:
             *([("tokens/s", fmt_rate(steps["tokens_per_s"]))] if steps.get("tokens_per_s") else []),
             ("steps", str(steps.get("count", 0))),
             ("GPU busy", gpu_note),
+            *([kpi] if (kpi := energy_kpi(report)) else []),
         ]
     else:  # step figures would all read n/a: show what was measured instead
         host = report.get("host") or {}

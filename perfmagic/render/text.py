@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from perfmagic.advise.headline import caused
 from perfmagic.contract import CollectiveSkew, Rank, ReportData, Steps
+from perfmagic.render.energy import energy_kpi, energy_lines
 from perfmagic.render.wording import (
     evaluation_line,
     hotspot_lines,
@@ -59,6 +60,7 @@ def render_text(report: ReportData) -> str:
         hotspot_lines(report),
         _gpu_trace_lines(report),
         _device_lines(report),
+        energy_lines(report),
         _host_lines(report),
         _rank_lines(report),
         _advice_lines(report),
@@ -86,6 +88,7 @@ def _summary_lines(report: ReportData) -> list[str]:
         head,
         "=" * len(head),
         *_steps_lines(report["steps"]),
+        *([f"{kpi[0]}: {kpi[1]}"] if (kpi := energy_kpi(report)) else []),
         *_line(evaluation_line(report)),
         *_bottleneck_lines(report),
     ]

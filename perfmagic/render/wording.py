@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from perfmagic.advise.headline import cause_card_title
 from perfmagic.contract import Card, Host, Rank, ReportData
+from perfmagic.render.energy import energy_saving_words
 from perfmagic.schema import MEMORY_NAME, STAGES, memory_kind
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
@@ -45,6 +46,9 @@ def saving_words(card: Card) -> str:
     alone, saving = metrics.get("saving_alone_s"), card.get("saving_s")
     if alone and saving is not None and alone > 1.05 * saving:
         parts.append(f"{fmt_seconds(alone)} on its own, less after the changes above")
+    energy = energy_saving_words(card)
+    if energy:
+        parts.append(energy)
     return ", ".join(parts)
 
 

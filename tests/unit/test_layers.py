@@ -42,6 +42,7 @@ LAYERS = {
     "perfmagic": TOP,
     "perfmagic.report": TOP,
     "perfmagic.session": TOP,
+    "perfmagic.price": TOP,
     "perfmagic.magic": TOP,
     "perfmagic.cells": TOP,
     "perfmagic.cli": TOP,
