@@ -341,6 +341,38 @@ def training(check: Check, torch: Any, device: str, seconds: float) -> Any:
     return session
 
 
+def check_energy(check: Check, session: Any) -> None:
+    """The report's joules per step (NVML's counter) against power samples × time over the same steady
+    steps: within 5% on a steady loop."""
+    import numpy as np
+
+    d = session.report.to_dict()
+    energy, analysis = d.get("energy"), session.report.analysis
+    if not energy or analysis is None or analysis.steady is None:
+        check.record("energy", False, "no energy section (no GPU power samples or no steady steps)")
+        return
+    print(
+        f"energy: {energy['joules']:.1f} J over {energy['seconds']:.1f} s on GPU {energy['gpus']} "
+        f"from {energy['source']}; {_fmt(energy['joules_per_step'])} J/step, {energy['watts_mean']:.0f} W"
+    )
+    start, end = analysis.steady.start, analysis.steady.end
+    integral = 0.0
+    for i in energy["gpus"]:
+        t, w = session.timeline.series(f"gpu{i}.power_w")
+        keep = (t >= start) & (t <= end) & np.isfinite(w)
+        t, w = t[keep], w[keep]
+        integral += float(np.sum((w[1:] + w[:-1]) / 2 * np.diff(t))) * (end - start) / max(t[-1] - t[0], 1e-9)
+    per_step = integral / analysis.steady.count
+    gap = abs(per_step - energy["joules_per_step"]) / per_step if per_step else float("inf")
+    print(f"power × time: {per_step:.2f} J/step ({100 * gap:.1f}% apart)")
+    check.record(
+        "energy",
+        energy["source"] == "counter" and gap <= 0.05,
+        f"counter {energy['joules_per_step']:.2f} J/step against power × time {per_step:.2f} "
+        f"({100 * gap:.1f}%, source {energy['source']})",
+    )
+
+
 # -- phase 3b: the CUDA paths, one check each --------------------------------------------------
 
 
@@ -779,6 +811,8 @@ def main(argv: list[str] | None = None) -> int:
         session = None
         with check.section(f"training {TRAIN_S:.0f} s under perfmagic.profile()"):
             session = training(check, torch, "cuda", TRAIN_S)
+        with check.section("energy: the counter against power × time"):
+            check_energy(check, session)
         cuda_paths(check, torch)
         with check.section("sampler cost"):
             sampler_cost(check, session)

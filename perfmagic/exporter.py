@@ -18,7 +18,10 @@ from typing import Any
 from perfmagic.registry import running_sessions
 from perfmagic.render.prometheus import CONTENT_TYPE, exposition
 from perfmagic.server.service import open_nvml
-from perfmagic.server.snapshot import HostReader, NvmlLike, read_gpus
+from perfmagic.server.snapshot import HostReader, NvmlLike, ProcessCache, read_gpus, read_processes
+
+PROCESSES_EVERY_S = 5.0
+"""How long a scrape reuses the GPUs' process lists (per-process NVML queries are the slow ones)."""
 
 
 class Exporter:
@@ -33,13 +36,16 @@ class Exporter:
         self._nv, self.nvml_reason = nvml_opener()
         self._static = [self._nv.static_info(i) for i in range(self._nv.device_count())] if self._nv else []
         self._host = HostReader()
+        self._processes = ProcessCache(PROCESSES_EVERY_S)
         self._lock = threading.Lock()  # two scrapes at once would split the host's CPU deltas
 
     def metrics(self) -> str:
         with self._lock:
-            gpus = read_gpus(self._nv, self._static) if self._nv is not None else []
+            nv = self._nv
+            gpus = read_gpus(nv, self._static) if nv is not None else []
             host = self._host.read()
-        return exposition(gpus, host, self.hostname, self._nv is not None, running_sessions())
+            processes = self._processes.get(lambda: read_processes(nv, gpus)) if nv is not None else []
+        return exposition(gpus, host, self.hostname, nv is not None, running_sessions(), processes)
 
     def close(self) -> None:
         if self._nv is not None:

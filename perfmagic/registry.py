@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import psutil
 
 from perfmagic.analyze.running import RunningStages
+from perfmagic.schema import THREAD_SAMPLES
 from perfmagic.timeline import Timeline
 
 Json = dict[str, Any]
@@ -48,6 +49,7 @@ class StatusFile:
         self.identity = identity
         self._written = -PUBLISH_EVERY_S
         self._steps: deque[tuple[float, int]] = deque()
+        self._samples: deque[tuple[float, float]] = deque()
         self._totals: deque[tuple[float, dict[str, float]]] = deque()
         self.failed: str | None = None
 
@@ -57,13 +59,14 @@ class StatusFile:
         stage: str | None,
         stage_seconds: Callable[[], dict[str, float]],
         now: float | None = None,
+        samples: float | None = None,
     ) -> None:
-        """Note the step count; at most once a :data:`PUBLISH_EVERY_S`, write the status with the
-        seconds per stage of the steps ended so far (``stage_seconds``, asked only then)."""
+        """Note the step count (and the samples the loop has taken, where counted); at most once a
+        :data:`PUBLISH_EVERY_S`, write the status with the seconds per stage of the steps ended so
+        far (``stage_seconds``, asked only then)."""
         now = time.monotonic() if now is None else now
-        self._steps.append((now, steps))
-        while len(self._steps) > 2 and now - self._steps[0][0] > RATE_WINDOW_S:
-            self._steps.popleft()
+        _note(self._steps, now, steps)
+        _note(self._samples, now, samples or 0.0)  # over the same window as the steps
         if self.failed is not None or now - self._written < PUBLISH_EVERY_S:
             return
         self._written = now
@@ -71,14 +74,15 @@ class StatusFile:
         self._totals.append((now, totals))
         while len(self._totals) > 2 and now - self._totals[0][0] > RATE_WINDOW_S:
             self._totals.popleft()
-        (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
         earlier = self._totals[0][1]
         recent = {k: v - earlier.get(k, 0.0) for k, v in totals.items()}
         status = {
             **self.identity,
             "updated": time.time(),
             "steps": steps,
-            "steps_per_s": (s1 - s0) / (t1 - t0) if t1 > t0 else None,
+            "steps_per_s": _rate(self._steps),
+            # None for a loop whose samples are not counted (no DataLoader batch seen yet)
+            "samples_per_s": _rate(self._samples) if self._samples[-1][1] else None,
             "stage": stage,
             "stage_seconds": totals,
             # where the last ten seconds' steps spent most of their time
@@ -97,6 +101,21 @@ class StatusFile:
     def remove(self) -> None:
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+def _note(counts: deque[tuple[float, Any]], now: float, count: float) -> None:
+    """Add a count to a rate window of :data:`RATE_WINDOW_S` (two readings kept at least)."""
+    counts.append((now, count))
+    while len(counts) > 2 and now - counts[0][0] > RATE_WINDOW_S:
+        counts.popleft()
+
+
+def _rate(counts: deque[tuple[float, Any]]) -> float | None:
+    """Per second over the window; None before two readings apart in time."""
+    if len(counts) < 2:
+        return None
+    (t0, c0), (t1, c1) = counts[0], counts[-1]
+    return (c1 - c0) / (t1 - t0) if t1 > t0 else None
 
 
 def running_sessions(directory: Path | None = None) -> list[Json]:
@@ -130,7 +149,8 @@ class SessionStatus:
 
         stages = self._stages
         steps, stage = (stages.step_count, stages.current_stage) if stages is not None else (0, None)
-        self._file.publish(steps, stage, stage_seconds)
+        _, taken = self._timeline.last(THREAD_SAMPLES)
+        self._file.publish(steps, stage, stage_seconds, samples=float(taken[-1]) if len(taken) else None)
 
     def remove(self) -> list[str]:
         """Take the file away; a warning if it could never be written."""

@@ -29,9 +29,10 @@ class Exporters:
         (self.site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(tests=str(Path(__file__).parent)))
         self.started: list[subprocess.Popen[str]] = []
 
-    def start(self, scenario: str, hostname: str, registry: Path | None = None) -> str:
+    def start(self, scenario: str, hostname: str, registry: Path | None = None, **env_vars: str) -> str:
         """An exporter whose NVML is ``fake_nvml.<scenario>()``, labelled ``Hostname=hostname``, reading
-        the sessions in ``registry`` (default: an empty one of its own); its /metrics URL."""
+        the sessions in ``registry`` (default: an empty one of its own), with ``env_vars`` set for the
+        scenario; its /metrics URL."""
         if registry is None:
             registry = self.site.parent / f"registry-{len(self.started)}"
         env = dict(
@@ -39,6 +40,7 @@ class Exporters:
             PYTHONPATH=str(self.site),
             FAKE_NVML_SCENARIO=scenario,
             PERFMAGIC_REGISTRY_DIR=str(registry),
+            **env_vars,
         )
         proc = subprocess.Popen(
             [sys.executable, "-m", "perfmagic.cli", "exporter", "--port", "0", "--hostname", hostname],
@@ -68,9 +70,22 @@ while True:
 """
 
 
-def training(registry: Path, rank: int) -> subprocess.Popen[str]:
-    """``perfmagic run`` of a script stepping every 10 ms as ``rank``, in the session registry
-    ``registry``, until it is ended (``terminate``: perfmagic run passes the signal on)."""
+BATCHES = """
+import time, perfmagic, torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.zeros(64, 4)), batch_size=8)
+while True:
+    for (x,) in loader:
+        with perfmagic.stage("forward"):
+            time.sleep(0.01)
+        perfmagic.step()
+"""
+"""The same steps, each on a batch of 8 samples from a DataLoader."""
+
+
+def training(registry: Path, rank: int, script: str = TRAINING) -> subprocess.Popen[str]:
+    """``perfmagic run`` of ``script`` (default: stepping every 10 ms) as ``rank``, in the session
+    registry ``registry``, until it is ended (``terminate``: perfmagic run passes the signal on)."""
     env = dict(os.environ, PERFMAGIC_REGISTRY_DIR=str(registry), RANK=str(rank), LOCAL_RANK="0")
     cmd = [
         sys.executable,
@@ -82,7 +97,7 @@ def training(registry: Path, rank: int) -> subprocess.Popen[str]:
         str(registry.parent / f"run-{rank}"),
     ]
     return subprocess.Popen(
-        [*cmd, "--", sys.executable, "-c", TRAINING],
+        [*cmd, "--", sys.executable, "-c", script],
         env=env,
         text=True,
         cwd=registry.parent,

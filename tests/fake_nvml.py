@@ -9,7 +9,7 @@ constant comes from the real module. Counters grow with ``clock`` at the rates a
 
 Scenarios: :func:`two_gpus`, :func:`fields_not_supported`, :func:`older_driver`,
 :func:`gpu_lost` (flip ``gpus[i].lost`` mid-run), :func:`no_library`,
-:func:`driver_not_loaded`, :func:`foreign_pids`, :func:`mig`.
+:func:`driver_not_loaded`, :func:`foreign_pids`, :func:`training_gpu`, :func:`mig`.
 """
 
 from __future__ import annotations
@@ -449,6 +449,13 @@ def driver_not_loaded() -> FakeNvml:
 def foreign_pids() -> FakeNvml:
     """A container: NVML reports host PIDs, none of which is in this process tree."""
     return FakeNvml([FakeGpu(processes=[(4_000_001, 18 * GiB), (4_000_002, GiB)])])
+
+
+def training_gpu() -> FakeNvml:
+    """One H100 at 250.12 W running the processes whose pids ``$FAKE_NVML_PIDS`` lists (comma-separated):
+    another process's training, for an exporter started after it."""
+    pids = [int(p) for p in os.environ.get("FAKE_NVML_PIDS", "").split(",") if p]
+    return FakeNvml([FakeGpu(processes=[(pid, 2 * GiB) for pid in pids])])
 
 
 def mig() -> FakeNvml:

@@ -27,6 +27,22 @@ export function formatWatts(w: number | null | undefined, limit?: number | null)
   return limit ? `${Math.round(w)} / ${Math.round(limit)} W` : `${Math.round(w)} W`;
 }
 
+/** Joules as "850 J", "12.3 kJ", "4.10 MJ"; '–' where unknown. */
+export function formatJoules(j: number | null | undefined): string {
+  if (j === null || j === undefined || !Number.isFinite(j)) {
+    return '–';
+  }
+  for (const [unit, scale] of [
+    ['MJ', 1e6],
+    ['kJ', 1e3]
+  ] as const) {
+    if (Math.abs(j) >= scale) {
+      return `${(j / scale).toPrecision(3)} ${unit}`;
+    }
+  }
+  return `${Math.round(j)} J`;
+}
+
 export function formatCelsius(c: number | null | undefined): string {
   return c === null || c === undefined || !Number.isFinite(c) ? '–' : `${Math.round(c)} °C`;
 }

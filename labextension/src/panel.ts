@@ -55,6 +55,8 @@ export class GpuMonitorPanel extends Widget {
   private readonly cluster = new ClusterSection();
   private readonly rows = new Map<string, MetricRow>();
   private readonly cards = new Map<number, HTMLElement>();
+  /** Each GPU's energy counter when the panel first read it: "so far" counts from there. */
+  private readonly energyFrom = new Map<number, number>();
   private readonly onVisibility = () => this.updateActivity();
   private state: FeedState = 'paused';
 
@@ -170,7 +172,7 @@ export class GpuMonitorPanel extends Widget {
       lost.hidden = !g.lost;
       lost.textContent = g.lost ? `GPU lost${g.lost_reason ? `: ${g.lost_reason}` : ''}` : '';
       card.classList.toggle('pm-lost', g.lost);
-      for (const view of gpuMetrics(g)) {
+      for (const view of gpuMetrics(g, this.energyStart(g))) {
         this.row(view, card).update(view);
       }
       const held = card.querySelector('.pm-gpu-procs') as HTMLElement;
@@ -187,6 +189,20 @@ export class GpuMonitorPanel extends Widget {
         card.querySelectorAll<HTMLElement>('.pm-metric').forEach(m => this.rows.delete(m.dataset.key!));
       }
     }
+  }
+
+  /** Where a GPU's energy so far counts from; a counter that went back (a driver reload) starts over. */
+  private energyStart(g: IGpu): number | null {
+    const now = g.energy_j;
+    if (now === null || !Number.isFinite(now)) {
+      return null;
+    }
+    const from = this.energyFrom.get(g.index);
+    if (from === undefined || now < from) {
+      this.energyFrom.set(g.index, now);
+      return now;
+    }
+    return from;
   }
 
   private row(view: IMetricView, parent: HTMLElement): MetricRow {

@@ -3,7 +3,7 @@
  * (label, text, value and ceiling) from a snapshot.
  */
 
-import { formatBytes, formatCelsius, formatPercent, formatWatts } from './format';
+import { formatBytes, formatCelsius, formatJoules, formatPercent, formatWatts } from './format';
 import { IGpu, IHost } from './snapshot';
 
 /** Fixed-length history of one metric; `null` marks a sample the source could not read. */
@@ -81,8 +81,11 @@ function linkMetric(
   ];
 }
 
-/** The charts of one GPU, in display order (PCIe and NVLink where the GPU measures them). */
-export function gpuMetrics(g: IGpu): IMetricView[] {
+/**
+ * The charts of one GPU, in display order (PCIe and NVLink where the GPU measures them); the power
+ * chart says the energy drawn since `energySinceJ` joules were counted, where it is known.
+ */
+export function gpuMetrics(g: IGpu, energySinceJ: number | null = null): IMetricView[] {
   const p = `gpu${g.index}`;
   const memFraction = ratio(g.mem_used_bytes, g.mem_total_bytes);
   return [
@@ -108,7 +111,11 @@ export function gpuMetrics(g: IGpu): IMetricView[] {
     {
       key: `${p}.power`,
       label: 'Power',
-      text: formatWatts(g.power_w, g.power_limit_w),
+      text:
+        formatWatts(g.power_w, g.power_limit_w) +
+        (known(g.energy_j) && energySinceJ !== null
+          ? ` · ${formatJoules(g.energy_j - energySinceJ)} so far`
+          : ''),
       value: g.power_w,
       fraction: ratio(g.power_w, g.power_limit_w),
       ceiling: s => g.power_limit_w || Math.max(1, s.max)

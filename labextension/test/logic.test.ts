@@ -2,7 +2,7 @@ import { strict as assert } from 'node:assert';
 import { test } from 'node:test';
 
 import { clusterGpuText, clusterNotice, clusterRankText, isClusterView } from '../src/clusterView';
-import { formatBytes, formatCelsius, formatPercent, formatWatts } from '../src/format';
+import { formatBytes, formatCelsius, formatJoules, formatPercent, formatWatts } from '../src/format';
 import { gpuMetrics, historySpan, hostMetrics, Series } from '../src/series';
 import { IGpu, IGpuProcess, IKernelRef, INvmlStatus, ISnapshot } from '../src/snapshot';
 import { backoffDelay, clampRate, isSnapshot } from '../src/stream';
@@ -141,6 +141,14 @@ test('gpu metrics: four charts with fractions against the right ceilings', () =>
   assert.equal(power.fraction, 251.6 / 400);
   assert.equal(power.ceiling(new Series()), 400);
   assert.equal(temp.ceiling(new Series()), 100);
+});
+
+test('the power chart says the energy drawn since the panel first read the counter', () => {
+  const power = gpuMetrics({ ...gpu, energy_j: 51_000 }, 50_000)[2];
+  assert.equal(power.text, '252 / 400 W · 1.00 kJ so far');
+  assert.equal(gpuMetrics({ ...gpu, energy_j: null }, 50_000)[2].text, '252 / 400 W');
+  assert.equal(formatJoules(850.4), '850 J');
+  assert.equal(formatJoules(4.1e6), '4.10 MJ');
 });
 
 test('unsupported fields stay empty instead of faking zeros', () => {

@@ -127,13 +127,19 @@ HOST_METRICS: tuple[tuple[str, str, str], ...] = (
 
 
 def exposition(
-    gpus: Iterable[Json], host: Json | None, hostname: str, nvml_up: bool, sessions: Iterable[Json] = ()
+    gpus: Iterable[Json],
+    host: Json | None,
+    hostname: str,
+    nvml_up: bool,
+    sessions: Iterable[Json] = (),
+    processes: Iterable[Json] = (),
 ) -> str:
     """The text format (version 0.0.4) of one snapshot's GPUs and host, and of the profiling sessions
     running on the machine (:func:`perfmagic.registry.running_sessions`); lost GPUs are left out.
 
     ``perfmagic_nvml_up`` says whether GPUs could be read at all: a scrape without GPU series is
-    then a machine without NVML, not a machine without GPUs.
+    then a machine without NVML, not a machine without GPUs. ``processes`` (each GPU's, as
+    :func:`perfmagic.server.snapshot.read_processes` lists them) tie a session to the GPUs it runs on.
     """
     live = [g for g in gpus if not g.get("lost")]
     host_label = f'Hostname="{_escaped(hostname)}"'
@@ -147,8 +153,19 @@ def exposition(
         lines += _family(name, kind, text, [(_gpu_labels(g, hostname), value_of(g)) for g in live])
     for name, key, text in HOST_METRICS:
         lines += _family(name, "gauge", text, [(host_label, (host or {}).get(key))])
-    lines += _training(list(sessions), hostname)
+    lines += _training(list(sessions), hostname, _watts_by_pid(live, processes))
     return "\n".join(lines) + "\n"
+
+
+def _watts_by_pid(gpus: list[Json], processes: Iterable[Json]) -> dict[int, float]:
+    """Each process's GPUs' power drawn now, summed (a GPU shared by two processes counts for both)."""
+    power = {g["index"]: w for g in gpus if (w := _finite(g.get("power_w"))) is not None}
+    out: dict[int, float] = {}
+    for p in processes:
+        watts = power.get(p.get("gpu_index", -1))
+        if watts is not None:
+            out[int(p["pid"])] = out.get(int(p["pid"]), 0.0) + watts
+    return out
 
 
 def _family(name: str, kind: str, text: str, samples: list[tuple[str, Any]]) -> list[str]:
@@ -159,11 +176,22 @@ def _family(name: str, kind: str, text: str, samples: list[tuple[str, Any]]) -> 
     return [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *lines] if lines else []
 
 
-def _training(sessions: list[Json], hostname: str) -> list[str]:
-    """Each profiled process's steps, pace, seconds per stage, bottleneck and current stage, labelled
-    with its rank and node."""
+def _training(sessions: list[Json], hostname: str, watts: dict[int, float]) -> list[str]:
+    """Each profiled process's steps, pace, seconds per stage, bottleneck, current stage and joules per
+    sample, labelled with its rank and node."""
     labelled = [(s, _session_labels(s, hostname)) for s in sessions]
     return [
+        *_family(
+            "perfmagic_training_joules_per_sample",
+            "gauge",
+            "Joules per training sample now: the power of the GPUs a profiled process runs on over "
+            "the samples it takes per second (ten seconds).",
+            [
+                (la, watts[int(s["pid"])] / rate)
+                for s, la in labelled
+                if int(s["pid"]) in watts and (rate := s.get("samples_per_s"))
+            ],
+        ),
         *_family(
             "perfmagic_training_steps_total",
             "counter",

@@ -73,7 +73,8 @@ class MetricsHandler(APIHandler):
         snap = await _service(self).get_snapshot()
         nvml = snap.get("nvml") or {}
         gpus, host, hostname = snap.get("gpus") or [], snap.get("host"), socket.gethostname()
-        text = exposition(gpus, host, hostname, bool(nvml.get("available")), running_sessions())
+        processes = snap.get("processes") or []
+        text = exposition(gpus, host, hostname, bool(nvml.get("available")), running_sessions(), processes)
         self.set_header("Content-Type", CONTENT_TYPE)
         self.set_header("Cache-Control", "no-store")
         self.finish(text)

@@ -13,7 +13,7 @@ from typing import Any
 import fake_nvml as fakes
 import pytest
 import tornado.httpclient
-from exporters import Exporters, profiled, training
+from exporters import BATCHES, Exporters, profiled, training
 from jupyter_server.utils import url_path_join
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -139,6 +139,35 @@ def test_a_running_session_is_exported_with_its_rank_and_pace(tmp_path: Path) ->
         assert seconds["forward"] > 0.9 * sum(seconds.values()), seconds
         (bottleneck,) = series["perfmagic_training_bottleneck"]
         assert bottleneck.labels["stage"] == "forward" and bottleneck.labels["rank"] == "3"
+    finally:
+        job.terminate()
+        job.wait(timeout=30)
+        exporters.close()
+
+
+def test_joules_per_sample_are_the_training_gpus_power_over_its_samples(tmp_path: Path) -> None:
+    """The fake GPU draws 250.12 W and runs the training process; the loop takes 8 samples a step."""
+    registry = tmp_path / "registry"
+    exporters = Exporters(tmp_path)
+    job = training(registry, rank=0, script=BATCHES)
+    try:
+        deadline = time.monotonic() + 60
+        while not profiled(job) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = ",".join(str(p) for p in sorted(profiled(job)))
+        url = exporters.start("training_gpu", "node-a", registry, FAKE_NVML_PIDS=pids)
+        while time.monotonic() < deadline:
+            series = samples(scrape(url))
+            if series.get("perfmagic_training_joules_per_sample") and series.get(
+                "perfmagic_training_steps_per_second"
+            ):
+                break
+            time.sleep(0.3)
+        (joules,) = series["perfmagic_training_joules_per_sample"]
+        (pace,) = series["perfmagic_training_steps_per_second"]
+        assert joules.labels["rank"] == "0" and int(joules.labels["pid"]) in profiled(job)
+        # one status, one window: 8 samples a step (give or take a batch at the window's edges)
+        assert joules.value == pytest.approx(250.12 / (8 * pace.value), rel=0.1)
     finally:
         job.terminate()
         job.wait(timeout=30)

@@ -235,7 +235,11 @@ def test_sidebar_charts_gpus_and_names_the_notebook(tmp_path: Path, two_ranks: l
         assert len(texts) > 1, texts
         for key in ("gpu0.mem", "gpu0.power", "gpu0.temp", "gpu1.util", "host.cpu", "host.mem"):
             assert _points(page, key) > 0, key
-        assert " W" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.power"] .pm-metric-value')
+        # the power chart with the energy drawn since the panel opened (the fake GPU's counter rises)
+        power = page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.power"] .pm-metric-value')
+        assert re.fullmatch(r"\d+ / 700 W · [\d.]+ k?J so far", power) and not power.endswith(
+            " 0 J so far"
+        ), power
         assert "°C" in page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.temp"] .pm-metric-value')
         # PCIe (both GPUs) and NVLink (only GPU 0 has links) throughput, and the charts' time scale
         pcie = page.inner_text(f'{PANEL} .pm-metric[data-key="gpu0.pcie"] .pm-metric-value')
