@@ -263,3 +263,35 @@ def test_the_reports_show_energy_and_cost_only_where_priced() -> None:
         "cost:" not in str(unpriced)
         and "saving_cost_per_hour" not in unpriced.to_dict()["advice"][0]["metrics"]
     )
+
+
+def _sampler_of(tl: Timeline) -> Timeline:
+    """A ``perfmagic run`` sampler's record of ``tl``'s GPUs: their samples and facts, no stages."""
+    sampler = Timeline(dict(tl.meta))
+    for metric in tl.metrics:
+        if metric.startswith("gpu"):
+            for t, v in zip(*tl.series(metric), strict=True):
+                sampler.add_sample(metric, float(t), float(v))
+    return sampler
+
+
+def test_a_merged_job_sums_each_nodes_gpus() -> None:
+    loop = Loop()
+    staged = timeline(loop, price=2.0)
+    nodes = [_sampler_of(staged), _sampler_of(staged)]
+    bare = Timeline(dict(staged.meta))  # the training process: its stages and batches, no GPU samples
+    for name, a, b, depth in zip(
+        [staged.spans.names[i] for i in staged.spans.name_id],
+        staged.spans.start,
+        staged.spans.end,
+        staged.spans.depth,
+        strict=True,
+    ):
+        bare.add_span(bare.name_id(name), float(a), float(b), int(depth))
+    for t, v in zip(*staged.series(THREAD_SAMPLES), strict=True):
+        bare.add_sample(THREAD_SAMPLES, float(t), float(v))
+    e = analyze([bare, *nodes]).energy
+    assert e is not None and e["nodes"] == 2 and e["gpu_count"] == 2 and e["gpus"] == [0, 0]
+    assert e["joules_per_step"] == pytest.approx(2 * loop.step_j, rel=0.02)
+    assert e["by_stage"]["data"]["joules"] == pytest.approx(2 * loop.idle_w * loop.data_s * 19, rel=0.05)
+    assert e["cost_per_hour"] == pytest.approx(4.0)
