@@ -28,6 +28,15 @@ def mismatches(value: Any, tp: Any, path: str = "$") -> list[str]:
             return [f"{path}: {_name(value)} is not a list"]
         (item,) = get_args(tp)
         return [m for i, v in enumerate(value) for m in mismatches(v, item, f"{path}[{i}]")]
+    if origin is tuple:  # a fixed-length pair or triple, a JSON array once written
+        items = get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(items):
+            return [f"{path}: {_name(value)} is not an array of {len(items)}"]
+        return [
+            m
+            for i, (v, t) in enumerate(zip(value, items, strict=True))
+            for m in mismatches(v, t, f"{path}[{i}]")
+        ]
     if origin is dict:
         if not isinstance(value, dict):
             return [f"{path}: {_name(value)} is not a dict"]

@@ -1,37 +1,9 @@
 /** The cluster view (`perfmagic/api/cluster`): its types and how a node's GPUs and ranks read. */
 
-import { formatBytes, formatWatts } from './format';
+import { formatBytes, formatJoules, formatWatts } from './format';
+import { IClusterGpu, IClusterRank, IClusterView } from './snapshot';
 
-export interface IClusterGpu {
-  gpu: string | null;
-  uuid: string | null;
-  model: string | null;
-  util_pct: number | null;
-  fb_used_mib: number | null;
-  fb_free_mib: number | null;
-  power_w: number | null;
-  util_history: [number, number][];
-}
-
-export interface IClusterRank {
-  rank: number | null;
-  local_rank: number | null;
-  pid: number | null;
-  program: string | null;
-  steps: number | null;
-  steps_per_s: number | null;
-}
-
-export interface IClusterNode {
-  hostname: string;
-  gpus: IClusterGpu[];
-  ranks: IClusterRank[];
-}
-
-export interface IClusterView {
-  prometheus: { configured: boolean; reachable: boolean; error: string | null };
-  nodes: IClusterNode[];
-}
+export type { IClusterGpu, IClusterNode, IClusterRank, IClusterView } from './snapshot';
 
 export function isClusterView(x: unknown): x is IClusterView {
   const v = x as IClusterView;
@@ -55,12 +27,13 @@ export function clusterGpuText(g: IClusterGpu): string {
     .join(' · ');
 }
 
-/** A profiled process of a node: its rank (or pid), program and pace. */
+/** A profiled process of a node: its rank (or pid), program, pace and energy per sample. */
 export function clusterRankText(r: IClusterRank): string {
   const who = r.rank !== null ? `rank ${r.rank}` : `pid ${r.pid ?? '?'}`;
   const pace =
     r.steps_per_s === null ? '' : ` · ${r.steps_per_s.toFixed(r.steps_per_s < 10 ? 1 : 0)} steps/s`;
-  return `${who}${r.program ? ` · ${r.program}` : ''}${pace}`;
+  const energy = r.joules_per_sample === null ? '' : ` · ${formatJoules(r.joules_per_sample)}/sample`;
+  return `${who}${r.program ? ` · ${r.program}` : ''}${pace}${energy}`;
 }
 
 /** What the cluster section says instead of nodes, or null when it shows nodes (or nothing). */

@@ -27,7 +27,7 @@ export function formatWatts(w: number | null | undefined, limit?: number | null)
   return limit ? `${Math.round(w)} / ${Math.round(limit)} W` : `${Math.round(w)} W`;
 }
 
-/** Joules as "850 J", "12.3 kJ", "4.10 MJ"; '–' where unknown. */
+/** Joules as "1.42 J", "850 J", "12.3 kJ", "4.10 MJ"; '–' where unknown. */
 export function formatJoules(j: number | null | undefined): string {
   if (j === null || j === undefined || !Number.isFinite(j)) {
     return '–';
@@ -40,7 +40,7 @@ export function formatJoules(j: number | null | undefined): string {
       return `${(j / scale).toPrecision(3)} ${unit}`;
     }
   }
-  return `${Math.round(j)} J`;
+  return Math.abs(j) >= 100 ? `${Math.round(j)} J` : `${j.toPrecision(3)} J`;
 }
 
 export function formatCelsius(c: number | null | undefined): string {

@@ -305,11 +305,19 @@ test('a node of the cluster reads as one line per GPU and per rank', () => {
     clusterGpuText({ ...gpu, util_pct: null, fb_free_mib: null, power_w: null }),
     'n/a · 20.0 GiB'
   );
-  const rank = { rank: 3, local_rank: 1, pid: 42, program: 'train.py', steps: 100, steps_per_s: 12.34 };
+  const rank = {
+    rank: 3,
+    local_rank: 1,
+    pid: 42,
+    program: 'train.py',
+    steps: 100,
+    steps_per_s: 12.34,
+    joules_per_sample: null
+  };
   assert.equal(clusterRankText(rank), 'rank 3 · train.py · 12 steps/s');
   assert.equal(
-    clusterRankText({ ...rank, rank: null, program: null, steps_per_s: 2.34 }),
-    'pid 42 · 2.3 steps/s'
+    clusterRankText({ ...rank, rank: null, program: null, steps_per_s: 2.34, joules_per_sample: 1.42 }),
+    'pid 42 · 2.3 steps/s · 1.42 J/sample'
   );
 });
 

@@ -14,9 +14,54 @@ import math
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypedDict
 
 Json = dict[str, Any]
+
+
+class PrometheusState(TypedDict):
+    configured: bool  # c.PerfmagicExtension.prometheus_url is set
+    reachable: bool
+    error: str | None
+
+
+class ClusterGpu(TypedDict):
+    """One GPU of a node, as its exporter's series say (``nodes[i].gpus[j]``)."""
+
+    gpu: str | None  # its index label
+    uuid: str | None
+    model: str | None
+    util_pct: float | None
+    fb_used_mib: float | None
+    fb_free_mib: float | None
+    power_w: float | None
+    util_history: list[tuple[float, float]]  # (Unix time, percent) over the last HISTORY_S
+
+
+class ClusterRank(TypedDict):
+    """A process ``perfmagic exporter`` reports training on a node (``nodes[i].ranks[j]``)."""
+
+    rank: int | None
+    local_rank: int | None
+    pid: int | None
+    program: str | None
+    steps: float | None
+    steps_per_s: float | None
+    joules_per_sample: float | None
+
+
+class ClusterNode(TypedDict):
+    hostname: str
+    gpus: list[ClusterGpu]
+    ranks: list[ClusterRank]
+
+
+class ClusterView(TypedDict):
+    """``GET perfmagic/api/cluster``: every node's GPUs and profiled processes, busiest first."""
+
+    prometheus: PrometheusState
+    nodes: list[ClusterNode]
+
 
 # what each GPU shows, by the dcgm-exporter series it comes from
 CURRENT = {
@@ -36,32 +81,41 @@ class PrometheusError(Exception):
     """Prometheus could not be reached, or answered with an error."""
 
 
-async def cluster_view(base_url: str, fetch: Fetch, now: float | None = None) -> Json:
-    """``{prometheus: {reachable, error}, nodes: [{hostname, gpus: [...]}]}`` from Prometheus at
-    ``base_url``: the current value of each :data:`CURRENT` series per GPU, and its utilization
-    over the last :data:`HISTORY_S` seconds. An unreachable Prometheus gives no nodes and says why."""
+async def cluster_view(base_url: str, fetch: Fetch, now: float | None = None) -> ClusterView:
+    """The nodes' GPUs and profiled processes from Prometheus at ``base_url``: the current value of
+    each :data:`CURRENT` series per GPU, and its utilization over the last :data:`HISTORY_S` seconds.
+    An unreachable Prometheus gives no nodes and says why."""
     now = time.time() if now is None else now
     try:
         current = {key: await _instant(base_url, fetch, metric) for key, metric in CURRENT.items()}
         history = await _range(base_url, fetch, CURRENT["util_pct"], now - HISTORY_S, now)
-        training = await _instant(base_url, fetch, "perfmagic_training_steps_total")
-        paces = await _instant(base_url, fetch, "perfmagic_training_steps_per_second")
+        training = {name: await _instant(base_url, fetch, name) for name in TRAINING}
     except PrometheusError as e:
-        return {"prometheus": {"reachable": False, "error": str(e)}, "nodes": []}
+        return {"prometheus": {"configured": True, "reachable": False, "error": str(e)}, "nodes": []}
     nodes = nodes_of(current, history)
-    ranks = ranks_of(training, paces)
+    ranks = ranks_of(training)
     for node in nodes:
         node["ranks"] = ranks.pop(node["hostname"], [])
     nodes += [
         {"hostname": host, "gpus": [], "ranks": found} for host, found in ranks.items()
     ]  # GPU-less nodes
-    return {"prometheus": {"reachable": True, "error": None}, "nodes": nodes}
+    return {"prometheus": {"configured": True, "reachable": True, "error": None}, "nodes": nodes}
 
 
-def ranks_of(steps: list[Json], paces: list[Json]) -> dict[str, list[Json]]:
-    """The profiled processes of each node (``perfmagic exporter``'s training series), by rank."""
-    pace = {_process(r["metric"]): _value(r["value"][1]) for r in paces}
-    found: dict[str, list[Json]] = {}
+TRAINING = (
+    "perfmagic_training_steps_total",
+    "perfmagic_training_steps_per_second",
+    "perfmagic_training_joules_per_sample",
+)
+"""``perfmagic exporter``'s training series a node's processes are read from."""
+
+
+def ranks_of(training: dict[str, list[Json]]) -> dict[str, list[ClusterRank]]:
+    """The profiled processes of each node (``perfmagic exporter``'s :data:`TRAINING` series), by rank."""
+    steps, pace, energy = (training.get(name) or [] for name in TRAINING)
+    paces = {_process(r["metric"]): _value(r["value"][1]) for r in pace}
+    joules = {_process(r["metric"]): _value(r["value"][1]) for r in energy}
+    found: dict[str, list[ClusterRank]] = {}
     for r in steps:
         labels = r["metric"]
         found.setdefault(labels.get("Hostname") or "?", []).append(
@@ -71,7 +125,8 @@ def ranks_of(steps: list[Json], paces: list[Json]) -> dict[str, list[Json]]:
                 "pid": _int(labels.get("pid")),
                 "program": labels.get("program"),
                 "steps": _value(r["value"][1]),
-                "steps_per_s": pace.get(_process(labels)),
+                "steps_per_s": paces.get(_process(labels)),
+                "joules_per_sample": joules.get(_process(labels)),
             }
         )
     for processes in found.values():
@@ -87,19 +142,19 @@ def _int(label: str | None) -> int | None:
     return int(label) if label is not None and label.lstrip("-").isdigit() else None
 
 
-def nodes_of(current: dict[str, list[Json]], history: list[Json]) -> list[Json]:
+def nodes_of(current: dict[str, list[Json]], history: list[Json]) -> list[ClusterNode]:
     """Prometheus results grouped into nodes and GPUs (a GPU is its ``Hostname`` and ``UUID``, or
     its ``gpu`` index where no UUID is labelled); nodes busiest first, their GPUs likewise."""
-    gpus: dict[tuple[str, str], Json] = {}
+    gpus: dict[tuple[str, str], ClusterGpu] = {}
     for key, results in current.items():
         for r in results:
             gpu = _gpu_of(gpus, r["metric"])
-            gpu[key] = _value(r["value"][1])
+            gpu[key] = _value(r["value"][1])  # type: ignore[literal-required]  # CURRENT's keys
     for r in history:
         _gpu_of(gpus, r["metric"])["util_history"] = [
-            [float(t), v] for t, raw in r["values"] if (v := _value(raw)) is not None
+            (float(t), v) for t, raw in r["values"] if (v := _value(raw)) is not None
         ]
-    nodes: dict[str, list[Json]] = {}
+    nodes: dict[str, list[ClusterGpu]] = {}
     for (host, _), gpu in gpus.items():
         nodes.setdefault(host, []).append(gpu)
     ranked = sorted(
@@ -107,10 +162,10 @@ def nodes_of(current: dict[str, list[Json]], history: list[Json]) -> list[Json]:
         key=lambda node: _busy(node[1][0]),
         reverse=True,
     )
-    return [{"hostname": host, "gpus": found} for host, found in ranked]
+    return [{"hostname": host, "gpus": found, "ranks": []} for host, found in ranked]
 
 
-def _gpu_of(gpus: dict[tuple[str, str], Json], labels: dict[str, str]) -> Json:
+def _gpu_of(gpus: dict[tuple[str, str], ClusterGpu], labels: dict[str, str]) -> ClusterGpu:
     host = labels.get("Hostname") or labels.get("instance") or "?"
     key = (host, labels.get("UUID") or labels.get("gpu") or "?")
     if key not in gpus:
@@ -118,14 +173,17 @@ def _gpu_of(gpus: dict[tuple[str, str], Json], labels: dict[str, str]) -> Json:
             "gpu": labels.get("gpu"),
             "uuid": labels.get("UUID"),
             "model": labels.get("modelName"),
+            "util_pct": None,
+            "fb_used_mib": None,
+            "fb_free_mib": None,
+            "power_w": None,
             "util_history": [],
-            **dict.fromkeys(CURRENT),
         }
     return gpus[key]
 
 
-def _busy(gpu: Json) -> float:
-    return float(gpu.get("util_pct") or 0.0)
+def _busy(gpu: ClusterGpu) -> float:
+    return float(gpu["util_pct"] or 0.0)
 
 
 def _value(raw: str) -> float | None:

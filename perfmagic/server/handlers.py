@@ -24,7 +24,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from perfmagic.registry import running_sessions
 from perfmagic.render.prometheus import CONTENT_TYPE, exposition
-from perfmagic.server.cluster import cluster_view
+from perfmagic.server.cluster import ClusterView, cluster_view
 from perfmagic.server.service import DEFAULT_HZ, MonitorService, clamp_rate
 
 Json = dict[str, Any]
@@ -90,11 +90,11 @@ class ClusterHandler(APIHandler):
     @authorized
     async def get(self) -> None:
         url = self.settings.get(PROMETHEUS_KEY)
-        if not url:
-            view: Json = {"prometheus": {"configured": False, "reachable": False, "error": None}, "nodes": []}
-        else:
-            view = await cluster_view(url, _fetch)
-            view["prometheus"]["configured"] = True
+        view: ClusterView = (
+            await cluster_view(url, _fetch)
+            if url
+            else {"prometheus": {"configured": False, "reachable": False, "error": None}, "nodes": []}
+        )
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(view))

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from contract_checks import mismatches
 from exporters import Exporters, profiled, training
+
+from perfmagic.server.cluster import ClusterView
 
 pytestmark = pytest.mark.slow
 
@@ -108,8 +111,11 @@ def jp_server_config(prometheus: Prometheus) -> dict[str, Any]:
 
 
 async def cluster(jp_fetch: Any) -> dict[str, Any]:
+    """The cluster view as the sidebar gets it, checked against its declared type (which the sidebar's
+    TypeScript types are generated from)."""
     response = await jp_fetch("perfmagic", "api", "cluster")
     view: dict[str, Any] = json.loads(response.body)
+    assert not mismatches(view, ClusterView), mismatches(view, ClusterView)
     return view
 
 
