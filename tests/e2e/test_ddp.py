@@ -91,7 +91,10 @@ def run_job(
     """``perfmagic run --outdir tmp/name -- torchrun ... train_ddp_loader.py``; each rank's result in tmp/name-ranks."""
     results = tmp_path / f"{name}-ranks"
     results.mkdir()
-    full_env = dict(os.environ, TRAIN_STEPS=str(STEPS), RESULT_DIR=str(results), **env)
+    # a rank that crashes in native code (an exit of -11) leaves its Python stack on stderr
+    full_env = dict(
+        os.environ, TRAIN_STEPS=str(STEPS), RESULT_DIR=str(results), PYTHONFAULTHANDLER="1", **env
+    )
     cmd = [
         *PERFMAGIC,
         "run",
