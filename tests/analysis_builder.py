@@ -31,7 +31,7 @@ from perfmagic.analyze.loop import LoopFacts
 from perfmagic.analyze.ranks import find_straggler
 from perfmagic.analyze.steady import steady_of
 from perfmagic.analyze.steps import StepBreakdown
-from perfmagic.contract import LoaderConfig
+from perfmagic.contract import Host, LoaderConfig
 from perfmagic.schema import STAGES
 from perfmagic.timeline import Timeline
 
@@ -109,6 +109,13 @@ def gpu_static(index: int = 0, cc: str = "9.0", mem_total: int = 80 * GiB, **ext
         "numa_cpus": extra.pop("numa_cpus", None),
         **extra,
     }
+
+
+def whole_host(facts: dict[str, Any]) -> Any:
+    """A report's ``host`` section with ``facts`` and every other key unmeasured, as the analysis
+    writes one (its readers index it: every key is there)."""
+    unmeasured: dict[str, Any] = dict.fromkeys(Host.__annotations__)
+    return {**unmeasured, "per_core_util_mean": [], "gpu_affinity": [], **facts}
 
 
 def _at(value: float | Sequence[float], k: int) -> float:
@@ -310,7 +317,7 @@ def plain(
             stages=stage_stats(b),
             bottleneck=bottleneck(stage_stats(b)),
             devices=[dict(d) for d in devices],
-            host=dict(host or {}),
+            host=whole_host(host or {}),
             gpu=gpu,
             ranks=rank_rows,
             config=TrainingConfig(

@@ -144,7 +144,7 @@ def missing(analysis: Analysis) -> list[str]:
         out.append(f"GPU rules ({_GPU_RULES}) stayed silent: no NVIDIA GPU was seen through NVML")
     elif analysis.gpu is None:
         out.append("launch_bound stayed silent: it needs a GPU kernel trace (perfmagic run --trace)")
-    if analysis.host.get("cpu_util_mean") is None:
+    if analysis.host["cpu_util_mean"] is None:
         out.append(
             f"host rules ({_HOST_RULES}) stayed silent: no host samples were recorded"
             + (

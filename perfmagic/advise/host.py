@@ -78,7 +78,7 @@ class Contention:
 
 def _cpu_load(a: Analysis) -> tuple[int | None, float | None, float | None, float | None]:
     """(usable CPUs, machine CPU utilization, cores the training used, cores others used) over the steady steps."""
-    n = a.host.get("cpu_count")
+    n = a.host["cpu_count"]
     affinity = a.host["affinity"]
     usable = len(affinity) if affinity else (int(n) if n else None)
     util, ours = a.steady_mean("host.cpu_util"), a.steady_mean("host.proc_cpu_cores")
@@ -168,7 +168,7 @@ def cpu_contention(a: Analysis) -> Card | None:
             f" and {c.busy_workers} busy DataLoader worker{'s' if c.busy_workers != 1 else ''}{idle}) on {left}"
         )
     if c.crowded and c.others is not None:
-        causes.append(f"other processes used {c.others:.1f} of {a.host.get('cpu_count')} CPUs")
+        causes.append(f"other processes used {c.others:.1f} of {a.host['cpu_count']} CPUs")
     if not causes:
         causes.append("neither too many threads nor other processes' load was seen in the samples")
     waited = (
@@ -184,7 +184,7 @@ def cpu_contention(a: Analysis) -> Card | None:
     title = (
         f"{c.demand} busy threads on {c.free} free CPU{'s' if c.free != 1 else ''}: the training waits for a CPU"
         if c.oversubscribed
-        else f"Other processes took {c.others:.1f} of {a.host.get('cpu_count')} CPUs while training ran"
+        else f"Other processes took {c.others:.1f} of {a.host['cpu_count']} CPUs while training ran"
         if c.crowded and c.others is not None
         else "The training thread waits for a CPU"
     )
@@ -234,11 +234,11 @@ def contention_fix(c: Contention) -> str:
 
 def host_memory_pressure(a: Analysis) -> Card | None:
     """The machine ran low on available memory."""
-    available, total = a.host.get("mem_available_min_bytes"), a.host.get("mem_total_bytes")
+    available, total = a.host["mem_available_min_bytes"], a.host["mem_total_bytes"]
     if available is None or not total or available >= LOW_AVAILABLE * total:
         return None
     share = available / total
-    rss, pss = a.host.get("rss_peak_bytes"), a.host.get("pss_peak_bytes")
+    rss, pss = a.host["rss_peak_bytes"], a.host["pss_peak_bytes"]
     # PSS where measured: RSS summed over workers counts the pages they share once per worker
     kind = memory_kind(pss)
     held = f"{fmt_bytes(pss if kind == 'PSS' else rss)} of {memory_name(kind)}"

@@ -22,7 +22,7 @@ MIN_READ_OPS_PER_S = 100.0
 
 def _blocked_on_storage(a: Analysis, s: Steady) -> float | None:
     """Share of the loaders' time blocked on storage: their sampled disk waits, else the machine's I/O wait."""
-    iowait, cpus, own = a.steady_mean("host.iowait"), a.host.get("cpu_count"), a.host.get("proc_read_bytes")
+    iowait, cpus, own = a.steady_mean("host.iowait"), a.host["cpu_count"], a.host["proc_read_bytes"]
     if own is None or own < MIN_PROC_READ:
         return None
     if a.loading is not None and a.loading.disk is not None:
@@ -43,7 +43,7 @@ def io_bound(a: Analysis) -> Card | None:
     if blocked is None or blocked < IO_BLOCKED:
         return None
     wait = s.stage_s("data")
-    cpus = a.host.get("cpu_count") or 1
+    cpus = a.host["cpu_count"] or 1
     ld = a.config.loader
     workers = min(2 * cpus, 32)
     fix = "# Storage latency, not CPU, limits loading: keep more reads in flight than there are CPUs\n"
@@ -60,9 +60,9 @@ def io_bound(a: Analysis) -> Card | None:
             if a.loading is not None and a.loading.disk is not None
             else f"I/O wait {fmt_fraction(a.steady_mean('host.iowait'))} of {cpus} CPUs"
         )
-        + f"; the training read {fmt_bytes(a.host.get('proc_read_bytes'))} from storage).",
+        + f"; the training read {fmt_bytes(a.host['proc_read_bytes'])} from storage).",
         fix,
-        {"data_s": wait, "blocked_share": blocked, "proc_read_bytes": a.host.get("proc_read_bytes")},
+        {"data_s": wait, "blocked_share": blocked, "proc_read_bytes": a.host["proc_read_bytes"]},
         saving_s=wait * blocked,
         step_s=s.step_s,
         model="the share of the data wait that the loaders spent blocked on storage",
@@ -75,7 +75,7 @@ def small_files(a: Analysis) -> Card | None:
     s = a.steady
     if s is None or s.share("data") < IO_DATA_SHARE:
         return None
-    size, ops = a.host.get("avg_read_size_bytes"), a.host.get("read_ops")
+    size, ops = a.host["avg_read_size_bytes"], a.host["read_ops"]
     blocked = _blocked_on_storage(a, s)
     if size is None or not ops or blocked is None or a.wall_s <= 0:
         return None

@@ -127,10 +127,10 @@ class MoreWorkers:
 
 def usable_cpus(a: Analysis) -> int | None:
     """CPUs this process may run on: its affinity, else the machine's count."""
-    affinity = a.host.get("affinity")
+    affinity = a.host["affinity"]
     if affinity:
         return len(affinity)
-    count = a.host.get("cpu_count")
+    count = a.host["cpu_count"]
     if count:
         return int(count)
     ld = a.config.loader
@@ -159,8 +159,8 @@ def io_worker_cap(a: Analysis) -> int | None:
     ld = a.config.loader
     workers = ld.num_workers if ld else 0
     rss, available = (
-        a.host.get("uss_peak_bytes") or a.host.get("rss_peak_bytes"),
-        a.host.get("mem_available_min_bytes"),
+        a.host["uss_peak_bytes"] or a.host["rss_peak_bytes"],
+        a.host["mem_available_min_bytes"],
     )
     if rss and available:
         per_process = rss / (workers + 1)
