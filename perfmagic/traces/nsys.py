@@ -1,0 +1,343 @@
+"""Read an Nsight Systems capture (its SQLite export) into the columns a Kineto trace gives.
+
+So a capture becomes the same timeline, ``gpu`` section and advice as a torch.profiler trace:
+
+- GPU events: ``CUPTI_ACTIVITY_KIND_KERNEL`` (named by their demangled name, NCCL's kernels
+  communication as in Kineto), ``_MEMCPY`` named as Kineto names copies (``Memcpy HtoD
+  (Pageable -> Device)``: direction and host memory from ``copyKind``, ``srcKind``,
+  ``dstKind``) and ``_MEMSET`` (``Memset (Device)``); each linked to its launching runtime call
+  by ``correlationId``;
+- CPU events: the CUDA runtime calls (``CUPTI_ACTIVITY_KIND_RUNTIME``, their names without
+  nsys's ``_v3020`` version suffix, so ``cudaStreamSynchronize`` counts as a sync) and the
+  NVTX push/pop and start/end ranges. perfmagic's own ranges (NVTX domain ``perfmagic``, one
+  per stage it records) become ``## stage ##`` annotations, which :mod:`perfmagic.traces.stages`
+  reads as stages;
+- steps: ``ProfilerStep#N`` ranges (``torch.autograd.profiler.emit_nvtx``); else, with
+  ``step_range``, the NVTX ranges whose text the regular expression matches (a user's own
+  iteration ranges, as DLProf's ``--iter_start``); else perfmagic's ``optimizer`` ranges, a
+  step ending with each. Steps found either way are added as ``ProfilerStep#N`` events.
+
+Times are nanoseconds from the session's start in the export, microseconds out. Every table is
+read through a cursor a chunk of rows at a time, the rows turned into integer columns before
+the next chunk is read; strings are fetched once per distinct id.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from perfmagic.traces.events import CpuEvents, GpuEvents, KinetoTrace, kernel_kind, no_memory
+from perfmagic.traces.kineto import TraceFormatError
+from perfmagic.traces.kineto import _launch_rows as launch_rows
+from perfmagic.traces.nsys_schema import (
+    GPUS,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    NVTX,
+    RUNTIME,
+    SESSION_START,
+    STRINGS,
+    NsysSchema,
+    open_capture,
+)
+
+CHUNK_ROWS = 65536
+"""Rows fetched from a cursor at a time: memory follows this, not the table."""
+PERFMAGIC_DOMAIN = "perfmagic"
+"""The NVTX domain of perfmagic's stage ranges (:mod:`perfmagic.collect.nvtx_ranges`)."""
+NVTX_RANGES = (59, 60)
+"""``eventType`` of NVTX push/pop and start/end ranges."""
+NVTX_DOMAIN_CREATE = 75
+_VERSION_SUFFIX = re.compile(r"_v\d+$")
+_STEP = re.compile(r"ProfilerStep#\d+$")
+
+
+def read_capture(path: str | os.PathLike[str], step_range: str | None = None) -> KinetoTrace:
+    """Read a ``.sqlite`` (``.sqlite.gz``, ``.nsys-rep``) capture; raises :class:`TraceFormatError`
+    on a file that is not a readable export, or when ``step_range`` matches no NVTX range."""
+    p = Path(path)
+    pattern = _compiled(step_range)
+    with open_capture(p) as db:
+        schema = NsysSchema(db, p)
+        try:
+            return _read(db, schema, pattern)
+        except sqlite3.DatabaseError as e:
+            raise TraceFormatError(f"{p}: cannot read the export ({e})") from e
+
+
+def _compiled(step_range: str | None) -> re.Pattern[str] | None:
+    if step_range is None:
+        return None
+    try:
+        return re.compile(step_range)
+    except re.error as e:
+        raise TraceFormatError(f"--step-range {step_range!r}: not a regular expression ({e})") from e
+
+
+class _Names:
+    """Event names, interned: one id per distinct name, strings fetched once per StringIds id."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.ids: dict[str, int] = {}
+        self._by_string: dict[tuple[int, bool], int] = {}
+
+    def of(self, name: str) -> int:
+        return self.ids.setdefault(name, len(self.ids))
+
+    def of_strings(self, string_ids: np.ndarray, runtime: bool = False) -> np.ndarray:
+        """Name ids of StringIds ids (a runtime call's without its version suffix)."""
+        uniq, inverse = np.unique(string_ids, return_inverse=True)
+        missing = [int(u) for u in uniq if (int(u), runtime) not in self._by_string]
+        for at in range(0, len(missing), 500):
+            part = missing[at : at + 500]
+            found = dict(
+                self.db.execute(
+                    f"SELECT id, value FROM {STRINGS} WHERE id IN ({','.join('?' * len(part))})", part
+                )
+            )
+            for sid in part:
+                name = str(found.get(sid, f"<string {sid}>"))
+                self._by_string[(sid, runtime)] = self.of(_VERSION_SUFFIX.sub("", name) if runtime else name)
+        table = np.array([self._by_string[(int(u), runtime)] for u in uniq], dtype=np.int32)
+        out: np.ndarray = table[inverse.reshape(-1)] if len(uniq) else np.zeros(0, np.int32)
+        return out
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.ids)
+
+
+def _chunks(db: sqlite3.Connection, sql: str, width: int) -> Iterator[np.ndarray]:
+    """The rows of an all-integer query, ``CHUNK_ROWS`` at a time, as (n, width) int64 arrays."""
+    cursor = db.execute(sql)
+    while rows := cursor.fetchmany(CHUNK_ROWS):
+        yield np.array(rows, dtype=np.int64).reshape(-1, width)
+
+
+def _read(db: sqlite3.Connection, schema: NsysSchema, step_range: re.Pattern[str] | None) -> KinetoTrace:
+    names = _Names(db)
+    threads: dict[tuple[int, int], int] = {}
+    cpu_parts = [_runtime(db, schema, names), _nvtx(db, schema, names)]
+    gpu_parts = [_kernels(db, schema, names), _copies(db, schema, names), _memsets(db, schema, names)]
+    name_id, start, end, tid, corr = (np.concatenate([p[i] for p in cpu_parts]) for i in range(5))
+    pids, tids = (tid >> 24) & 0xFFFFFF, tid & 0xFFFFFF
+    thread = np.array(
+        [threads.setdefault((int(a), int(b)), len(threads)) for a, b in zip(pids, tids, strict=True)],
+        np.int32,
+    )
+    steps = _steps(names, name_id, start, end, thread, corr, step_range, schema.path)
+    if steps is not None:
+        name_id, start, end, thread, corr = (
+            np.concatenate((a, b)) for a, b in zip((name_id, start, end, thread, corr), steps, strict=True)
+        )
+    cpu = CpuEvents(names.names, name_id.astype(np.int32), start / 1e3, (end - start) / 1e3,
+                    list(threads), thread.astype(np.int32), corr)  # fmt: skip
+    g_name, g_start, g_end, g_dev, g_stream, g_corr, g_bytes, g_mem = (
+        np.concatenate([p[i] for p in gpu_parts]) for i in range(8)
+    )
+    gpu = _linked(cpu, g_name, g_start, g_end, g_dev, g_stream, g_corr, g_bytes, g_mem.astype(bool))
+    return KinetoTrace(
+        path=schema.path,
+        cpu=cpu,
+        gpu=gpu,
+        device_properties=_devices(db, schema),
+        base_time_ns=_session_start(db, schema),
+        memory=no_memory(),
+    )
+
+
+_Cols = tuple[np.ndarray, ...]
+
+
+def _empty(width: int) -> _Cols:
+    return tuple(np.zeros(0, np.int64) for _ in range(width))
+
+
+def _runtime(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
+    """(name id, start, end, globalTid, correlation) of the CUDA runtime calls."""
+    if not schema.has(RUNTIME):
+        return _empty(5)
+    sql = (
+        f"SELECT nameId, start, end, globalTid, coalesce(correlationId, -1) FROM {RUNTIME} WHERE end >= start"
+    )
+    parts = [
+        (names.of_strings(c[:, 0], runtime=True), c[:, 1], c[:, 2], c[:, 3], c[:, 4])
+        for c in _chunks(db, sql, 5)
+    ]
+    return _joined(parts, 5)
+
+
+def _nvtx(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
+    """(name id, start, end, globalTid, -1) of the NVTX ranges; perfmagic's stages as ``## stage ##``."""
+    if not schema.has(NVTX):
+        return _empty(5)
+    domains = {
+        int(d)
+        for (d,) in db.execute(
+            f"SELECT domainId FROM {NVTX} WHERE eventType = ? AND text = ?",
+            (NVTX_DOMAIN_CREATE, PERFMAGIC_DOMAIN),
+        )
+        if d is not None
+    }
+    sql = (
+        f"SELECT coalesce(n.text, s.value, ''), coalesce(n.domainId, 0), n.start, n.end, coalesce(n.globalTid, 0) "
+        f"FROM {NVTX} n LEFT JOIN {STRINGS} s ON s.id = n.textId "
+        f"WHERE n.eventType IN ({','.join(map(str, NVTX_RANGES))}) AND n.end IS NOT NULL AND n.end >= n.start"
+    )
+    parts: list[_Cols] = []
+    cursor = db.execute(sql)
+    while rows := cursor.fetchmany(CHUNK_ROWS):
+        ids = [names.of(f"## {text} ##" if domain in domains else str(text)) for text, domain, *_ in rows]
+        times = np.array([r[2:] for r in rows], dtype=np.int64).reshape(-1, 3)
+        parts.append((np.array(ids, np.int64), times[:, 0], times[:, 1], times[:, 2], np.full(len(ids), -1)))
+    return _joined(parts, 5)
+
+
+def _joined(parts: Sequence[_Cols], width: int) -> _Cols:
+    if not parts:
+        return _empty(width)
+    return tuple(np.concatenate([np.asarray(p[i], np.int64) for p in parts]) for i in range(width))
+
+
+_GPU_SELECT = "start, end, deviceId, streamId, coalesce(correlationId, -1)"
+
+
+def _kernels(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
+    """(name id, start, end, device, stream, correlation, bytes, memory) of the kernels."""
+    if not schema.has(KERNEL):
+        return _empty(8)
+    sql = f"SELECT demangledName, {_GPU_SELECT} FROM {KERNEL} WHERE end >= start"
+    parts = [
+        (names.of_strings(c[:, 0]), *c[:, 1:6].T, np.zeros(len(c), np.int64), np.zeros(len(c), np.int64))
+        for c in _chunks(db, sql, 6)
+    ]
+    return _joined(parts, 8)
+
+
+def _copies(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
+    """The copies, named as Kineto names them: ``Memcpy HtoD (Pageable -> Device)``."""
+    if not schema.has(MEMCPY):
+        return _empty(8)
+    sql = (
+        "SELECT coalesce(copyKind, 0), coalesce(srcKind, -1), coalesce(dstKind, -1), "
+        f"{_GPU_SELECT}, coalesce(bytes, 0) FROM {MEMCPY} WHERE end >= start"
+    )
+    kinds, memory = schema.copy_kinds, schema.memory_kinds
+    parts: list[_Cols] = []
+    for c in _chunks(db, sql, 9):
+        triples, inverse = np.unique(c[:, :3], axis=0, return_inverse=True)
+        ids = np.array(
+            [
+                names.of(
+                    f"Memcpy {kinds.get(k, 'Unknown')} ({memory.get(s, 'Unknown')} -> {memory.get(d, 'Unknown')})"
+                )
+                for k, s, d in triples.tolist()
+            ],
+            np.int64,
+        )
+        parts.append((ids[inverse.reshape(-1)], *c[:, 3:9].T, np.ones(len(c), np.int64)))
+    return _joined(parts, 8)
+
+
+def _memsets(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
+    """The memsets, named as Kineto names them: ``Memset (Device)``."""
+    if not schema.has(MEMSET):
+        return _empty(8)
+    sql = f"SELECT coalesce(memKind, -1), {_GPU_SELECT}, coalesce(bytes, 0) FROM {MEMSET} WHERE end >= start"
+    memory = schema.memory_kinds
+    parts: list[_Cols] = []
+    for c in _chunks(db, sql, 7):
+        kinds, inverse = np.unique(c[:, 0], return_inverse=True)
+        ids = np.array([names.of(f"Memset ({memory.get(k, 'Unknown')})") for k in kinds.tolist()], np.int64)
+        parts.append((ids[inverse.reshape(-1)], *c[:, 1:7].T, np.ones(len(c), np.int64)))
+    return _joined(parts, 8)
+
+
+def _linked(cpu: CpuEvents, name_id: np.ndarray, start: np.ndarray, end: np.ndarray, device: np.ndarray,
+            stream: np.ndarray, corr: np.ndarray, nbytes: np.ndarray, memory: np.ndarray) -> GpuEvents:  # fmt: skip
+    """The GPU events, each linked to the runtime call that launched it (same correlation id)."""
+    by_name = np.array([kernel_kind(n, False) for n in cpu.names], dtype=np.int8)
+    kind = np.array([kernel_kind(n, True) for n in cpu.names], dtype=np.int8)
+    name_id = name_id.astype(np.int32)
+    kinds = np.where(memory, kind[name_id], by_name[name_id]).astype(np.int8)
+    rows = launch_rows(cpu, corr)
+    launch = np.full(len(rows), np.nan)
+    launch[rows >= 0] = cpu.start[rows[rows >= 0]]
+    return GpuEvents(
+        names=cpu.names,
+        name_id=name_id,
+        kind=kinds,
+        start=start / 1e3,
+        dur=(end - start) / 1e3,
+        device=device,
+        stream=stream,
+        launch=launch,
+        bytes=nbytes.astype(np.float64),
+        correlation=corr,
+        launch_row=rows,
+    )
+
+
+def _devices(db: sqlite3.Connection, schema: NsysSchema) -> list[dict[str, object]]:
+    """The GPUs as Kineto's ``deviceProperties``: ``id`` and ``name``."""
+    if not schema.has(GPUS):
+        return []
+    return [
+        {"id": int(i), "name": str(n)} for i, n in db.execute(f"SELECT id, name FROM {GPUS}") if i is not None
+    ]
+
+
+def _session_start(db: sqlite3.Connection, schema: NsysSchema) -> int:
+    """Nanoseconds since the epoch of the capture's time 0 (its session's start); 0 when unknown."""
+    if not schema.has(SESSION_START):
+        return 0
+    row = db.execute(f"SELECT utcEpochNs FROM {SESSION_START}").fetchone()
+    return int(row[0]) if row and isinstance(row[0], int) else 0
+
+
+def _steps(names: _Names, name_id: np.ndarray, start: np.ndarray, end: np.ndarray, thread: np.ndarray,
+           corr: np.ndarray, step_range: re.Pattern[str] | None, path: Path) -> _Cols | None:  # fmt: skip
+    """``ProfilerStep#N`` events to add: the ranges ``step_range`` matches, or one per perfmagic
+    ``optimizer`` range; None where the capture has ``ProfilerStep#`` ranges or neither."""
+    listed = names.names
+    if step_range is not None:
+        ids = [i for i, n in enumerate(listed) if step_range.search(n)]
+        rows = np.flatnonzero(np.isin(name_id, ids) & (corr < 0))
+        if not len(rows):
+            raise TraceFormatError(f"{path}: no NVTX range matches --step-range {step_range.pattern!r}")
+        rows = _outermost(rows, start, end)
+        s, e = start[rows], end[rows]
+    elif any(_STEP.match(n) for n in listed):
+        return None
+    else:
+        optimizer = names.ids.get("## optimizer ##")
+        rows = np.flatnonzero(name_id == optimizer) if optimizer is not None else np.zeros(0, np.int64)
+        if not len(rows):
+            return None
+        rows = _outermost(rows, start, end)
+        ours = np.isin(name_id, [i for i, n in enumerate(listed) if n.startswith("## ")]) & (
+            thread == thread[rows[0]]
+        )
+        e = end[rows]
+        s = np.concatenate(([start[ours].min()], e[:-1]))
+        rows = rows[: len(e)]
+    step_ids = np.array([names.of(f"ProfilerStep#{k}") for k in range(len(s))], np.int64)
+    return step_ids, s, e, thread[rows], np.full(len(s), -1, np.int64)
+
+
+def _outermost(rows: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Of ``rows``, in time order, those no earlier one holds."""
+    rows = rows[np.lexsort((-end[rows], start[rows]))]
+    ends = np.maximum.accumulate(end[rows])
+    keep = np.ones(len(rows), dtype=bool)
+    keep[1:] = start[rows[1:]] >= ends[:-1]
+    out: np.ndarray = rows[keep]
+    return out
