@@ -225,3 +225,22 @@ def write_capture(path: Path, loop: Loop, repeat: int = 1) -> Path:
     db.commit()
     db.close()
     return path
+
+
+def pad_capture(path: Path, total_bytes: int) -> Path:
+    """Grow the capture at ``path`` to ``total_bytes`` with rows of a table perfmagic does not read
+    (``SCHED_EVENTS``, created by the real export's statement), as a capture's CPU sampling and
+    scheduling tables make up most of a real one; its rows carry filler blobs."""
+    db = sqlite3.connect(path)
+    _schema_from(db, CLOVERLEAF, ("SCHED_EVENTS",), ())
+    rows = 4096
+    while path.stat().st_size < total_bytes:
+        db.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
+            "INSERT INTO SCHED_EVENTS (start, cpu, isSchedIn, globalTid, threadBlock) "
+            "SELECT i * 1000, i % 64, i % 2, ?, randomblob(4000) FROM n",
+            (rows - 1, GLOBAL_TID),
+        )
+        db.commit()
+    db.close()
+    return path

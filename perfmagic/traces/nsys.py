@@ -122,63 +122,94 @@ def _chunks(db: sqlite3.Connection, sql: str, width: int) -> Iterator[np.ndarray
         yield np.array(rows, dtype=np.int64).reshape(-1, width)
 
 
+class _Filled:
+    """Columns allocated once for at most ``capacity`` rows and filled a chunk at a time, so the
+    events are never held twice (as a list of chunks and their concatenation)."""
+
+    def __init__(self, capacity: int, dtypes: Sequence[type]) -> None:
+        self.columns: list[np.ndarray] = [np.empty(capacity, dtype) for dtype in dtypes]
+        self.n = 0
+
+    def add(self, *columns: np.ndarray) -> None:
+        k = len(columns[0])
+        for column, values in zip(self.columns, columns, strict=True):
+            column[self.n : self.n + k] = values
+        self.n += k
+
+    def done(self) -> list[np.ndarray]:
+        return [c[: self.n] for c in self.columns]
+
+
+def _rows(db: sqlite3.Connection, schema: NsysSchema, *tables: str) -> int:
+    """How many rows ``tables`` hold in all (those absent none): an upper bound on their events."""
+    return sum(int(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in tables if schema.has(t))
+
+
+_Cols = tuple[np.ndarray, ...]
+_CPU = (
+    np.int32,
+    np.float64,
+    np.float64,
+    np.int64,
+    np.int64,
+)  # name, start µs, dur µs, globalTid, correlation
+_GPU = (np.int32, np.float64, np.float64, np.int64, np.int64, np.int64, np.float64, np.bool_)
+"""name, start µs, dur µs, device, stream, correlation, bytes, memory (a copy or memset)."""
+
+
 def _read(db: sqlite3.Connection, schema: NsysSchema, step_range: re.Pattern[str] | None) -> KinetoTrace:
     names = _Names(db)
-    threads: dict[tuple[int, int], int] = {}
-    cpu_parts = [_runtime(db, schema, names), _nvtx(db, schema, names)]
-    gpu_parts = [_kernels(db, schema, names), _copies(db, schema, names), _memsets(db, schema, names)]
-    name_id, start, end, tid, corr = (np.concatenate([p[i] for p in cpu_parts]) for i in range(5))
-    pids, tids = (tid >> 24) & 0xFFFFFF, tid & 0xFFFFFF
-    thread = np.array(
-        [threads.setdefault((int(a), int(b)), len(threads)) for a, b in zip(pids, tids, strict=True)],
-        np.int32,
-    )
-    steps = _steps(names, name_id, start, end, thread, corr, step_range, schema.path)
+    # an NVTX range may also be a step: room for each twice
+    cpu_rows = _Filled(_rows(db, schema, RUNTIME) + 2 * _rows(db, schema, NVTX), _CPU)
+    _runtime(db, schema, names, cpu_rows)
+    _nvtx(db, schema, names, cpu_rows)
+    name_id, start, dur, tid, corr = cpu_rows.done()
+    pairs, thread = np.unique(tid, return_inverse=True)
+    thread = thread.reshape(-1).astype(np.int32)
+    steps = _steps(names, name_id, start, start + dur, thread, corr, step_range, schema.path)
     if steps is not None:
-        name_id, start, end, thread, corr = (
-            np.concatenate((a, b)) for a, b in zip((name_id, start, end, thread, corr), steps, strict=True)
-        )
-    cpu = CpuEvents(names.names, name_id.astype(np.int32), start / 1e3, (end - start) / 1e3,
-                    list(threads), thread.astype(np.int32), corr)  # fmt: skip
-    g_name, g_start, g_end, g_dev, g_stream, g_corr, g_bytes, g_mem = (
-        np.concatenate([p[i] for p in gpu_parts]) for i in range(8)
-    )
-    gpu = _linked(cpu, g_name, g_start, g_end, g_dev, g_stream, g_corr, g_bytes, g_mem.astype(bool))
+        step_ids, s, e, step_thread, step_corr = steps
+        cpu_rows.add(step_ids, s, e - s, pairs[step_thread], step_corr)
+        name_id, start, dur, tid, corr = cpu_rows.done()
+        thread = np.concatenate((thread, step_thread.astype(np.int32)))
+    threads = [(int(t >> 24) & 0xFFFFFF, int(t) & 0xFFFFFF) for t in pairs]
+    gpu_rows = _Filled(_rows(db, schema, KERNEL, MEMCPY, MEMSET), _GPU)
+    _kernels(db, schema, names, gpu_rows)
+    _copies(db, schema, names, gpu_rows)
+    _memsets(db, schema, names, gpu_rows)
+    cpu = CpuEvents(names.names, name_id, start, dur, threads, thread, corr)  # every name read by now
     return KinetoTrace(
         path=schema.path,
         cpu=cpu,
-        gpu=gpu,
+        gpu=_linked(cpu, *gpu_rows.done()),
         device_properties=_devices(db, schema),
         base_time_ns=_session_start(db, schema),
         memory=no_memory(),
     )
 
 
-_Cols = tuple[np.ndarray, ...]
+def _us(ns: np.ndarray) -> np.ndarray:
+    out: np.ndarray = ns / 1e3
+    return out
 
 
-def _empty(width: int) -> _Cols:
-    return tuple(np.zeros(0, np.int64) for _ in range(width))
-
-
-def _runtime(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
-    """(name id, start, end, globalTid, correlation) of the CUDA runtime calls."""
+def _runtime(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
+    """The CUDA runtime calls: (name id, start, duration, globalTid, correlation)."""
     if not schema.has(RUNTIME):
-        return _empty(5)
+        return
     sql = (
         f"SELECT nameId, start, end, globalTid, coalesce(correlationId, -1) FROM {RUNTIME} WHERE end >= start"
     )
-    parts = [
-        (names.of_strings(c[:, 0], runtime=True), c[:, 1], c[:, 2], c[:, 3], c[:, 4])
-        for c in _chunks(db, sql, 5)
-    ]
-    return _joined(parts, 5)
+    for c in _chunks(db, sql, 5):
+        rows.add(
+            names.of_strings(c[:, 0], runtime=True), _us(c[:, 1]), _us(c[:, 2] - c[:, 1]), c[:, 3], c[:, 4]
+        )
 
 
-def _nvtx(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
-    """(name id, start, end, globalTid, -1) of the NVTX ranges; perfmagic's stages as ``## stage ##``."""
+def _nvtx(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
+    """The NVTX ranges (correlation -1); perfmagic's stages as ``## stage ##``."""
     if not schema.has(NVTX):
-        return _empty(5)
+        return
     domains = {
         int(d)
         for (d,) in db.execute(
@@ -192,46 +223,45 @@ def _nvtx(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
         f"FROM {NVTX} n LEFT JOIN {STRINGS} s ON s.id = n.textId "
         f"WHERE n.eventType IN ({','.join(map(str, NVTX_RANGES))}) AND n.end IS NOT NULL AND n.end >= n.start"
     )
-    parts: list[_Cols] = []
     cursor = db.execute(sql)
-    while rows := cursor.fetchmany(CHUNK_ROWS):
-        ids = [names.of(f"## {text} ##" if domain in domains else str(text)) for text, domain, *_ in rows]
-        times = np.array([r[2:] for r in rows], dtype=np.int64).reshape(-1, 3)
-        parts.append((np.array(ids, np.int64), times[:, 0], times[:, 1], times[:, 2], np.full(len(ids), -1)))
-    return _joined(parts, 5)
-
-
-def _joined(parts: Sequence[_Cols], width: int) -> _Cols:
-    if not parts:
-        return _empty(width)
-    return tuple(np.concatenate([np.asarray(p[i], np.int64) for p in parts]) for i in range(width))
+    while chunk := cursor.fetchmany(CHUNK_ROWS):
+        ids = [names.of(f"## {text} ##" if domain in domains else str(text)) for text, domain, *_ in chunk]
+        c = np.array([r[2:] for r in chunk], dtype=np.int64).reshape(-1, 3)
+        rows.add(
+            np.array(ids, np.int32), _us(c[:, 0]), _us(c[:, 1] - c[:, 0]), c[:, 2], np.full(len(ids), -1)
+        )
 
 
 _GPU_SELECT = "start, end, deviceId, streamId, coalesce(correlationId, -1)"
 
 
-def _kernels(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
-    """(name id, start, end, device, stream, correlation, bytes, memory) of the kernels."""
+def _add_gpu(
+    rows: _Filled, name_id: np.ndarray, c: np.ndarray, nbytes: np.ndarray | int, memory: bool
+) -> None:
+    """GPU rows from ``c``'s columns (start, end, device, stream, correlation)."""
+    n = len(c)
+    rows.add(name_id, _us(c[:, 0]), _us(c[:, 1] - c[:, 0]), c[:, 2], c[:, 3], c[:, 4],
+             np.broadcast_to(nbytes, n), np.full(n, memory))  # fmt: skip
+
+
+def _kernels(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
+    """The kernels, by their demangled names."""
     if not schema.has(KERNEL):
-        return _empty(8)
+        return
     sql = f"SELECT demangledName, {_GPU_SELECT} FROM {KERNEL} WHERE end >= start"
-    parts = [
-        (names.of_strings(c[:, 0]), *c[:, 1:6].T, np.zeros(len(c), np.int64), np.zeros(len(c), np.int64))
-        for c in _chunks(db, sql, 6)
-    ]
-    return _joined(parts, 8)
+    for c in _chunks(db, sql, 6):
+        _add_gpu(rows, names.of_strings(c[:, 0]), c[:, 1:6], 0, False)
 
 
-def _copies(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
+def _copies(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
     """The copies, named as Kineto names them: ``Memcpy HtoD (Pageable -> Device)``."""
     if not schema.has(MEMCPY):
-        return _empty(8)
+        return
     sql = (
         "SELECT coalesce(copyKind, 0), coalesce(srcKind, -1), coalesce(dstKind, -1), "
         f"{_GPU_SELECT}, coalesce(bytes, 0) FROM {MEMCPY} WHERE end >= start"
     )
     kinds, memory = schema.copy_kinds, schema.memory_kinds
-    parts: list[_Cols] = []
     for c in _chunks(db, sql, 9):
         triples, inverse = np.unique(c[:, :3], axis=0, return_inverse=True)
         ids = np.array(
@@ -241,33 +271,29 @@ def _copies(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
                 )
                 for k, s, d in triples.tolist()
             ],
-            np.int64,
+            np.int32,
         )
-        parts.append((ids[inverse.reshape(-1)], *c[:, 3:9].T, np.ones(len(c), np.int64)))
-    return _joined(parts, 8)
+        _add_gpu(rows, ids[inverse.reshape(-1)], c[:, 3:8], c[:, 8], True)
 
 
-def _memsets(db: sqlite3.Connection, schema: NsysSchema, names: _Names) -> _Cols:
+def _memsets(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
     """The memsets, named as Kineto names them: ``Memset (Device)``."""
     if not schema.has(MEMSET):
-        return _empty(8)
+        return
     sql = f"SELECT coalesce(memKind, -1), {_GPU_SELECT}, coalesce(bytes, 0) FROM {MEMSET} WHERE end >= start"
     memory = schema.memory_kinds
-    parts: list[_Cols] = []
     for c in _chunks(db, sql, 7):
         kinds, inverse = np.unique(c[:, 0], return_inverse=True)
-        ids = np.array([names.of(f"Memset ({memory.get(k, 'Unknown')})") for k in kinds.tolist()], np.int64)
-        parts.append((ids[inverse.reshape(-1)], *c[:, 1:7].T, np.ones(len(c), np.int64)))
-    return _joined(parts, 8)
+        ids = np.array([names.of(f"Memset ({memory.get(k, 'Unknown')})") for k in kinds.tolist()], np.int32)
+        _add_gpu(rows, ids[inverse.reshape(-1)], c[:, 1:6], c[:, 6], True)
 
 
-def _linked(cpu: CpuEvents, name_id: np.ndarray, start: np.ndarray, end: np.ndarray, device: np.ndarray,
+def _linked(cpu: CpuEvents, name_id: np.ndarray, start: np.ndarray, dur: np.ndarray, device: np.ndarray,
             stream: np.ndarray, corr: np.ndarray, nbytes: np.ndarray, memory: np.ndarray) -> GpuEvents:  # fmt: skip
     """The GPU events, each linked to the runtime call that launched it (same correlation id)."""
     by_name = np.array([kernel_kind(n, False) for n in cpu.names], dtype=np.int8)
-    kind = np.array([kernel_kind(n, True) for n in cpu.names], dtype=np.int8)
-    name_id = name_id.astype(np.int32)
-    kinds = np.where(memory, kind[name_id], by_name[name_id]).astype(np.int8)
+    as_memory = np.array([kernel_kind(n, True) for n in cpu.names], dtype=np.int8)
+    kinds = np.where(memory, as_memory[name_id], by_name[name_id]).astype(np.int8)
     rows = launch_rows(cpu, corr)
     launch = np.full(len(rows), np.nan)
     launch[rows >= 0] = cpu.start[rows[rows >= 0]]
@@ -275,12 +301,12 @@ def _linked(cpu: CpuEvents, name_id: np.ndarray, start: np.ndarray, end: np.ndar
         names=cpu.names,
         name_id=name_id,
         kind=kinds,
-        start=start / 1e3,
-        dur=(end - start) / 1e3,
+        start=start,
+        dur=dur,
         device=device,
         stream=stream,
         launch=launch,
-        bytes=nbytes.astype(np.float64),
+        bytes=nbytes,
         correlation=corr,
         launch_row=rows,
     )
