@@ -33,8 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from perfmagic.traces.events import CpuEvents, GpuEvents, KinetoTrace, kernel_kind, no_memory
-from perfmagic.traces.kineto import TraceFormatError
-from perfmagic.traces.kineto import _launch_rows as launch_rows
+from perfmagic.traces.kineto import TraceFormatError, launch_rows
 from perfmagic.traces.nsys_schema import (
     GPUS,
     KERNEL,
@@ -49,7 +48,7 @@ from perfmagic.traces.nsys_schema import (
 )
 
 CHUNK_ROWS = 65536
-"""Rows fetched from a cursor at a time: memory follows this, not the table."""
+"""Rows fetched from a cursor at a time: what a read holds besides the columns it fills."""
 PERFMAGIC_DOMAIN = "perfmagic"
 """The NVTX domain of perfmagic's stage ranges (:mod:`perfmagic.collect.nvtx_ranges`)."""
 NVTX_RANGES = (59, 60)
@@ -65,9 +64,8 @@ def read_capture(path: str | os.PathLike[str], step_range: str | None = None) ->
     p = Path(path)
     pattern = _compiled(step_range)
     with open_capture(p) as db:
-        schema = NsysSchema(db, p)
         try:
-            return _read(db, schema, pattern)
+            return _read(db, NsysSchema(db, p), pattern)
         except sqlite3.DatabaseError as e:
             raise TraceFormatError(f"{p}: cannot read the export ({e})") from e
 
