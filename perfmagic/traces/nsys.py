@@ -54,6 +54,9 @@ PERFMAGIC_DOMAIN = "perfmagic"
 NVTX_RANGES = (59, 60)
 """``eventType`` of NVTX push/pop and start/end ranges."""
 NVTX_DOMAIN_CREATE = 75
+RUNTIME_CLASSES = (0, 1)
+"""``eventClass`` of CUDA runtime and driver calls; the table also holds a copy of each call made for
+its backtrace (67, ``TRACE_PROCESS_EVENT_CUDABACKTRACE``), which would count every call twice."""
 _VERSION_SUFFIX = re.compile(r"_v\d+$")
 _STEP = re.compile(r"ProfilerStep#\d+$")
 
@@ -196,7 +199,8 @@ def _runtime(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _F
     if not schema.has(RUNTIME):
         return
     sql = (
-        f"SELECT nameId, start, end, globalTid, coalesce(correlationId, -1) FROM {RUNTIME} WHERE end >= start"
+        f"SELECT nameId, start, end, globalTid, coalesce(correlationId, -1) FROM {RUNTIME} "
+        f"WHERE end >= start AND eventClass IN {RUNTIME_CLASSES}"
     )
     for c in _chunks(db, sql, 5):
         rows.add(

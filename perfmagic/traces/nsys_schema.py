@@ -49,7 +49,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     KERNEL: (*_GPU_COLUMNS, "demangledName"),
     MEMCPY: (*_GPU_COLUMNS, "bytes", "copyKind", "srcKind", "dstKind"),
     MEMSET: (*_GPU_COLUMNS, "bytes", "memKind"),
-    RUNTIME: ("start", "end", "globalTid", "correlationId", "nameId"),
+    RUNTIME: ("start", "end", "eventClass", "globalTid", "correlationId", "nameId"),
     NVTX: ("start", "end", "eventType", "text", "textId", "globalTid", "domainId"),
     STRINGS: ("id", "value"),
     GPUS: ("id", "name"),

@@ -30,6 +30,9 @@ from perfmagic.traces.nsys_schema import NsysSchema, open_capture
 # SELECT copyKind, srcKind, dstKind, count(*), sum(end - start), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY
 #   GROUP BY 1, 2, 3;
 # SELECT count(*), sum(end - start), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMSET;  (no such table: 0)
+# SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId
+#   WHERE s.value LIKE 'cudaLaunchKernel%' AND r.eventClass IN (0, 1);  (0: runtime, 1: driver; not the
+#   backtrace copies of the calls, class 67)
 REAL = {
     CLOVERLEAF: {
         "schema": "3.13.2",
@@ -37,6 +40,7 @@ REAL = {
         "htod_pageable": (254, 9346285, 225065752),
         "dtoh_pageable": (25, 44638, 51200),
         "memsets": (0, 0),
+        "launches": 1312,
     },
     SAXPY: {
         "schema": "2.9.1",
@@ -44,6 +48,7 @@ REAL = {
         "htod_pageable": (10, 186001123, 2621440000),
         "dtoh_pageable": (5, 98698477, 1310720000),
         "memsets": (0, 0),
+        "launches": 5,
     },
 }
 
@@ -73,6 +78,8 @@ def test_a_real_capture_reads_its_kernel_copy_and_memset_totals(path: Path) -> N
         )
     memsets = _named(trace, "Memset")
     assert (int(memsets.sum()), trace.gpu.dur[memsets].sum()) == want["memsets"]
+    launch = trace.cpu.names.index("cudaLaunchKernel")  # without nsys's _v7000
+    assert int((trace.cpu.name_id == launch).sum()) == want["launches"]
     # every GPU event was launched by a runtime call the capture holds
     assert trace.gpu.launch_row is not None and (trace.gpu.launch_row >= 0).all()
 
