@@ -21,6 +21,7 @@ from perfmagic.analyze.gpu import trace_gpu
 from perfmagic.analyze.ranks import collective_skew, collective_starts
 from perfmagic.report import Report, build_report
 from perfmagic.timeline import Timeline
+from perfmagic.traces.events import KinetoTrace
 from perfmagic.traces.kineto import TraceFormatError, read_trace, trace_of_document
 from perfmagic.traces.nsys import read_capture
 from perfmagic.traces.nsys_schema import CAPTURE_SUFFIXES, REPORT_SUFFIXES
@@ -83,8 +84,10 @@ def report_from_traces(paths: Sequence[str | os.PathLike[str]], step_range: str 
     ranks = [r.rank for r in read]
     for i, rank in enumerate(ranks):
         if rank in ranks[:i]:
-            other = files[ranks.index(rank)]
-            raise TraceFormatError(f"{files[i]} and {other} are both rank {rank}: give one trace per rank")
+            other = read[ranks.index(rank)].path
+            raise TraceFormatError(
+                f"{read[i].path} and {other} are both rank {rank}: give one trace per rank"
+            )
     # analyze() takes the primary rank's GPU figures (and each rank's) from timeline.meta["gpu"]
     analysis = analyze([r.timeline for r in read])
     skew = collective_skew({r.rank: r.collectives for r in read})
@@ -92,6 +95,7 @@ def report_from_traces(paths: Sequence[str | os.PathLike[str]], step_range: str 
 
 
 def _read_ranks(files: list[Path], workers: int, step_range: str | None) -> list[_RankTrace]:
+    """The ranks of ``files``: one per trace, one per process of an Nsight capture that ran GPU work."""
     if workers > 1:
         # forked where that is safe (Linux, one thread): no imports to repeat and the caller's
         # script is not run again; else spawned (a notebook kernel has threads running)
@@ -99,10 +103,11 @@ def _read_ranks(files: list[Path], workers: int, step_range: str | None) -> list
         context = multiprocessing.get_context("fork" if forked else "spawn")
         try:
             with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                return list(pool.map(_read_rank, files, range(len(files)), [step_range] * len(files)))
+                read = pool.map(_read_rank, files, range(len(files)), [step_range] * len(files))
+                return [rank for ranks in read for rank in ranks]
         except BrokenProcessPool:
             pass  # workers could not start (a script without a __main__ guard): read them here
-    return [_read_rank(p, i, step_range) for i, p in enumerate(files)]
+    return [rank for i, p in enumerate(files) for rank in _read_rank(p, i, step_range)]
 
 
 def pool_size(files: Sequence[Path]) -> int:
@@ -139,15 +144,18 @@ class _RankTrace:
     rank: int
     timeline: Timeline
     collectives: dict[str, np.ndarray]
+    path: Path
 
 
-def _read_rank(path: Path, index: int, step_range: str | None = None) -> _RankTrace:
+def _read_rank(path: Path, index: int, step_range: str | None = None) -> list[_RankTrace]:
     if path.name.endswith(CAPTURE_SUFFIXES):
-        trace = read_capture(path, step_range)
-    elif path.name.endswith(".xplane.pb"):
-        trace = trace_of_document(xplane_document([path]), path)
-    else:
-        trace = read_trace(path)
+        return [_rank_of(path, trace, index) for trace in read_capture(path, step_range)]
+    if path.name.endswith(".xplane.pb"):
+        return [_rank_of(path, trace_of_document(xplane_document([path]), path), index)]
+    return [_rank_of(path, read_trace(path), index)]
+
+
+def _rank_of(path: Path, trace: KinetoTrace, index: int) -> _RankTrace:
     rank = trace.rank if trace.rank is not None else index
     timeline = trace_timeline(trace, rank)
     warnings: list[Any] = timeline.meta["warnings"]
@@ -173,4 +181,4 @@ def _read_rank(path: Path, index: int, step_range: str | None = None) -> _RankTr
                 f"{path.name}: fewer than two ProfilerStep# ranges, so the GPU figures cover "
                 "the whole trace rather than the complete steps (as HTA does)"
             )
-    return _RankTrace(rank, timeline, collective_starts(trace))
+    return _RankTrace(rank, timeline, collective_starts(trace), path)

@@ -30,7 +30,7 @@ _FROM_CLOVERLEAF = (
 _WITH_ROWS = ("META_DATA_EXPORT", "ENUM_CUDA_MEMCPY_OPER", "ENUM_CUDA_MEM_KIND")
 _FROM_SAXPY = ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_MEMSET")
 PID, TID = 4242, 4242
-GLOBAL_TID = (PID << 24) | TID
+GLOBAL_TID = (PID << 24) | TID  # the first process's main thread
 US = 1000  # ns
 PAGEABLE, PINNED, DEVICE = 0, 1, 2  # ENUM_CUDA_MEM_KIND
 HTOD, DTOH = 1, 2  # ENUM_CUDA_MEMCPY_OPER
@@ -60,9 +60,12 @@ class Loop:
 
 
 class _Writer:
-    def __init__(self, db: sqlite3.Connection, loop: Loop) -> None:
+    def __init__(self, db: sqlite3.Connection, loop: Loop, process: int = 0) -> None:
+        """The writer of process number ``process`` (its own pid, thread and GPU)."""
         self.db, self.loop = db, loop
-        self.t = 1_000_000  # host clock (ns)
+        self.pid, self.device = PID + process, process
+        self.global_tid = (self.pid << 24) | (TID + process)
+        self.t = 1_000_000 + process * 300 * US  # host clock (ns); each process starts a little later
         self.gpu_free = 0
         self.corr = 0
         self.rows: dict[str, list[tuple[object, ...]]] = {}
@@ -79,14 +82,14 @@ class _Writer:
         self.rows.setdefault(table, []).append(tuple(values.items()))
 
     def nvtx(self, text: str, start: int, end: int, perfmagic: bool = False) -> None:
-        self.insert("NVTX_EVENTS", start=start, end=end, eventType=59, text=text, globalTid=GLOBAL_TID,
+        self.insert("NVTX_EVENTS", start=start, end=end, eventType=59, text=text, globalTid=self.global_tid,
                     domainId=self.perfmagic_domain if perfmagic else 0)  # fmt: skip
 
     def call(self, name: str, dur_ns: int) -> tuple[int, int, int]:
         """A runtime call on the main thread now: (start, end, correlation)."""
         self.corr += 1
         start, end = self.t, self.t + dur_ns
-        self.insert("CUPTI_ACTIVITY_KIND_RUNTIME", start=start, end=end, eventClass=1, globalTid=GLOBAL_TID,
+        self.insert("CUPTI_ACTIVITY_KIND_RUNTIME", start=start, end=end, eventClass=1, globalTid=self.global_tid,
                     correlationId=self.corr, nameId=self.string(name), returnValue=0)  # fmt: skip
         self.t = end
         return start, end, self.corr
@@ -94,8 +97,8 @@ class _Writer:
     def gpu(self, table: str, launched_end: int, dur_ns: int, corr: int, **values: object) -> tuple[int, int]:
         start = max(launched_end + 2 * US, self.gpu_free)
         self.gpu_free = start + dur_ns
-        self.insert(table, start=start, end=start + dur_ns, deviceId=0, contextId=1, streamId=7,
-                    correlationId=corr, globalPid=PID << 24, **values)  # fmt: skip
+        self.insert(table, start=start, end=start + dur_ns, deviceId=self.device, contextId=1,
+                    streamId=7, correlationId=corr, globalPid=self.pid << 24, **values)  # fmt: skip
         return start, start + dur_ns
 
     def launch(self, name: str, dur_us: float) -> None:
@@ -199,29 +202,29 @@ def _schema_from(
         src.close()
 
 
-def write_capture(path: Path, loop: Loop, repeat: int = 1) -> Path:
-    """Write the capture of ``loop`` (its steps ``repeat`` times over, for a large one) to ``path``."""
+def write_capture(path: Path, loop: Loop, repeat: int = 1, processes: int = 1) -> Path:
+    """Write the capture of ``loop`` (its steps ``repeat`` times over, for a large one) to ``path``; with
+    ``processes``, that many processes run it side by side, each on its own GPU, their correlation ids
+    each counting from 1 (as CUPTI's do per process)."""
     path.unlink(missing_ok=True)
     db = sqlite3.connect(path)
     _schema_from(db, CLOVERLEAF, _FROM_CLOVERLEAF, _WITH_ROWS)
     _schema_from(db, SAXPY, _FROM_SAXPY, ())
-    db.execute("INSERT INTO TARGET_INFO_GPU (vmId, id, name) VALUES (0, 0, 'NVIDIA H100 80GB HBM3')")
+    for gpu in range(processes):
+        db.execute(
+            "INSERT INTO TARGET_INFO_GPU (vmId, id, name) VALUES (0, ?, 'NVIDIA H100 80GB HBM3')", (gpu,)
+        )
     db.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME (utcEpochNs) VALUES (1760000000000000000)")
-    w = _Writer(db, loop)
-    w.insert(
-        "NVTX_EVENTS",
-        start=0,
-        eventType=75,
-        text="perfmagic",
-        globalTid=GLOBAL_TID,
-        domainId=w.perfmagic_domain,
-    )
-    k = 0
-    for _ in range(repeat):
-        for _ in range(loop.steps):
-            w.step(k)
-            k += 1
-        w.flush()
+    for process in range(processes):
+        w = _Writer(db, loop, process)
+        w.insert("NVTX_EVENTS", start=0, eventType=75, text="perfmagic", globalTid=w.global_tid,
+                 domainId=w.perfmagic_domain)  # fmt: skip
+        k = 0
+        for _ in range(repeat):
+            for _ in range(loop.steps):
+                w.step(k)
+                k += 1
+            w.flush()
     db.commit()
     db.close()
     return path

@@ -17,7 +17,9 @@ So a capture becomes the same timeline, ``gpu`` section and advice as a torch.pr
   iteration ranges, as DLProf's ``--iter_start``); else perfmagic's ``optimizer`` ranges, a
   step ending with each. Steps found either way are added as ``ProfilerStep#N`` events.
 
-Times are nanoseconds from the session's start in the export, microseconds out. Every table is
+A capture of several processes gives one trace per process that ran GPU work (correlation ids
+count per process), ranked in process id order. Times are nanoseconds from the session's start in
+the export, microseconds out. Every table is
 read through a cursor a chunk of rows at a time, the rows turned into integer columns before
 the next chunk is read; strings are fetched once per distinct id.
 """
@@ -29,6 +31,7 @@ import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,9 +64,11 @@ _VERSION_SUFFIX = re.compile(r"_v\d+$")
 _STEP = re.compile(r"ProfilerStep#\d+$")
 
 
-def read_capture(path: str | os.PathLike[str], step_range: str | None = None) -> KinetoTrace:
-    """Read a ``.sqlite`` (``.sqlite.gz``, ``.nsys-rep``) capture; raises :class:`TraceFormatError`
-    on a file that is not a readable export, or when ``step_range`` matches no NVTX range."""
+def read_capture(path: str | os.PathLike[str], step_range: str | None = None) -> list[KinetoTrace]:
+    """Read a ``.sqlite`` (``.sqlite.gz``, ``.nsys-rep``) capture: one trace per process that ran GPU
+    work (in process id order; one for the capture where none did), as Nsight analyses per process.
+    Raises :class:`TraceFormatError` on a file that is not a readable export, or when ``step_range``
+    matches no NVTX range."""
     p = Path(path)
     pattern = _compiled(step_range)
     with open_capture(p) as db:
@@ -154,39 +159,65 @@ _CPU = (
     np.int64,
     np.int64,
 )  # name, start µs, dur µs, globalTid, correlation
-_GPU = (np.int32, np.float64, np.float64, np.int64, np.int64, np.int64, np.float64, np.bool_)
-"""name, start µs, dur µs, device, stream, correlation, bytes, memory (a copy or memset)."""
+_GPU = (np.int32, np.float64, np.float64, np.int64, np.int64, np.int64, np.float64, np.bool_, np.int64)
+"""name, start µs, dur µs, device, stream, correlation, bytes, memory (a copy or memset), process id."""
 
 
-def _read(db: sqlite3.Connection, schema: NsysSchema, step_range: re.Pattern[str] | None) -> KinetoTrace:
+def _pid(global_id: np.ndarray) -> np.ndarray:
+    """The process id in an nsys ``globalTid`` or ``globalPid``."""
+    out: np.ndarray = (global_id >> 24) & 0xFFFFFF
+    return out
+
+
+def _read(
+    db: sqlite3.Connection, schema: NsysSchema, step_range: re.Pattern[str] | None
+) -> list[KinetoTrace]:
     names = _Names(db)
     # an NVTX range may also be a step: room for each twice
     cpu_rows = _Filled(_rows(db, schema, RUNTIME) + 2 * _rows(db, schema, NVTX), _CPU)
     _runtime(db, schema, names, cpu_rows)
     _nvtx(db, schema, names, cpu_rows)
-    name_id, start, dur, tid, corr = cpu_rows.done()
-    pairs, thread = np.unique(tid, return_inverse=True)
-    thread = thread.reshape(-1).astype(np.int32)
-    steps = _steps(names, name_id, start, start + dur, thread, corr, step_range, schema.path)
-    if steps is not None:
-        step_ids, s, e, step_thread, step_corr = steps
-        cpu_rows.add(step_ids, s, e - s, pairs[step_thread], step_corr)
-        name_id, start, dur, tid, corr = cpu_rows.done()
-        thread = np.concatenate((thread, step_thread.astype(np.int32)))
-    threads = [(int(t >> 24) & 0xFFFFFF, int(t) & 0xFFFFFF) for t in pairs]
     gpu_rows = _Filled(_rows(db, schema, KERNEL, MEMCPY, MEMSET), _GPU)
     _kernels(db, schema, names, gpu_rows)
     _copies(db, schema, names, gpu_rows)
     _memsets(db, schema, names, gpu_rows)
-    cpu = CpuEvents(names.names, name_id, start, dur, threads, thread, corr)  # every name read by now
-    return KinetoTrace(
-        path=schema.path,
-        cpu=cpu,
-        gpu=_linked(cpu, *gpu_rows.done()),
-        device_properties=_devices(db, schema),
-        base_time_ns=_session_start(db, schema),
-        memory=no_memory(),
-    )
+    gpu = gpu_rows.done()
+    processes = np.unique(gpu[-1][gpu[-1] > 0]).tolist()
+    whole = len(processes) < 2  # one process: no masks, no copies of the columns
+    name_id, start, dur, tid, corr = cpu_rows.done()
+    cpu_pid = None if whole else _pid(tid)
+    found = False
+    for pid in [None] if whole else processes:
+        mine = slice(None) if cpu_pid is None else np.flatnonzero(cpu_pid == pid)
+        steps = _steps(
+            names, name_id[mine], start[mine], start[mine] + dur[mine], tid[mine], corr[mine], step_range
+        )
+        found = found or steps is not None
+        if steps is not None:
+            step_ids, s, e, step_tid = steps
+            cpu_rows.add(step_ids, s, e - s, step_tid, np.full(len(s), -1))
+    if step_range is not None and not found:
+        raise TraceFormatError(f"{schema.path}: no NVTX range matches --step-range {step_range.pattern!r}")
+    columns = cpu_rows.done()
+    facts = {"device_properties": _devices(db, schema), "base_time_ns": _session_start(db, schema)}
+    if whole:
+        return [_trace(schema.path, names.names, columns, gpu[:-1], facts)]
+    cpu_pid = _pid(columns[3])
+    return [
+        _trace(schema.path, names.names, [c[cpu_pid == pid] for c in columns], [c[gpu[-1] == pid] for c in gpu[:-1]],
+               {**facts, "distributed": {"rank": k, "world_size": len(processes)}})
+        for k, pid in enumerate(processes)
+    ]  # fmt: skip
+
+
+def _trace(path: Path, names: list[str], cpu_columns: Sequence[np.ndarray], gpu_columns: Sequence[np.ndarray],
+           facts: dict[str, Any]) -> KinetoTrace:  # fmt: skip
+    """One process's trace from its CPU (name, start, dur, globalTid, correlation) and GPU columns."""
+    name_id, start, dur, tid, corr = cpu_columns
+    pairs, thread = np.unique(tid, return_inverse=True)
+    threads = [(int(t >> 24) & 0xFFFFFF, int(t) & 0xFFFFFF) for t in pairs]
+    cpu = CpuEvents(names, name_id, start, dur, threads, thread.reshape(-1).astype(np.int32), corr)
+    return KinetoTrace(path=path, cpu=cpu, gpu=_linked(cpu, *gpu_columns), memory=no_memory(), **facts)
 
 
 def _us(ns: np.ndarray) -> np.ndarray:
@@ -234,16 +265,16 @@ def _nvtx(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Fill
         )
 
 
-_GPU_SELECT = "start, end, deviceId, streamId, coalesce(correlationId, -1)"
+_GPU_SELECT = "start, end, deviceId, streamId, coalesce(correlationId, -1), coalesce(globalPid, -1)"
 
 
 def _add_gpu(
     rows: _Filled, name_id: np.ndarray, c: np.ndarray, nbytes: np.ndarray | int, memory: bool
 ) -> None:
-    """GPU rows from ``c``'s columns (start, end, device, stream, correlation)."""
+    """GPU rows from ``c``'s columns (start, end, device, stream, correlation, globalPid)."""
     n = len(c)
     rows.add(name_id, _us(c[:, 0]), _us(c[:, 1] - c[:, 0]), c[:, 2], c[:, 3], c[:, 4],
-             np.broadcast_to(nbytes, n), np.full(n, memory))  # fmt: skip
+             np.broadcast_to(nbytes, n), np.full(n, memory), np.where(c[:, 5] >= 0, _pid(c[:, 5]), -1))  # fmt: skip
 
 
 def _kernels(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
@@ -251,8 +282,8 @@ def _kernels(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _F
     if not schema.has(KERNEL):
         return
     sql = f"SELECT demangledName, {_GPU_SELECT} FROM {KERNEL} WHERE end >= start"
-    for c in _chunks(db, sql, 6):
-        _add_gpu(rows, names.of_strings(c[:, 0]), c[:, 1:6], 0, False)
+    for c in _chunks(db, sql, 7):
+        _add_gpu(rows, names.of_strings(c[:, 0]), c[:, 1:7], 0, False)
 
 
 def _copies(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
@@ -264,7 +295,7 @@ def _copies(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Fi
         f"{_GPU_SELECT}, coalesce(bytes, 0) FROM {MEMCPY} WHERE end >= start"
     )
     kinds, memory = schema.copy_kinds, schema.memory_kinds
-    for c in _chunks(db, sql, 9):
+    for c in _chunks(db, sql, 10):
         triples, inverse = np.unique(c[:, :3], axis=0, return_inverse=True)
         ids = np.array(
             [
@@ -275,7 +306,7 @@ def _copies(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Fi
             ],
             np.int32,
         )
-        _add_gpu(rows, ids[inverse.reshape(-1)], c[:, 3:8], c[:, 8], True)
+        _add_gpu(rows, ids[inverse.reshape(-1)], c[:, 3:9], c[:, 9], True)
 
 
 def _memsets(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
@@ -284,10 +315,10 @@ def _memsets(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _F
         return
     sql = f"SELECT coalesce(memKind, -1), {_GPU_SELECT}, coalesce(bytes, 0) FROM {MEMSET} WHERE end >= start"
     memory = schema.memory_kinds
-    for c in _chunks(db, sql, 7):
+    for c in _chunks(db, sql, 8):
         kinds, inverse = np.unique(c[:, 0], return_inverse=True)
         ids = np.array([names.of(f"Memset ({memory.get(k, 'Unknown')})") for k in kinds.tolist()], np.int32)
-        _add_gpu(rows, ids[inverse.reshape(-1)], c[:, 1:6], c[:, 6], True)
+        _add_gpu(rows, ids[inverse.reshape(-1)], c[:, 1:7], c[:, 7], True)
 
 
 def _linked(cpu: CpuEvents, name_id: np.ndarray, start: np.ndarray, dur: np.ndarray, device: np.ndarray,
@@ -331,19 +362,20 @@ def _session_start(db: sqlite3.Connection, schema: NsysSchema) -> int:
     return int(row[0]) if row and isinstance(row[0], int) else 0
 
 
-def _steps(names: _Names, name_id: np.ndarray, start: np.ndarray, end: np.ndarray, thread: np.ndarray,
-           corr: np.ndarray, step_range: re.Pattern[str] | None, path: Path) -> _Cols | None:  # fmt: skip
-    """``ProfilerStep#N`` events to add: the ranges ``step_range`` matches, or one per perfmagic
-    ``optimizer`` range; None where the capture has ``ProfilerStep#`` ranges or neither."""
+def _steps(names: _Names, name_id: np.ndarray, start: np.ndarray, end: np.ndarray, tid: np.ndarray,
+           corr: np.ndarray, step_range: re.Pattern[str] | None) -> _Cols | None:  # fmt: skip
+    """(name ids, starts, ends, globalTids) of ``ProfilerStep#N`` events to add for one process: the
+    ranges ``step_range`` matches, or one per perfmagic ``optimizer`` range; None where ``step_range``
+    matches nothing, or the process has ``ProfilerStep#`` ranges, or neither."""
     listed = names.names
     if step_range is not None:
         ids = [i for i, n in enumerate(listed) if step_range.search(n)]
         rows = np.flatnonzero(np.isin(name_id, ids) & (corr < 0))
         if not len(rows):
-            raise TraceFormatError(f"{path}: no NVTX range matches --step-range {step_range.pattern!r}")
+            return None
         rows = _outermost(rows, start, end)
         s, e = start[rows], end[rows]
-    elif any(_STEP.match(n) for n in listed):
+    elif np.isin(name_id, [i for i, n in enumerate(listed) if _STEP.match(n)]).any():
         return None
     else:
         optimizer = names.ids.get("## optimizer ##")
@@ -352,13 +384,12 @@ def _steps(names: _Names, name_id: np.ndarray, start: np.ndarray, end: np.ndarra
             return None
         rows = _outermost(rows, start, end)
         ours = np.isin(name_id, [i for i, n in enumerate(listed) if n.startswith("## ")]) & (
-            thread == thread[rows[0]]
+            tid == tid[rows[0]]
         )
         e = end[rows]
         s = np.concatenate(([start[ours].min()], e[:-1]))
-        rows = rows[: len(e)]
-    step_ids = np.array([names.of(f"ProfilerStep#{k}") for k in range(len(s))], np.int64)
-    return step_ids, s, e, thread[rows], np.full(len(s), -1, np.int64)
+    step_ids = np.array([names.of(f"ProfilerStep#{k}") for k in range(len(s))], np.int32)
+    return step_ids, s, e, tid[rows]
 
 
 def _outermost(rows: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nsys_capture import CLOVERLEAF, SAXPY, Loop, write_capture
+from nsys_capture import CLOVERLEAF, PID, SAXPY, Loop, write_capture
 
 import perfmagic
 from perfmagic.cli import main
@@ -62,7 +62,7 @@ def _named(trace: perfmagic.traces.KinetoTrace, prefix: str) -> np.ndarray:
 @pytest.mark.parametrize("path", list(REAL), ids=lambda p: p.name)
 def test_a_real_capture_reads_its_kernel_copy_and_memset_totals(path: Path) -> None:
     want = REAL[path]
-    trace = read_capture(path)
+    (trace,) = read_capture(path)
     with open_capture(path) as db:
         assert NsysSchema(db, path).version == want["schema"]
     kernels = trace.gpu.kind != MEMORY
@@ -166,13 +166,14 @@ def test_an_nsys_report_is_exported_by_nsys_on_path(tmp_path: Path, monkeypatch:
         read_capture(rep)
     _stand_in_nsys(tmp_path / "bin", _plain(tmp_path, SAXPY))
     monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
-    assert int((read_capture(rep).gpu.kind != MEMORY).sum()) == REAL[SAXPY]["kernels"][0]
+    (trace,) = read_capture(rep)
+    assert int((trace.gpu.kind != MEMORY).sum()) == REAL[SAXPY]["kernels"][0]
 
 
 def test_rows_are_read_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    whole = read_capture(CLOVERLEAF)
+    (whole,) = read_capture(CLOVERLEAF)
     monkeypatch.setattr(nsys_reader, "CHUNK_ROWS", 97)
-    chunked = read_capture(CLOVERLEAF)
+    (chunked,) = read_capture(CLOVERLEAF)
     for a, b in ((whole.gpu, chunked.gpu), (whole.cpu, chunked.cpu)):
         assert np.array_equal(a.start, b.start) and np.array_equal(a.dur, b.dur)
         assert [a.names[i] for i in a.name_id] == [b.names[i] for i in b.name_id]
@@ -221,6 +222,22 @@ def test_a_directory_of_captures_is_one_rank_each_with_collective_skew(tmp_path:
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
     skew = report["collective_skew"]
     assert skew is not None and skew["last_rank"] == 1
+
+
+def test_a_capture_of_several_processes_is_one_rank_each(tmp_path: Path) -> None:
+    loop = Loop()
+    path = write_capture(tmp_path / "job.sqlite", loop, processes=2)
+    traces = read_capture(path)
+    # each process's kernels linked to its own launches, though their correlation ids are the same
+    assert [t.rank for t in traces] == [0, 1]
+    for k, trace in enumerate(traces):
+        assert np.unique(trace.gpu.device).tolist() == [k]
+        assert {pid for pid, _ in trace.cpu.threads} == {PID + k}
+        assert trace.gpu.launch_row is not None and (trace.gpu.launch_row >= 0).all()
+        launched = trace.cpu.start[trace.gpu.launch_row]
+        assert (launched <= trace.gpu.start).all()
+    report = perfmagic.load_trace(path).to_dict()
+    assert [r["steps"]["count"] for r in report["ranks"]] == [loop.steps, loop.steps]
 
 
 CHECKS = ("pin_memory", "sync_copies", "sync_logging", "gpu_gaps", "low_gpu_util")
