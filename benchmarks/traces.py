@@ -22,6 +22,13 @@ event within 1.3x of the unscaled trace's.
 
 Usage: ``python benchmarks/traces.py [--rounds 3] [--scale 4 16] [--workdir DIR] [TRACE ...]``
 (HTA from the ``bench`` extra: ``pip install -e '.[bench]'``).
+
+Nsight Systems captures (``--nsys MB ...``, HTA not needed): synthetic training captures
+(``tests/nsys_capture.py``, the real exports' schema) of about that many MB of CUDA and NVTX events,
+and (``--nsys-total MB``) the smallest of them grown to that size with rows of a table perfmagic does
+not read, as CPU sampling and scheduling make up most of a real capture. ``perfmagic report`` on each
+in a fresh process: time and peak RSS. Targets: peak RSS <= ``NSYS_RSS_TARGET`` for the grown capture
+(the rows are streamed, so unread tables cost nothing); RSS per event read, printed for each.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ SPEEDUP_TARGET = 10.0
 MEMORY_TARGET = 0.5  # perfmagic's peak over HTA's
 LINEAR_TARGET = 1.3  # time per event of a scaled trace over the unscaled one's
 STEP = re.compile(r"ProfilerStep#(\d+)")
+NSYS_RSS_TARGET = 300e6  # peak RSS of perfmagic report on the grown capture
 
 
 def child(tool: str, path: str) -> None:
@@ -182,11 +190,18 @@ def main() -> None:
     parser.add_argument(
         "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "perfmagic-bench-traces"
     )
+    parser.add_argument(
+        "--nsys", type=int, nargs="*", metavar="MB", help="Nsight captures of these MB of events"
+    )
+    parser.add_argument("--nsys-total", type=int, metavar="MB", help="the smallest grown to this size")
     parser.add_argument("--child", nargs=2, metavar=("TOOL", "TRACE"), help=argparse.SUPPRESS)
     parser.add_argument("traces", nargs="*", type=Path)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
+        return
+    if args.nsys:
+        nsys_main(args.nsys, args.nsys_total, args.workdir, args.rounds)
         return
     paths = args.traces or [DATA / name for name in DEFAULT if (DATA / name).exists()]
     if not paths:
@@ -227,6 +242,47 @@ def main() -> None:
             f"{row.path.name:<30} {row.json_bytes / mb:>7.1f} {row.events:>8} {hta_s:>6.2f} {pm_s:>6.3f} "
             f"{hta_s / pm_s:>5.1f}x {hta_m / mb:>6.0f} {pm_m / mb:>6.0f} {pm_m / hta_m:>5.2f} {cmd:>12}  "
             + ", ".join(checks)
+        )
+
+
+def nsys_capture(events_mb: int, total_mb: int | None, workdir: Path) -> Path:
+    """A synthetic capture of about ``events_mb`` MB of events, grown to ``total_mb`` (built once, cached)."""
+    sys.path.insert(0, str(DATA.parent))
+    from nsys_capture import Loop, pad_capture, write_capture
+
+    out = workdir / f"nsys_{events_mb}mb{f'_total{total_mb}mb' if total_mb else ''}.sqlite"
+    if out.exists():
+        return out
+    one = write_capture(workdir / "nsys_one.sqlite", Loop()).stat().st_size
+    tmp = write_capture(out.with_suffix(".tmp"), Loop(), repeat=max(1, round(events_mb * 1e6 / one)))
+    if total_mb:
+        pad_capture(tmp, int(total_mb * 1e6))
+    tmp.rename(out)
+    return out
+
+
+def nsys_main(sizes: list[int], total: int | None, workdir: Path, rounds: int) -> None:
+    """``perfmagic report`` on synthetic Nsight captures: time, peak RSS, RSS per event read."""
+    from perfmagic.traces.nsys import read_capture
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    builds = [(mb, None) for mb in sizes] + ([(min(sizes), total)] if total else [])
+    print(f"{'capture':<34} {'MB':>7} {'events':>9} {'pm s':>7} {'peak MB':>8} {'B/event':>8}  target")
+    for mb, grown in builds:
+        path = nsys_capture(mb, grown, workdir)
+        traces = read_capture(path)
+        events = sum(len(t.cpu) + len(t.gpu) for t in traces)
+        del traces
+        runs = [measure("perfmagic", path) for _ in range(rounds)]
+        seconds, peak = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+        check = (
+            f"peak<={NSYS_RSS_TARGET / 1e6:.0f} MB {'yes' if peak <= NSYS_RSS_TARGET else 'NO'}"
+            if grown
+            else ""
+        )
+        print(
+            f"{path.name:<34} {path.stat().st_size / 1e6:>7.0f} {events:>9} {seconds:>7.2f} {peak / 1e6:>8.0f} "
+            f"{peak / events:>8.0f}  {check}"
         )
 
 

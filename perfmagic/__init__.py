@@ -34,13 +34,15 @@ __all__ = [
 ]
 
 
-def load_trace(path_or_dir: str | os.PathLike[str]) -> Report:
-    """The report of a trace that ``torch.profiler`` wrote (``.json`` or ``.json.gz``), or of every
-    rank's trace in a directory: what ``perfmagic report`` prints, shown in a notebook as a live
-    report is. Raises :class:`perfmagic.traces.TraceFormatError` on a file that is not a trace."""
+def load_trace(path_or_dir: str | os.PathLike[str], step_range: str | None = None) -> Report:
+    """The report of a trace that ``torch.profiler`` wrote (``.json`` or ``.json.gz``) or of an Nsight
+    Systems capture (``.sqlite``, ``.nsys-rep``), or of every rank's trace in a directory: what
+    ``perfmagic report`` prints, shown in a notebook as a live report is. ``step_range``: a regular
+    expression for the NVTX ranges that are a capture's steps. Raises
+    :class:`perfmagic.traces.TraceFormatError` on a file that is not a trace."""
     from perfmagic.trace_report import report_from_traces
 
-    return report_from_traces([path_or_dir])
+    return report_from_traces([path_or_dir], step_range)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -62,9 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     _report_arguments(
         sub.add_parser(
             "report",
-            help="analyze traces that torch.profiler wrote",
-            description="Analyze traces written by torch.profiler (one file per rank, .json or .json.gz; "
-            "a directory: every trace in it) and print one report; with --compare, compare two. "
+            help="analyze traces that torch.profiler or Nsight Systems wrote",
+            description="Analyze traces written by torch.profiler (one file per rank, .json or .json.gz) "
+            "or Nsight Systems captures (.sqlite from nsys export --type sqlite, or .nsys-rep with nsys on "
+            "PATH); a directory: every trace in it. Print one report; with --compare, compare two. "
             "Exit status 2 when a file is not a readable trace.",
         )
     )
@@ -152,7 +153,13 @@ def _report_arguments(report_p: argparse.ArgumentParser) -> None:
         "traces",
         nargs="*",
         metavar="TRACE",
-        help="a torch.profiler trace (one per rank) or a directory of them",
+        help="a torch.profiler trace or Nsight Systems capture (one per rank) or a directory of them",
+    )
+    report_p.add_argument(
+        "--step-range",
+        metavar="REGEX",
+        help="Nsight Systems captures: the NVTX ranges whose text matches REGEX are the steps "
+        "(default: ProfilerStep# ranges, else perfmagic's own stage ranges)",
     )
     report_p.add_argument(
         "--compare",
@@ -371,9 +378,9 @@ def report_traces(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.compare:
-            before, after = (report_from_traces([p]) for p in args.compare)
+            before, after = (report_from_traces([p], args.step_range) for p in args.compare)
         else:
-            report = report_from_traces(args.traces)
+            report = report_from_traces(args.traces, args.step_range)
     except TraceFormatError as e:
         print(f"perfmagic report: {e}", file=sys.stderr)
         return 2

@@ -21,13 +21,16 @@ from perfmagic.analyze.gpu import trace_gpu
 from perfmagic.analyze.ranks import collective_skew, collective_starts
 from perfmagic.report import Report, build_report
 from perfmagic.timeline import Timeline
+from perfmagic.traces.events import KinetoTrace
 from perfmagic.traces.kineto import TraceFormatError, read_trace, trace_of_document
+from perfmagic.traces.nsys import read_capture
+from perfmagic.traces.nsys_schema import CAPTURE_SUFFIXES, REPORT_SUFFIXES
 from perfmagic.traces.stages import trace_timeline
 from perfmagic.traces.xplane import xplane_document
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb")
+TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", *CAPTURE_SUFFIXES)
 """What a trace file's name ends with (``*.pt.trace.json.gz`` included; ``.xplane.pb``: TensorFlow's and
-JAX's profilers, read through TensorFlow's converter)."""
+JAX's profilers, read through TensorFlow's converter; ``.sqlite``, ``.nsys-rep``: Nsight Systems)."""
 
 POOL_MIN_JSON_BYTES = 64 << 20
 """Below this much JSON in all, the traces are read in this process: a spawned worker takes ~0.3 s to start."""
@@ -51,16 +54,22 @@ def trace_paths(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
             p.name.removesuffix(".trace.json.gz") for p in found if p.name.endswith(".trace.json.gz")
         }
         found = [p for p in found if p.name.removesuffix(".xplane.pb") not in converted]
+        # an Nsight report beside its own export: the same capture, read once (from the export)
+        exported = {p.name.removesuffix(".gz").removesuffix(".sqlite") for p in found if ".sqlite" in p.name}
+        found = [p for p in found if not (p.name.endswith(REPORT_SUFFIXES) and p.stem in exported)]
         if not found:
             raise TraceFormatError(
-                f"{path}: no trace files (*.json, *.json.gz, *.xplane.pb) in this directory"
+                f"{path}: no trace files (*.json, *.json.gz, *.xplane.pb, *.sqlite, *.nsys-rep) in this directory"
             )
         out += found
     return out
 
 
-def report_from_traces(paths: Sequence[str | os.PathLike[str]]) -> Report:
+def report_from_traces(paths: Sequence[str | os.PathLike[str]], step_range: str | None = None) -> Report:
     """One report from one trace per rank (a directory: every trace in it).
+
+    ``step_range``: in Nsight Systems captures, a regular expression for the NVTX ranges that are
+    the steps (:func:`perfmagic.traces.nsys.read_capture`).
 
     The ``gpu`` section is the primary rank's (the one the step figures come from);
     each rank's own is in ``ranks[i]["gpu"]``; ``collective_skew`` says which ranks
@@ -71,19 +80,22 @@ def report_from_traces(paths: Sequence[str | os.PathLike[str]]) -> Report:
     files = trace_paths(paths)
     if not files:
         raise TraceFormatError("no trace given")
-    read = _read_ranks(files, pool_size(files))
+    read = _read_ranks(files, pool_size(files), step_range)
     ranks = [r.rank for r in read]
     for i, rank in enumerate(ranks):
         if rank in ranks[:i]:
-            other = files[ranks.index(rank)]
-            raise TraceFormatError(f"{files[i]} and {other} are both rank {rank}: give one trace per rank")
+            other = read[ranks.index(rank)].path
+            raise TraceFormatError(
+                f"{read[i].path} and {other} are both rank {rank}: give one trace per rank"
+            )
     # analyze() takes the primary rank's GPU figures (and each rank's) from timeline.meta["gpu"]
     analysis = analyze([r.timeline for r in read])
     skew = collective_skew({r.rank: r.collectives for r in read})
     return build_report(dataclasses.replace(analysis, collective_skew=skew), source="trace")
 
 
-def _read_ranks(files: list[Path], workers: int) -> list[_RankTrace]:
+def _read_ranks(files: list[Path], workers: int, step_range: str | None) -> list[_RankTrace]:
+    """The ranks of ``files``: one per trace, one per process of an Nsight capture that ran GPU work."""
     if workers > 1:
         # forked where that is safe (Linux, one thread): no imports to repeat and the caller's
         # script is not run again; else spawned (a notebook kernel has threads running)
@@ -91,10 +103,11 @@ def _read_ranks(files: list[Path], workers: int) -> list[_RankTrace]:
         context = multiprocessing.get_context("fork" if forked else "spawn")
         try:
             with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                return list(pool.map(_read_rank, files, range(len(files))))
+                read = pool.map(_read_rank, files, range(len(files)), [step_range] * len(files))
+                return [rank for ranks in read for rank in ranks]
         except BrokenProcessPool:
             pass  # workers could not start (a script without a __main__ guard): read them here
-    return [_read_rank(p, i) for i, p in enumerate(files)]
+    return [rank for i, p in enumerate(files) for rank in _read_rank(p, i, step_range)]
 
 
 def pool_size(files: Sequence[Path]) -> int:
@@ -131,14 +144,18 @@ class _RankTrace:
     rank: int
     timeline: Timeline
     collectives: dict[str, np.ndarray]
+    path: Path
 
 
-def _read_rank(path: Path, index: int) -> _RankTrace:
-    trace = (
-        trace_of_document(xplane_document([path]), path)
-        if path.name.endswith(".xplane.pb")
-        else read_trace(path)
-    )
+def _read_rank(path: Path, index: int, step_range: str | None = None) -> list[_RankTrace]:
+    if path.name.endswith(CAPTURE_SUFFIXES):
+        return [_rank_of(path, trace, index) for trace in read_capture(path, step_range)]
+    if path.name.endswith(".xplane.pb"):
+        return [_rank_of(path, trace_of_document(xplane_document([path]), path), index)]
+    return [_rank_of(path, read_trace(path), index)]
+
+
+def _rank_of(path: Path, trace: KinetoTrace, index: int) -> _RankTrace:
     rank = trace.rank if trace.rank is not None else index
     timeline = trace_timeline(trace, rank)
     warnings: list[Any] = timeline.meta["warnings"]
@@ -164,4 +181,4 @@ def _read_rank(path: Path, index: int) -> _RankTrace:
                 f"{path.name}: fewer than two ProfilerStep# ranges, so the GPU figures cover "
                 "the whole trace rather than the complete steps (as HTA does)"
             )
-    return _RankTrace(rank, timeline, collective_starts(trace))
+    return _RankTrace(rank, timeline, collective_starts(trace), path)

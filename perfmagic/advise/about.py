@@ -51,6 +51,8 @@ ABOUT: dict[str, About] = {
     "host_memory_pressure": About("host memory", None),
     "gpu_memory_pressure": About("GPU memory", None),
     "low_gpu_util": About("idle GPU", None),
+    "gpu_gaps": About("GPU starvation gaps", None),
+    "sync_copies": About("synchronous copies", None),
     "rank_straggler": About("a straggler rank", None, explains=("comm",)),
     "gpu_imbalance": About("unbalanced GPUs", None),
     "data_parallel": About("DataParallel", None),

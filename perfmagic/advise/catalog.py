@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from perfmagic.advise import data, distributed, gpu, host, loop, pace, startup, storage
+from perfmagic.advise import data, distributed, gpu, gpu_checks, host, loop, pace, startup, storage
 from perfmagic.advise.card import SEVERITIES, Card
 from perfmagic.advise.plan import Plan, plan_of
 from perfmagic.analyze import Analysis
@@ -27,6 +27,8 @@ RULES: list[Rule] = [
     gpu.gpu_memory_pressure,
     gpu.low_gpu_util,
     gpu.launch_bound,
+    gpu_checks.gpu_gaps,
+    gpu_checks.sync_copies,
     gpu.jit_compile,
     gpu.amp,
     gpu.tf32,

@@ -119,7 +119,7 @@ def gpu_memory_pressure(a: Analysis) -> Card | None:
     )
 
 
-_STAGE_FIX = {
+STAGE_FIX = {
     "data": "# the GPU waits for batches: see input_bound / dataloader_workers",
     "h2d": "# the GPU waits for copies: see pin_memory",
     "logging": "# the GPU waits for logging and syncs: see sync_logging",
@@ -151,13 +151,19 @@ def low_gpu_util(a: Analysis) -> Card | None:
         if worst and host[worst] > 0
         else ""
     )
-    fix = _STAGE_FIX.get(
+    fix = STAGE_FIX.get(
         worst or "",
         "# the host cannot issue work fast enough: fewer, larger kernels\n"
         "model = torch.compile(model)  # fuses kernels and cuts Python overhead\n"
         "# and/or a larger batch per step",
     )
     gpus = ", ".join(f"GPU {d.get('index')} {fmt_fraction(u)}" for d, u in used) if used else ""
+    gaps = a.gpu.get("gaps") if a.gpu else None
+    if gaps and gaps["count"]:  # Nsight's GPU starvation gaps: gpu_gaps leaves them to this card here
+        lead += (
+            f"; {gaps['count']} gaps of {fmt_seconds(gaps['min_s'])} or more without GPU work (longest "
+            f"{fmt_seconds(gaps['longest_s'])}) are {fmt_fraction(gaps['fraction'] or 0.0)} of the traced time"
+        )
     return make_card(
         "low_gpu_util",
         f"The GPU is busy only {fmt_fraction(util)} of the time",

@@ -52,6 +52,7 @@ from perfmagic.schema import (
 )
 from perfmagic.step_policy import MARK_STEP_HINT
 from perfmagic.timeline import Timeline
+from perfmagic.traces.nsys_schema import CAPTURE_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -331,6 +332,12 @@ def bottleneck(stages: dict[str, StageStats]) -> str | None:
 
 
 def _no_steps_warning(timeline: Timeline, hint: str | None) -> str:
+    if str(timeline.meta.get("trace_file") or "").endswith(CAPTURE_SUFFIXES):
+        return (
+            "no training steps in the Nsight Systems capture: no ProfilerStep# or perfmagic NVTX ranges; "
+            "name the NVTX range of one iteration with --step-range REGEX (perfmagic.load_trace(path, "
+            "step_range=REGEX)), so there is no stage breakdown"
+        )
     if timeline.meta.get("source") == "trace":
         return (
             "no training steps in the trace: it has no ProfilerStep# ranges (call prof.step() once per "

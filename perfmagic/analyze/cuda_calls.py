@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfmagic.contract.gpu import Copies, H2dCopies, Launches, Syncs
+from perfmagic.contract.gpu import BlockingCopies, Copies, H2dCopies, Launches, Syncs
 from perfmagic.traces.events import MEMORY, KinetoTrace
 from perfmagic.traces.stages import SYNC_CALLS
 
@@ -26,6 +26,11 @@ LAUNCH_CALLS = frozenset(
 """Runtime and driver calls that launch a kernel."""
 BLOCKING_COPY = "cudaMemcpy"
 """The blocking copy call: a synchronization when it copies device to host."""
+BLOCKING_MEMCPY = frozenset(
+    {"cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol"}
+)
+BLOCKING_MEMSET = frozenset({"cudaMemset", "cudaMemset2D", "cudaMemset3D"})
+"""The synchronous copy and memset calls (their ``Async`` forms are not)."""
 H2D_SOURCES = ("Pageable", "Pinned")
 """Host memory a ``Memcpy HtoD (<source> -> Device)`` copies from."""
 
@@ -84,11 +89,7 @@ def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> Sync
     dtoh = np.array([n.startswith("Memcpy DtoH") for n in gpu.names], dtype=bool)[gpu.name_id]
     copies = rows[dtoh & (rows >= 0)]
     sync[copies[names[cpu.name_id[copies]] == BLOCKING_COPY]] = True
-    order = np.argsort(starts)
-    at = np.searchsorted(starts[order], cpu.start, side="right") - 1
-    inside = at >= 0
-    inside[inside] = cpu.start[inside] < ends[order][at[inside]]
-    counted = sync & inside
+    counted = sync & _in_steps(cpu.start, starts, ends)
     n = len(starts)
     per_name = np.bincount(cpu.name_id[counted], minlength=len(names))
     per_call = {str(names[i]): int(per_name[i]) / n for i in np.flatnonzero(per_name)}
@@ -97,6 +98,35 @@ def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> Sync
         "per_step": float(counted.sum()) / n,
         "calls_per_step": per_call,
         "time_per_step_s": float(cpu.dur[counted].sum()) / n / 1e6,
+    }
+
+
+def _in_steps(t: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per time in ``t``, whether it falls in one of the steps ``[starts, ends)``."""
+    order = np.argsort(starts)
+    at = np.searchsorted(starts[order], t, side="right") - 1
+    inside = at >= 0
+    inside[inside] = t[inside] < ends[order][at[inside]]
+    return inside
+
+
+def blocking_copies(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> BlockingCopies | None:
+    """``blocking_copies``: the synchronous ``cudaMemcpy`` and ``cudaMemset`` calls per step over the step
+    ranges ``(starts, ends)`` (µs), and the host's time in them (Nsight Systems' synchronous memcpy and
+    memset checks). A call counts in the step its start falls in. None without steps."""
+    starts, ends = steps
+    if not len(starts):
+        return None
+    cpu = trace.cpu
+    copy = np.array([n in BLOCKING_MEMCPY for n in cpu.names], dtype=bool)[cpu.name_id]
+    memset = np.array([n in BLOCKING_MEMSET for n in cpu.names], dtype=bool)[cpu.name_id]
+    inside = _in_steps(cpu.start, starts, ends)
+    n = len(starts)
+    return {
+        "steps": n,
+        "memcpy_per_step": float((copy & inside).sum()) / n,
+        "memset_per_step": float((memset & inside).sum()) / n,
+        "time_per_step_s": float(cpu.dur[(copy | memset) & inside].sum()) / n / 1e6,
     }
 
 

@@ -28,10 +28,11 @@ import re
 
 import numpy as np
 
-from perfmagic.analyze.cuda_calls import h2d_copies, launch_stats, sync_stats
+from perfmagic.analyze.cuda_calls import blocking_copies, h2d_copies, launch_stats, sync_stats
 from perfmagic.contract import GpuSection
 from perfmagic.contract.gpu import (
     Comm,
+    Gaps,
     GpuSummary,
     IdleBreakdown,
     KernelTable,
@@ -55,6 +56,11 @@ from perfmagic.traces.stages import profiler_steps
 
 KERNEL_WAIT_US = 30.0
 """HTA's ``consecutive_kernel_delay`` default: shorter gaps are launch overhead."""
+
+GAP_MIN_US = 1000.0
+"""An idle stretch of the GPU this long (1 ms) is a starvation gap: longer than any launch overhead,
+short enough to catch a host stall within a step of tens of milliseconds (Nsight's own check looks for
+500 ms, across whole applications)."""
 
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 """Idle-gap categories, in the order ``_classify`` numbers them."""
@@ -159,6 +165,7 @@ def gpu_summary(
         "comm": _comm(ev, start, end, span),
         **_kernel_table(ev),
         "memcpy_bytes": _memcpy_bytes(ev),
+        "gaps": _long_gaps(busy_start, busy_end, span),
     }
 
 
@@ -184,8 +191,23 @@ def trace_gpu(trace: KinetoTrace) -> GpuSection | None:
         "devices": [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)],
         "launches": launch_stats(trace, launched, gpu["window_s"] * 1e6),
         "syncs": sync_stats(trace, (starts[steps], ends[steps])),
+        "blocking_copies": blocking_copies(trace, (starts[steps], ends[steps])),
         "h2d_copies": h2d_copies(trace, launched),
         "memory": _memory_peaks(trace.memory),
+    }
+
+
+def _long_gaps(busy_start: np.ndarray, busy_end: np.ndarray, span: float) -> Gaps:
+    """``gaps``: the stretches between busy intervals of at least ``GAP_MIN_US``."""
+    gap = busy_start[1:] - busy_end[:-1]
+    long = gap[gap >= GAP_MIN_US]
+    total = float(long.sum())
+    return {
+        "min_s": GAP_MIN_US / 1e6,
+        "count": len(long),
+        "total_s": total / 1e6,
+        "fraction": total / span if span > 0 else None,
+        "longest_s": float(long.max()) / 1e6 if len(long) else 0.0,
     }
 
 

@@ -95,6 +95,26 @@ class Syncs(TypedDict):
     time_per_step_s: float
 
 
+class BlockingCopies(TypedDict):
+    """Synchronous copies and memsets (``cudaMemcpy``, ``cudaMemset``) within the profiler steps: each
+    returns only when the GPU has run it, after all the work queued before it."""
+
+    steps: int
+    memcpy_per_step: float
+    memset_per_step: float
+    time_per_step_s: float  # the host's time in those calls
+
+
+class Gaps(TypedDict):
+    """Long stretches of the window in which the GPU ran nothing (Nsight's GPU starvation gaps)."""
+
+    min_s: float  # a gap counts from this long
+    count: int
+    total_s: float
+    fraction: float | None  # of the window
+    longest_s: float  # 0 without such a gap
+
+
 class Copies(TypedDict):
     count: int
     bytes: float
@@ -145,6 +165,7 @@ class GpuSummary(KernelTimes, KernelTable):
     streams: list[int]
     comm: Comm | None
     memcpy_bytes: dict[str, float]  # by direction: "HtoD", "DtoH", "DtoD", …
+    gaps: Gaps
 
 
 class GpuSection(GpuSummary):
@@ -154,5 +175,6 @@ class GpuSection(GpuSummary):
     devices: list[GpuDevice]
     launches: Launches | None
     syncs: Syncs | None
+    blocking_copies: BlockingCopies | None
     h2d_copies: H2dCopies | None
     memory: list[MemoryPeak] | None

@@ -265,7 +265,7 @@ class _Columns:
         g_name, g_mem, g_start, g_dur, g_dev, g_stream, g_corr, g_bytes = _joined(self.gpu, 8)
         by_name = np.array([kernel_kind(n, False) for n in name_list], dtype=np.int8)[g_name]
         kind = np.where(g_mem.astype(bool) & (by_name == COMPUTATION), np.int8(MEMORY), by_name)
-        rows = _launch_rows(cpu, g_corr)
+        rows = launch_rows(cpu, g_corr)
         launch = np.full(len(rows), np.nan)
         launch[rows >= 0] = cpu.start[rows[rows >= 0]]
         return GpuEvents(
@@ -436,7 +436,7 @@ def _load_json(p: Path) -> Any:
         raise TraceFormatError(f"{p}: not UTF-8 text ({e.reason})") from e
 
 
-def _launch_rows(cpu: CpuEvents, correlation: np.ndarray) -> np.ndarray:
+def launch_rows(cpu: CpuEvents, correlation: np.ndarray) -> np.ndarray:
     """Per GPU event, the row of the CPU call (runtime launch) with its correlation id; -1 when none."""
     rows = np.full(len(correlation), -1, dtype=np.int64)
     has = np.flatnonzero(cpu.correlation >= 0)

@@ -42,6 +42,7 @@ from perfmagic.intervals import merge_intervals
 from perfmagic.schema import STAGES, STEP_BOUNDARY_PREFIX, nests_inside
 from perfmagic.timeline import Timeline
 from perfmagic.traces.events import CpuEvents, KinetoTrace
+from perfmagic.traces.nsys_schema import CAPTURE_SUFFIXES
 from perfmagic.traces.xplane import INPUT_WAIT_EVENT
 
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
@@ -143,10 +144,14 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
             "are 'data'); perfmagic.profile() around the loop records the stages"
         )
     elif len(step_no) and "forward" not in seen:
+        how = (
+            "record it under perfmagic.profile(), whose NVTX ranges name the stages"
+            if trace.path.name.endswith(CAPTURE_SUFFIXES)
+            else "wrap the forward in torch.profiler.record_function('## forward ##') to see it"
+        )
         warnings.append(
             f"{trace.path.name}: the trace does not show the forward pass (no '## forward ##' or '*.forward' "
-            "record_function, no nn.Module events), so forward time counts as 'other'; wrap the forward "
-            "in torch.profiler.record_function('## forward ##') to see it"
+            f"record_function, no nn.Module events), so forward time counts as 'other'; {how}"
         )
     timeline = Timeline(
         {

@@ -387,3 +387,29 @@ def test_run_fails_loudly_when_the_commands_python_lacks_perfmagic(tmp_path: Pat
 def test_version() -> None:
     result = subprocess.run([*PERFMAGIC, "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == f"perfmagic {perfmagic.__version__}"
+
+
+def test_report_of_an_nsight_capture_with_a_users_step_range(tmp_path: Path) -> None:
+    """``perfmagic report CAPTURE.sqlite`` on a real export: its iterations, as its own NVTX ranges say."""
+    import gzip
+    import sqlite3
+
+    from paths import DATA
+
+    capture = tmp_path / "saxpy.sqlite"
+    capture.write_bytes(gzip.decompress((DATA / "saxpy-mpi-cuda_nsys_perlmutter0.sqlite.gz").read_bytes()))
+    with contextlib.closing(sqlite3.connect(capture)) as db:
+        (iterations,) = db.execute("SELECT count(*) FROM NVTX_EVENTS WHERE text = 'saxpy'").fetchone()
+        # the GPU window (HTA's): what was launched before the last step began
+        (kernels,) = db.execute(
+            "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE correlationId IN (SELECT correlationId "
+            "FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start < (SELECT max(start) FROM NVTX_EVENTS WHERE text = 'saxpy'))"
+        ).fetchone()
+    result = run_cli("report", "--json", "r.json", "--html", "r.html", "--step-range", "^saxpy$", str(capture),
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["steps"]["count"] == iterations and report["gpu"]["kernel_count"] == kernels
+    assert "pm-kernels" in (tmp_path / "r.html").read_text()
+    missing = run_cli("report", "--step-range", "^train$", str(capture), cwd=tmp_path)
+    assert missing.returncode == 2 and "no NVTX range matches --step-range '^train$'" in missing.stderr

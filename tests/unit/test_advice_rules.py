@@ -29,6 +29,8 @@ IDS = [
     "gpu_memory_pressure",
     "low_gpu_util",
     "launch_bound",
+    "gpu_gaps",
+    "sync_copies",
     "jit_compile",
     "amp",
     "tf32",

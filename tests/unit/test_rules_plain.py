@@ -27,7 +27,20 @@ from analysis_builder import (
 )
 from report_checks import assert_consistent
 
-from perfmagic.advise import Card, advise, catalog, data, distributed, gpu, host, loop, pace, startup, storage
+from perfmagic.advise import (
+    Card,
+    advise,
+    catalog,
+    data,
+    distributed,
+    gpu,
+    gpu_checks,
+    host,
+    loop,
+    pace,
+    startup,
+    storage,
+)
 from perfmagic.advise.catalog import RULES
 from perfmagic.analyze import Analysis
 
@@ -84,6 +97,8 @@ TRACE = {
     "idle_breakdown": {"host_wait": 0.1, "kernel_wait": 0.25},
     "launches": None,
 }
+GAPS = {"min_s": 0.001, "count": 30, "total_s": 0.06, "fraction": 0.2, "longest_s": 0.004}
+BLOCKING = {"steps": 10, "memcpy_per_step": 1.0, "memset_per_step": 1.0}
 SLOW_EVERY_8 = [0.05 if k % 8 == 7 else 0.0003 for k in range(40)]
 RECOMPILES = [0.004 + (0.3 if k in (10, 25) else 0.0) for k in range(40)]
 EVERY_5 = [0.01 if k % 5 == 4 else 0.0 for k in range(30)]
@@ -142,6 +157,17 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
         gpu.launch_bound,
         lambda: on_gpu(gpu=TRACE),
         lambda: on_gpu(gpu={**TRACE, "idle_breakdown": {"host_wait": 0.3, "kernel_wait": 0.05}}),
+    ),
+    "gpu_gaps": (
+        gpu_checks.gpu_gaps,
+        lambda: on_gpu(gpu={**TRACE, "gaps": GAPS}),
+        # the same gaps where the GPU is busy under half the time: low_gpu_util's
+        lambda: on_gpu(gpu={**TRACE, "busy_fraction": 0.4, "gaps": GAPS}),
+    ),
+    "sync_copies": (
+        gpu_checks.sync_copies,
+        lambda: on_gpu(gpu={**TRACE, "blocking_copies": {**BLOCKING, "time_per_step_s": 0.002}}),
+        lambda: on_gpu(gpu={**TRACE, "blocking_copies": {**BLOCKING, "time_per_step_s": 0.0001}}),
     ),
     "jit_compile": (
         gpu.jit_compile,
