@@ -33,8 +33,6 @@ An exception passes through each wrapper without its frame (``collect.tracebacks
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -51,10 +49,6 @@ from perfmagic.collect.torch_forward import install_forward
 from perfmagic.collect.torch_logging import install_logging
 from perfmagic.collect.torch_optimizer import install_grad_scaler, install_optimizer
 from perfmagic.collect.torch_tensors import install_tensor_methods
-
-
-def torch_available() -> bool:
-    return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
 
 class TorchStages:
