@@ -11,7 +11,7 @@ exit. Two scripts, ``pass`` and ``import torch``, each started three ways:
   report, exit).
 
 Each start is timed from ``Popen`` to the script's first line (it prints one before anything
-else) and to the end. Ways are interleaved in each round; the medians over ``--runs`` rounds and
+else) and to the end, with the CPU seconds of all its processes. Ways are interleaved in each round; the medians over ``--runs`` rounds and
 their excess over plain are printed.
 
     python benchmarks/startup.py [--runs 10] [--json FILE]
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,8 +40,10 @@ FIRST_LINE = "import sys; sys.stdout.write('first\\n'); sys.stdout.flush()\n"
 PERFMAGIC = "import sys; from perfmagic.cli import main; sys.exit(main())"
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Seconds from start to the command's first line of output, and to its end."""
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """Seconds from start to the command's first line of output and to its end, and the CPU seconds of
+    the command and every process it started (which a loaded machine moves less than wall time)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert child.stdout is not None
@@ -49,7 +52,9 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     child.stdout.read()
     if child.wait() != 0 or line != b"first\n":
         raise RuntimeError(f"{cmd} failed (exit {child.returncode}, first line {line!r})")
-    return first, time.perf_counter() - start
+    end = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return first, end, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def ways(script: str, work: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -77,7 +82,7 @@ def measure(runs: int) -> dict[str, dict[str, dict[str, float]]]:
     with tempfile.TemporaryDirectory(prefix="perfmagic-startup-") as tmp:
         for name, script in SCRIPTS.items():
             started = ways(script, Path(tmp) / name.replace(" ", "-"))
-            times: dict[str, list[tuple[float, float]]] = {way: [] for way in started}
+            times: dict[str, list[tuple[float, float, float]]] = {way: [] for way in started}
             for cmd, env in started.values():  # one unmeasured start each: the disk cache warm
                 timed(cmd, env)
             for _ in range(runs):
@@ -87,6 +92,7 @@ def measure(runs: int) -> dict[str, dict[str, dict[str, float]]]:
                 way: {
                     "first_line_s": statistics.median(t[0] for t in ts),
                     "end_s": statistics.median(t[1] for t in ts),
+                    "cpu_s": statistics.median(t[2] for t in ts),
                 }
                 for way, ts in times.items()
             }
@@ -107,9 +113,12 @@ def main() -> None:
                 ""
                 if way == "plain"
                 else f"   (+{t['first_line_s'] - plain['first_line_s']:.3f} / "
-                f"+{t['end_s'] - plain['end_s']:.3f} s over plain)"
+                f"+{t['end_s'] - plain['end_s']:.3f} / +{t['cpu_s'] - plain['cpu_s']:.3f} s over plain)"
             )
-            print(f"  {way:17} first line {t['first_line_s']:.3f} s, end {t['end_s']:.3f} s{extra}")
+            print(
+                f"  {way:17} first line {t['first_line_s']:.3f} s, end {t['end_s']:.3f} s, "
+                f"CPU {t['cpu_s']:.3f} s{extra}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

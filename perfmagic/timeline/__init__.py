@@ -32,11 +32,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfmagic.contract import TimelineMeta
 from perfmagic.timeline.folds import Fold, FoldedColumns, FoldedSteps
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from perfmagic.contract import TimelineMeta
 
 
 @dataclass(frozen=True)
