@@ -304,8 +304,7 @@ def run(args: argparse.Namespace) -> int:
             with contextlib.suppress(RuntimeError):  # "never started" when the start above failed
                 sampler.stop()
 
-    # the analysis is imported once the command has ended (perfmagic's own start must not delay it)
-    from perfmagic.merge import node_report, read_node
+    from perfmagic.merge import node_report, read_node  # not before: the command starts sooner
 
     node = read_node(outdir, sampler=sampler.timeline)
     for warning in node.warnings:
