@@ -21,7 +21,7 @@ from perfmagic.collect.sources import session_sources
 from perfmagic.process_meta import process_identity, process_meta
 from perfmagic.registry import SessionStatus
 from perfmagic.timeline import Timeline
-from perfmagic.training_hooks import TrainingHooks
+from perfmagic.training_hooks import TrainingHooks, tune_after
 from perfmagic.upkeep import SPOOL_EVERY_S, RecordUpkeep
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class Session:
         self.warnings: list[str] = []
         self.tuning_status: str | None = None  # what tuning tries now (after the window), for live views
         self._running = False
+        self._ended = False  # the record is finished (``end_record``): ``stop`` builds the report from it
         self._forked = False  # this is a copy of the session in a forked child: it writes nothing
         self._upkeep = RecordUpkeep(self.timeline, clock, self.warnings, lambda: self._running)
         self._sources = sources
@@ -192,10 +193,10 @@ class Session:
             if self._report is None:
                 self._report = window_report(self.timeline, self.outdir, self.source, self.warnings)
             return self._report
-        if not self._running:
-            if self._report is None:
-                raise RuntimeError("session was never started")
+        if self._report is not None and not self._running:
             return self._report
+        if not self._running and not self._ended:
+            raise RuntimeError("session was never started")
         self.end_record()
         self._report = window_report(self.timeline, self.outdir, self.source, self.warnings)
         try:
@@ -211,12 +212,11 @@ class Session:
         global _active
         if self._forked or not self._running:
             return
-        self._running = False
+        self._running, self._ended = False, True
         self.timeline.meta["wall_s"] = self._clock()
         try:
             self.warnings += self._collectors.stop()
             if self.tune:
-                from perfmagic.training_hooks import tune_after
                 from perfmagic.tuning import default_budget
 
                 budget = self.tune_budget or default_budget(float(self.timeline.meta.get("wall_s") or 0.0))

@@ -108,3 +108,17 @@ def test_a_model_compiled_after_the_hooks_gets_only_its_own_graphs() -> None:
     plain, profiled = run("plain"), run("profiled")
     assert profiled[0] is False  # the hooks themselves did not import dynamo
     assert profiled[1:] == plain[1:] and plain[2] == 0
+
+
+def test_a_record_ended_without_a_report_still_reports_when_asked(tmp_path: Path) -> None:
+    """``end_record`` (what a process under ``perfmagic run`` does at exit) writes the spool and no
+    report; ``stop`` afterwards builds the report from what was recorded."""
+    import perfmagic
+
+    session = perfmagic.profile(sample=False, outdir=tmp_path).start()
+    for _ in range(4):
+        perfmagic.step()
+    session.end_record()
+    assert (tmp_path / "timeline.jsonl").stat().st_size > 0 and not (tmp_path / "report.json").exists()
+    assert session.stop().steps["count"] == 4  # each step() ends one, the first from the start
+    assert (tmp_path / "report.json").exists()
