@@ -6,15 +6,17 @@ stage and the hardware did; ``session.report`` says what held the step back.
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from perfmagic.records import load
-from perfmagic.report import Report
-from perfmagic.server import _jupyter_labextension_paths, _jupyter_server_extension_points
-from perfmagic.session import Session, profile
-from perfmagic.tuning import tune
-from perfmagic.user_marks import stage, step
+if TYPE_CHECKING:
+    from perfmagic.records import load
+    from perfmagic.report import Report
+    from perfmagic.server import _jupyter_labextension_paths, _jupyter_server_extension_points
+    from perfmagic.session import Session, profile
+    from perfmagic.tuning import tune
+    from perfmagic.user_marks import stage, step
 
 __version__ = "0.1.0"
 __all__ = [
@@ -32,6 +34,34 @@ __all__ = [
     "tune",
     "unload_ipython_extension",
 ]
+
+_LAZY = {
+    "Report": "perfmagic.report",
+    "Session": "perfmagic.session",
+    "profile": "perfmagic.session",
+    "load": "perfmagic.records",
+    "tune": "perfmagic.tuning",
+    "stage": "perfmagic.user_marks",
+    "step": "perfmagic.user_marks",
+    "_jupyter_labextension_paths": "perfmagic.server",
+    "_jupyter_server_extension_points": "perfmagic.server",
+}
+"""Where each public name lives. Imported on first use: every Python process that ``perfmagic run``
+profiles imports this package at start-up, and the analysis and render layers (numpy among them) cost
+it most of a second that only the report needs."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'perfmagic' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 def load_trace(path_or_dir: str | os.PathLike[str], step_range: str | None = None) -> Report:

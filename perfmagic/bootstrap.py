@@ -125,7 +125,7 @@ def _watch_for_a_stuck_main_thread(session: Session, ours: frozenset[int], handl
 
 def _finish(session: Session) -> None:
     try:
-        session.stop()
+        session.end_record()  # perfmagic run builds the report from the records: none is built here
     except Exception as e:
         sys.stderr.write(f"perfmagic: could not finish this process's profile ({e!r}); its spool is kept\n")
     if getattr(sys, "last_type", None) is KeyboardInterrupt:

@@ -10,16 +10,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from perfmagic import __version__
 from perfmagic.children import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV, write_sitecustomize
-from perfmagic.merge import merge_records, node_report, read_node
 from perfmagic.price import PRICE_ENV, gpu_hour_price
-from perfmagic.report import Report
 from perfmagic.session import Session
+
+if TYPE_CHECKING:
+    from perfmagic.report import Report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,10 +329,14 @@ def run(args: argparse.Namespace) -> int:
                 sampler.start()
             except Exception as e:  # the command runs on, profiled by its own processes
                 print(f"perfmagic run: no hardware sampling ({e})", file=sys.stderr)
+            # the report's code is imported while the command runs, not after it: the run ends sooner
+            threading.Thread(target=_import_the_analysis, name="perfmagic-imports", daemon=True).start()
             code = _wait_forwarding(child)
         finally:
             with contextlib.suppress(RuntimeError):  # "never started" when the start above failed
                 sampler.stop()
+
+    from perfmagic.merge import node_report, read_node  # not before: the command starts sooner
 
     node = read_node(outdir, sampler=sampler.timeline)
     for warning in node.warnings:
@@ -357,8 +364,15 @@ def run(args: argparse.Namespace) -> int:
     return code if code or written else 1
 
 
+def _import_the_analysis() -> None:
+    with contextlib.suppress(Exception):  # imported again, its error shown, where the report is built
+        import perfmagic.merge  # noqa: F401
+
+
 def merge(args: argparse.Namespace) -> int:
     try:
+        from perfmagic.merge import merge_records
+
         report = merge_records([Path(d) for d in args.dirs])
     except ValueError as e:
         print(f"perfmagic merge: {e}", file=sys.stderr)

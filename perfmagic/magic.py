@@ -244,9 +244,9 @@ class PerfMagics(Magics):
         if active_session() is not None:
             raise UsageError(_ALREADY)
         if args.trace:
-            from perfmagic.collect.torch_hooks import torch_available
+            from perfmagic.collect.imports import installed
 
-            if not torch_available():
+            if not installed("torch"):
                 raise UsageError("--trace runs torch.profiler, and torch is not installed")
         # --steps needs --trace; without --steps, Session's default number of steps
         session = Session(

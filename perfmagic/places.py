@@ -21,9 +21,11 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from perfmagic.contract import CodePlace
+if TYPE_CHECKING:
+    from perfmagic.contract import CodePlace
+
 
 _LIBRARY_ROOTS = tuple(
     sorted(

@@ -6,10 +6,12 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfmagic.clock import Clock
-from perfmagic.contract import TimelineMeta
+
+if TYPE_CHECKING:
+    from perfmagic.contract import TimelineMeta
 
 IDENTITY = ("pid", "hostname", "rank", "local_rank", "node_rank", "world_size", "epoch")
 """The meta keys that tell one training process from another (the exporter's status file)."""

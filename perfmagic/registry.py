@@ -16,13 +16,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import psutil
-
-from perfmagic.analyze.running import RunningStages
 from perfmagic.schema import THREAD_SAMPLES
 from perfmagic.timeline import Timeline
+
+if TYPE_CHECKING:
+    from perfmagic.analyze.running import RunningStages
 
 Json = dict[str, Any]
 
@@ -120,6 +120,8 @@ def _rate(counts: deque[tuple[float, Any]]) -> float | None:
 
 def running_sessions(directory: Path | None = None) -> list[Json]:
     """The status of every session whose process still runs, by pid."""
+    import psutil
+
     found = []
     now = time.time()
     for path in sorted((directory or registry_dir()).glob("*.json")):
@@ -140,15 +142,22 @@ class SessionStatus:
     def __init__(self, identity: Json, timeline: Timeline, stages: StageCount | None) -> None:
         self._file = StatusFile(identity)
         self._timeline, self._stages = timeline, stages
-        self._totals = RunningStages()
+        self._totals: RunningStages | None = None  # the analysis is imported once a step has ended
 
     def tick(self) -> None:
+        stages = self._stages
+        steps, stage = (stages.step_count, stages.current_stage) if stages is not None else (0, None)
+
         def stage_seconds() -> dict[str, float]:
+            if not steps:  # nothing to add up: a process that trains nothing never loads the analysis
+                return {}
+            if self._totals is None:
+                from perfmagic.analyze.running import RunningStages
+
+                self._totals = RunningStages()
             self._totals.add_ended(self._timeline)
             return self._totals.totals
 
-        stages = self._stages
-        steps, stage = (stages.step_count, stages.current_stage) if stages is not None else (0, None)
         _, taken = self._timeline.last(THREAD_SAMPLES)
         self._file.publish(steps, stage, stage_seconds, samples=float(taken[-1]) if len(taken) else None)
 

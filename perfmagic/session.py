@@ -20,11 +20,9 @@ from perfmagic.collect.sampler import Sampler, Source
 from perfmagic.collect.sources import session_sources
 from perfmagic.price import gpu_hour_price
 from perfmagic.process_meta import process_identity, process_meta
-from perfmagic.records import REPORT_NAME, window_report
 from perfmagic.registry import SessionStatus
 from perfmagic.timeline import Timeline
 from perfmagic.training_hooks import TrainingHooks, tune_after
-from perfmagic.tuning import default_budget
 from perfmagic.upkeep import SPOOL_EVERY_S, RecordUpkeep
 
 if TYPE_CHECKING:
@@ -88,6 +86,7 @@ class Session:
         self.warnings: list[str] = []
         self.tuning_status: str | None = None  # what tuning tries now (after the window), for live views
         self._running = False
+        self._ended = False  # the record is finished (``end_record``): ``stop`` builds the report from it
         self._forked = False  # this is a copy of the session in a forked child: it writes nothing
         self._upkeep = RecordUpkeep(self.timeline, clock, self.warnings, lambda: self._running)
         self._sources = sources
@@ -193,20 +192,40 @@ class Session:
 
     def stop(self) -> Report:
         """Turn every collector off, write the final record, build the report."""
-        global _active
+        # the analysis, advice and rendering are imported here, not at start: a profiled process pays them
+        # only once it reports
+        from perfmagic.records import REPORT_NAME, window_report
+
         if self._forked:  # the parent's record is the parent's: report what was seen, write nothing
             if self._report is None:
                 self._report = window_report(self.timeline, self.outdir, self.source, self.warnings)
             return self._report
-        if not self._running:
-            if self._report is None:
-                raise RuntimeError("session was never started")
+        if self._report is not None and not self._running:
             return self._report
-        self._running = False
+        if not self._running and not self._ended:
+            raise RuntimeError("session was never started")
+        self.end_record()
+        self._report = window_report(self.timeline, self.outdir, self.source, self.warnings)
+        try:
+            self._report.save(self.outdir / REPORT_NAME)
+        except OSError as e:
+            self.warnings.append(f"report.json could not be written to {self.outdir} ({e.strerror or e})")
+            self._report = window_report(self.timeline, self.outdir, self.source, self.warnings)
+        return self._report
+
+    def end_record(self) -> None:
+        """Turn every collector off and write the final record, with no report: for a process whose report
+        another builds from its record (``perfmagic run``'s). ``stop`` still builds it."""
+        global _active
+        if self._forked or not self._running:
+            return
+        self._running, self._ended = False, True
         self.timeline.meta["wall_s"] = self._clock()
         try:
             self.warnings += self._collectors.stop()
             if self.tune:
+                from perfmagic.tuning import default_budget
+
                 budget = self.tune_budget or default_budget(float(self.timeline.meta.get("wall_s") or 0.0))
                 self.warnings += tune_after(self._training, self.timeline, budget, self._tuning_progress)
         finally:
@@ -215,15 +234,8 @@ class Session:
             self._tick_listeners = []
             if self._status is not None:
                 self.warnings += self._status.remove()
+            self.timeline.meta["warnings"] = list(self.warnings)  # in the spool's last lines
             self._upkeep.finish()
-            self.timeline.meta["warnings"] = list(self.warnings)
-        self._report = window_report(self.timeline, self.outdir, self.source, self.warnings)
-        try:
-            self._report.save(self.outdir / REPORT_NAME)
-        except OSError as e:
-            self.warnings.append(f"report.json could not be written to {self.outdir} ({e.strerror or e})")
-            self._report = window_report(self.timeline, self.outdir, self.source, self.warnings)
-        return self._report
 
     def _tuning_progress(self, what: str, left_s: float) -> None:
         """What tuning tries now, for live views (their tick listeners run: the sampler has stopped)."""

@@ -24,11 +24,12 @@ step after it starts where it ended.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from perfmagic.schema import STEP_BOUNDARY_PREFIX
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Spans(Protocol):
@@ -73,6 +74,8 @@ def delimiting_kind(present: Collection[str]) -> str | None:
 
 def boundary_times(spans: Spans, span_is_boundary: np.ndarray, kind: str) -> np.ndarray:
     """Sorted times of the ``kind`` boundaries among ``spans``."""
+    import numpy as np
+
     key = STEP_BOUNDARY_PREFIX + kind
     if key not in spans.names:
         return np.zeros(0)
@@ -88,6 +91,8 @@ def step_bounds(
 ) -> tuple[str | None, np.ndarray, np.ndarray]:
     """``(kind, starts, ends)`` of the steps among ``spans``: of kind ``only``, else of the strongest kind
     present, after ``since`` (where older steps were folded away)."""
+    import numpy as np
+
     stage_start = spans.start[stage_mask & (spans.depth == 0)] if len(spans) else np.zeros(0)
     stage_end = spans.end[stage_mask] if len(spans) else np.zeros(0)
     for kind in EVIDENCE if only is None else (only,):
@@ -112,6 +117,8 @@ def _batch_steps(
 ) -> tuple[np.ndarray, np.ndarray]:
     """A batch boundary is the start of a fetch: step i runs from fetch i to fetch i+1, unless fetch i
     found its loader exhausted (a ``loader_end`` follows it): then it ends an epoch."""
+    import numpy as np
+
     over = np.append(boundary_times(spans, span_is_boundary, "loader_end"), np.inf)
     following = np.append(t[1:], np.inf)
     keep = over[np.searchsorted(over, t)] >= following  # no loader_end before the next fetch
@@ -128,6 +135,8 @@ def _around_evaluations(
     spans: Spans, span_is_boundary: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Steps that end at boundaries, with the evaluation passes among them cut out."""
+    import numpy as np
+
     evals = boundary_times(spans, span_is_boundary, "eval_end")
     if not len(evals):
         return starts, ends

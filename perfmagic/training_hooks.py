@@ -8,9 +8,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from perfmagic.collect import tfjax, torch_hooks
+from perfmagic.collect import tfjax
 from perfmagic.collect.collectors import Collectors, Switch
-from perfmagic.collect.imports import when_imported
+from perfmagic.collect.imports import installed, when_imported
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.timeline import Timeline
 
@@ -46,7 +46,7 @@ class TrainingHooks:
     def start(self) -> None:
         if tfjax.available():
             self._start_tfjax()
-        if not torch_hooks.torch_available():
+        if not installed("torch"):
             if not tfjax.available():
                 self.warnings.append("torch is not installed: no training stages were recorded")
             return
@@ -89,7 +89,10 @@ class TrainingHooks:
         with self._lock:
             if self._stopped:
                 return
-            hooks = torch_hooks.TorchStages(self.recorder, self._evaluation)
+            # imported with torch, not at start: a process that never imports torch never pays for it
+            from perfmagic.collect.torch_hooks import TorchStages
+
+            hooks = TorchStages(self.recorder, self._evaluation)
             hooks.kept.hold = self.keep_inputs
             try:  # on failure it has removed what it installed
                 self._running.start("the torch hooks", Switch(hooks.install, hooks.uninstall))

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from perfmagic.analyze.steps import plan_fold
 from perfmagic.clock import Clock
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import THREAD_PREFIX
@@ -162,6 +161,8 @@ class RecordUpkeep:
         settled_samples = spooler.samples_sent if spooler is not None else tl.sample_count
         if tl.raw_span_count() > SPAN_BUDGET and tl.pending_fold is None:
             settled = spooler.spans_sent if spooler is not None else self._settled_spans()
+            from perfmagic.analyze.steps import plan_fold  # only long runs fold: not at start-up
+
             fold = plan_fold(tl, SPAN_BUDGET // 4, settled, settled_samples)
             if fold is not None:
                 tl.request_fold(fold)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import numpy as np
-
 from perfmagic.timeline import Timeline
 
 DRAIN_AT = 2048
@@ -90,6 +88,8 @@ class DeviceSpans:
 
     def _apply(self, clock: DeviceClock, spans: list[tuple[int, object, object]]) -> None:
         """A stage lasts until the device has also finished the work queued in it."""
+        import numpy as np
+
         tokens: list[object] = []
         for _, a, b in spans:
             tokens += (a, b)

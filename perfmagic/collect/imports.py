@@ -15,6 +15,11 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 
+def installed(name: str) -> bool:
+    """Whether module ``name`` is imported or could be, without importing it."""
+    return name in sys.modules or importlib.util.find_spec(name) is not None
+
+
 class _NotifyingLoader(importlib.abc.Loader):
     def __init__(self, loader: importlib.abc.Loader, on_loaded: Callable[[ModuleType], None]) -> None:
         self._loader = loader

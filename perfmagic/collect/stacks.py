@@ -22,12 +22,14 @@ import sys
 import threading
 from collections import Counter
 from types import CodeType, FrameType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from perfmagic.contract import CodePlace, StackSample
 from perfmagic.places import LIBRARY_DIRS, STAND_IN_FILES, code_place
 from perfmagic.schema import BEFORE_FIRST_STEP, LOADER_THREAD_DISK, STACK_SAMPLES, THREAD_STATES
 from perfmagic.timeline import Timeline
+
+if TYPE_CHECKING:
+    from perfmagic.contract import CodePlace, StackSample
 
 Line = tuple[CodeType, int]
 """A line of code as sampled: its code object and line number, named only when the samples are read."""

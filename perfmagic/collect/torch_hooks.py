@@ -33,14 +33,13 @@ An exception passes through each wrapper without its frame (``collect.tracebacks
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from perfmagic.collect.cuda import CudaEventClock
 from perfmagic.collect.ddp import ReducerWait
 from perfmagic.collect.evaluation import EvaluationPasses
+from perfmagic.collect.imports import PostImportHook, when_imported
 from perfmagic.collect.kept_objects import KeptObjects
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
@@ -51,10 +50,6 @@ from perfmagic.collect.torch_forward import install_forward
 from perfmagic.collect.torch_logging import install_logging
 from perfmagic.collect.torch_optimizer import install_grad_scaler, install_optimizer
 from perfmagic.collect.torch_tensors import install_tensor_methods
-
-
-def torch_available() -> bool:
-    return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 
 
 class TorchStages:
@@ -74,6 +69,7 @@ class TorchStages:
         # stepping in the same iteration (a GAN's generator after its discriminator) ends no step
         self.stepped: set[int] = set()
         self._device_clock_failed = False
+        self._dynamo_import: PostImportHook | None = None  # skips the hooks' frames once dynamo is imported
         self.cuda_available = False  # asked once, at install: the hooks that start the clock run every step
         self.stats: dict[str, Any] = {
             "forwards": 0,
@@ -110,7 +106,11 @@ class TorchStages:
         except BaseException:
             self.uninstall()
             raise
-        _not_compiled_alone(torch, p.values())
+        hooks = list(p.values())
+        # dynamo is imported (1.5 to 5 s) by the code that compiles, never by perfmagic
+        self._dynamo_import = when_imported(
+            "torch._dynamo", lambda dynamo: _not_compiled_alone(dynamo, hooks)
+        )
         self.maybe_start_device_clock()
 
     def uninstall(self) -> list[str]:
@@ -118,6 +118,9 @@ class TorchStages:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        if self._dynamo_import is not None:
+            self._dynamo_import.remove()
+            self._dynamo_import = None
         warnings = self._patcher.restore()
         if self.torch is not None:
             # the loop may have called set_num_threads after import: what it trained with is this
@@ -175,7 +178,7 @@ class TorchStages:
         return self.recorder.clock.now() - self.recorder.origin
 
 
-def _not_compiled_alone(torch: Any, hooks: list[Any]) -> None:
+def _not_compiled_alone(dynamo: Any, hooks: list[Any]) -> None:
     """Dynamo must never compile a hook as a frame of its own, only trace through it.
 
     A hook called while dynamo's frame callback is on (inside ``model.compile()``'s call, say)
@@ -183,7 +186,7 @@ def _not_compiled_alone(torch: Any, hooks: list[Any]) -> None:
     had, recompiles, and no stage recorded in them. Skipped as a frame, like torch's own
     ``Module.__call__``, it runs as written and what it calls is compiled as without perfmagic.
     """
-    skip_code = getattr(getattr(getattr(torch, "_dynamo", None), "eval_frame", None), "skip_code", None)
+    skip_code = getattr(getattr(dynamo, "eval_frame", None), "skip_code", None)
     if skip_code is None:
         return
     for hook in hooks:

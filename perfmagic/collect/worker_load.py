@@ -26,14 +26,15 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.collect.worker_stacks import WorkerSampler, WorkerStacks
 from perfmagic.schema import LOADER_BATCHES, LOADER_BUSY, LOADER_BUSY_CPU, LOADER_BUSY_QUEUED, WORKER_STACKS
 from perfmagic.timeline import Timeline
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SLOTS = 1024
 """Rows of the mapping; a worker adds to row ``pid % SLOTS`` (rows only grow, so a row a later
@@ -60,12 +61,22 @@ class WorkerLoadSource:
     def open(self, timeline: Timeline) -> None:
         global _open_source
         self._map = mmap.mmap(-1, SLOTS * 4 * 8)
-        self._rows = np.frombuffer(self._map, dtype=np.float64).reshape(SLOTS, 4)
         self._stacks = WorkerStacks()
         _open_source = self
 
+    def _view(self) -> np.ndarray | None:
+        """The mapping's rows, viewed once a worker can be timed (torch, which times them, imports numpy
+        anyway; a process that never loads data never imports it)."""
+        if self._rows is None and self._map is not None:
+            import numpy as np
+
+            self._rows = np.frombuffer(self._map, dtype=np.float64).reshape(SLOTS, 4)
+        return self._rows
+
     def poll(self, now: float, timeline: Timeline) -> None:
-        rows = self._rows
+        if not self._fetchers:
+            return  # no worker was forked with timed fetchers: none has counted anything
+        rows = self._view()
         if rows is None:
             return
         totals = rows.sum(axis=0)
@@ -106,9 +117,10 @@ class WorkerLoadSource:
     def time_this_child(self) -> None:
         """In a child just forked: its fetchers time each batch into the child's row, and sample its stack.
         The training process itself is never patched: its own loading is the ``data`` stage."""
-        if self._rows is None or not self._fetchers:
+        rows = self._view() if self._fetchers else None
+        if rows is None:
             return
-        child = _Child(_WorkerRow(self._rows[os.getpid() % SLOTS]), self._fetchers)
+        child = _Child(_WorkerRow(rows[os.getpid() % SLOTS]), self._fetchers)
         for cls, fetch in self._fetchers:  # the originals: a worker's own fork is timed once
             cls.fetch = _timed(fetch, child)  # type: ignore[attr-defined]
         if self._stacks is not None:

@@ -27,10 +27,12 @@ import threading
 import time
 from collections import Counter
 from types import CodeType, FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfmagic.collect.stacks import Line, is_user_file, line_place
-from perfmagic.contract import CodePlace, PlaceCount, WorkerStacksMeta
+
+if TYPE_CHECKING:
+    from perfmagic.contract import CodePlace, PlaceCount, WorkerStacksMeta
 
 SAMPLE_S = 0.01
 """A worker's sampling period while it fetches (py-spy's 100 Hz): about 20 us of its time per sample."""

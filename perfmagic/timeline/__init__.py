@@ -30,12 +30,14 @@ from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from perfmagic.contract import TimelineMeta
 from perfmagic.timeline.folds import Fold, FoldedColumns, FoldedSteps
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from perfmagic.contract import TimelineMeta
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ class Timeline:
 
         Called by the thread that writes spans; spans folded away are left as they were.
         """
+        import numpy as np
+
         at = np.asarray(index) - self._span_base
         kept = at >= 0
         np.frombuffer(self._span_start, dtype=np.float64)[at[kept]] = np.asarray(start)[kept]
@@ -193,6 +197,8 @@ class Timeline:
 
     def thin(self, metric: str, count: int) -> None:
         """Average the first ``count`` samples of a series in pairs (called by the thread that samples it)."""
+        import numpy as np
+
         s = self._series.get(metric)
         if s is None:
             return
@@ -250,6 +256,8 @@ class Timeline:
 
     def span_times(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(starts, ends) of the spans at logical ``index`` (none folded), without copying the others."""
+        import numpy as np
+
         with self._cut_lock:
             n, at = len(self._span_depth), np.asarray(index) - self._span_base
             return _snapshot(self._span_start, n, np.float64)[at], _snapshot(self._span_end, n, np.float64)[
@@ -264,6 +272,8 @@ class Timeline:
     @property
     def spans(self) -> Spans:
         """The spans held (those of folded steps are in ``folded``)."""
+        import numpy as np
+
         with self._cut_lock:
             n = len(self._span_depth)
             return Spans(
@@ -277,6 +287,8 @@ class Timeline:
     def spans_since(self, index: int) -> tuple[int, Spans]:
         """The spans from logical ``index`` on, copying only those, and the logical index of the first
         (later than ``index`` where spans were folded away since)."""
+        import numpy as np
+
         with self._cut_lock:
             n = len(self._span_depth)
             lo = min(max(index - self._span_base, 0), n)
@@ -295,6 +307,8 @@ class Timeline:
 
     def series(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(times, values) of one metric; empty arrays when it was never sampled."""
+        import numpy as np
+
         s = self._series.get(metric)
         if s is None:
             empty = np.zeros(0)
@@ -305,6 +319,8 @@ class Timeline:
 
     def last(self, metric: str, n: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """The last ``n`` samples of a metric, without copying its history (live views poll this)."""
+        import numpy as np
+
         s = self._series.get(metric)
         if s is None:
             empty = np.zeros(0)
@@ -323,6 +339,8 @@ class Timeline:
         Timelines of several processes (``perfmagic run``) start at different
         instants; rebased onto one epoch, their times can be compared directly.
         """
+        import numpy as np
+
         own = self.meta.get("epoch")
         if own is None:
             raise ValueError("a timeline without meta['epoch'] cannot be rebased")
@@ -432,4 +450,6 @@ def _snapshot(column: array[Any], n: int, dtype: type[np.generic]) -> np.ndarray
     exported: a numpy view of it (``np.frombuffer``) would make the writer's next append raise
     ``BufferError`` in the training thread.
     """
+    import numpy as np
+
     return np.frombuffer(column[:n], dtype=dtype)

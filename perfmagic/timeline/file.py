@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
-
 from perfmagic.timeline import Mark, SpoolCursor, Timeline
 from perfmagic.timeline.folds import FoldedSteps
 
@@ -85,6 +83,8 @@ def unfolded(timeline: Timeline) -> Timeline:
 
 
 def _apply(timeline: Timeline, record: dict[str, Any]) -> None:
+    import numpy as np
+
     kind = record["type"]
     if kind == "meta":
         timeline.meta.update(record["meta"])
@@ -259,8 +259,9 @@ _MISSING = object()
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
+    np = sys.modules.get("numpy")  # no value is numpy's where numpy was never imported
+    if np is not None and isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, np.ndarray):
+    if np is not None and isinstance(value, np.ndarray):
         return value.tolist()
     return repr(value)

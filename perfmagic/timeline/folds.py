@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class FoldedColumns:
         self.chunks: list[FoldedSteps] = []
 
     def extend(self, rows: FoldedSteps) -> None:
+        import numpy as np
+
         def f32(column: np.ndarray) -> np.ndarray:
             return np.asarray(column, dtype=np.float32)
 
@@ -62,6 +66,8 @@ class FoldedColumns:
         self.until = rows.until
 
     def view(self) -> FoldedSteps:
+        import numpy as np
+
         chunks = self.chunks
 
         def joined(name: str) -> np.ndarray:
