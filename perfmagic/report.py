@@ -198,7 +198,6 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "stages": {name: stage_section(s) for name, s in analysis.stages.items()},
         "bottleneck": analysis.bottleneck,
         "devices": analysis.devices,
-        "energy": analysis.energy,
         "host": analysis.host,
         "gpu": analysis.gpu,
         "ranks": [rank_section(r) for r in analysis.ranks],
@@ -220,6 +219,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "collective_skew": analysis.collective_skew,
         "nodes": analysis.nodes,
         "straggler": straggler_section(analysis.straggler) if analysis.straggler is not None else None,
+        "energy": analysis.energy,
     }
     if analysis.energy is not None and analysis.steady is not None:
         add_energy_savings(body["advice"], analysis.energy, analysis.steady.step_s)

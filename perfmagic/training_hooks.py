@@ -133,12 +133,16 @@ class TrainingHooks:
 
 
 def tune_after(
-    hooks: TrainingHooks | None, timeline: Timeline, budget_s: float, progress: Progress
+    hooks: TrainingHooks | None, timeline: Timeline, budget_s: float | None, progress: Progress
 ) -> list[str]:
     """Try the fixes on what the window's torch hooks met (after it: the hooks are off), into
-    ``meta["tuning"]``; returns warnings. The batches kept for it are let go."""
+    ``meta["tuning"]``, in ``budget_s`` (None: the default for the window's length); returns
+    warnings. The batches kept for it are let go."""
     from perfmagic.analyze.steady import tuning_baseline
-    from perfmagic.tuning import tune
+    from perfmagic.tuning import default_budget, tune
+
+    if budget_s is None:
+        budget_s = default_budget(float(timeline.meta.get("wall_s") or 0.0))
 
     torch = hooks.torch if hooks is not None else None
     objects = torch.kept.for_tuning() if torch is not None else {}

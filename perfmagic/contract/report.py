@@ -247,7 +247,6 @@ class ReportBody(TypedDict):
     stages: dict[str, Stage]  # by stage name, in schema.STAGES order
     bottleneck: str | None  # the stage with most time (the straggler's, in a job)
     devices: list[Device]
-    energy: Energy | None  # None: no GPU power or energy sampled over steady steps
     host: Host
     gpu: GpuSection | None
     ranks: list[Rank]
@@ -266,6 +265,7 @@ class ReportBody(TypedDict):
     collective_skew: CollectiveSkew | None
     nodes: list[NodeClock] | None
     straggler: Straggler | None
+    energy: Energy | None  # None: no GPU power or energy sampled over steady steps
 
 
 class ReportData(ReportBody):
