@@ -218,6 +218,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "collective_skew": analysis.collective_skew,
         "nodes": analysis.nodes,
         "straggler": straggler_section(analysis.straggler) if analysis.straggler is not None else None,
+        "memory": analysis.memory,
     }
     clean: ReportBody = _clean(body)
     # the step table after _clean: its numbers made JSON-safe by numpy, not one by one

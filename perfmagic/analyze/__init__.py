@@ -20,6 +20,7 @@ from perfmagic.analyze.host import host_summary
 from perfmagic.analyze.hotspots import hotspots
 from perfmagic.analyze.loading import LoadingAccount, loading_account
 from perfmagic.analyze.loop import LoopFacts, loop_facts
+from perfmagic.analyze.memory import memory_section
 from perfmagic.analyze.ranks import Straggler, find_straggler
 from perfmagic.analyze.samples import window_means
 from perfmagic.analyze.steady import Steady, steady_of
@@ -40,6 +41,7 @@ from perfmagic.contract import (
     Timeseries,
     TorchTrace,
 )
+from perfmagic.contract.memory import MemorySection
 from perfmagic.schema import (
     STEP_BOUNDARY_PREFIX,
     TF_DATA_MARK,
@@ -182,6 +184,8 @@ class Analysis:
     straggler: Straggler | None = None
     # a job merged from several nodes' records: each node's ranks and clock offset (perfmagic merge)
     nodes: list[NodeClock] | None = None
+    # one sampled step's memory per device (analyze.memory); None where no step was sampled
+    memory: MemorySection | None = None
 
     def tuned(self, knob: str) -> KnobResult | None:
         """The measured result of one tuning knob, where it was tried."""
@@ -235,6 +239,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
     wall_s = max(_wall(t) for t in timelines)
     means, loop = _means(tl, sampled, steady, window), loop_facts(tl, primary.breakdown, steady)
     workers = config.loader.num_workers if config.loader else 0
+    devices = devices_summary(sampled)
     return Analysis(
         wall_s=wall_s,
         framework=next((t.meta["framework"] for t in timelines if t.meta.get("framework")), None),
@@ -245,7 +250,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         stages=primary.stages,
         # what holds the job back is the straggler's stage, not the wait it causes on the primary rank
         bottleneck=straggler.stage if straggler is not None else bottleneck(primary.stages),
-        devices=devices_summary(sampled),
+        devices=devices,
         host=host_summary(sampled),
         gpu=gpu if gpu is not None else primary.gpu,
         ranks=sorted(ranks, key=lambda r: r.rank),
@@ -265,6 +270,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         torch_traces=profiler_traces(timelines),
         tuning=list(tl.meta.get("tuning") or []),
         straggler=straggler,
+        memory=memory_section(tl.meta.get("memory"), devices),
     )
 
 

@@ -9,6 +9,10 @@ PeakSource = Literal["cuda_allocator", "process_uss"]
 """What the peak was read from: the caching allocator's bytes in use, or the process's USS (CPU)."""
 
 
+Category = Literal["parameters", "gradients", "optimizer_state", "activations", "other", "fragmentation"]
+"""A part of a device's memory bar."""
+
+
 class MemoryBlock(TypedDict):
     """One block of the model (an item of its longest module list, else a child) on the sampled forward."""
 

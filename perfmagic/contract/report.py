@@ -11,6 +11,7 @@ from typing import Any, Literal, TypedDict
 from perfmagic.contract.code import FixSite
 from perfmagic.contract.gpu import GpuSection
 from perfmagic.contract.machine import Device, Host
+from perfmagic.contract.memory import MemorySection
 from perfmagic.contract.meta import CodePlace, Source
 from perfmagic.contract.tuning import KnobResult
 
@@ -264,6 +265,7 @@ class ReportBody(TypedDict):
     collective_skew: CollectiveSkew | None
     nodes: list[NodeClock] | None
     straggler: Straggler | None
+    memory: MemorySection | None  # one sampled step's memory per device; None: no step sampled
 
 
 class ReportData(ReportBody):
