@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from perfmagic.advise.headline import caused
 from perfmagic.contract import CollectiveSkew, Rank, ReportData, Steps
+from perfmagic.render.memory import memory_lines
 from perfmagic.render.wording import (
     evaluation_line,
     hotspot_lines,
@@ -59,6 +60,7 @@ def render_text(report: ReportData) -> str:
         hotspot_lines(report),
         _gpu_trace_lines(report),
         _device_lines(report),
+        memory_lines(report),
         _host_lines(report),
         _rank_lines(report),
         _advice_lines(report),
