@@ -61,13 +61,10 @@ def memory_bars(report: ReportData) -> list[MemoryBar]:
 def device_words(d: MemoryDevice) -> str:
     """What a device's bar says in words: its peak, where, and from what it was read."""
     parts = [
-        f"{NAMES[c]} {fmt_bytes(n)}"
-        for c, n in (
-            ("parameters", d["parameters_bytes"]),
-            ("gradients", d["gradients_bytes"]),
-            ("optimizer_state", d["optimizer_state_bytes"]),
-            ("activations", d["activations_bytes"]),
-        )
+        f"parameters {fmt_bytes(d['parameters_bytes'])}",
+        f"gradients {fmt_bytes(d['gradients_bytes'])}",
+        f"optimizer state {fmt_bytes(d['optimizer_state_bytes'])}",
+        f"activations {fmt_bytes(d['activations_bytes'])}",
     ]
     if d["fragmentation_bytes"]:
         parts.append(f"fragmentation {fmt_bytes(d['fragmentation_bytes'])}")
