@@ -4,7 +4,7 @@ activations saved for backward, and the peak with the stage it fell in.
 Only one forward is sampled (the :data:`SAMPLE_FORWARD`-th with gradients, a steady step): it runs under
 ``torch.autograd.graph.saved_tensors_hooks`` that note each storage autograd keeps, and with timing hooks
 on the model's blocks; every other call goes through untouched. From that forward until the step ends
-(the optimizer's step, else the next step boundary), a thread reads the memory in use about every
+(the optimizer's step; without one, the end of the step after it), a thread reads the memory in use about every
 millisecond, with the stage the training thread is in: the caching allocator's bytes on a CUDA device,
 on the CPU the process's USS (its RSS change added to a USS reading at the forward's start: USS itself
 is too slow to read that often). Parameters, gradients and optimizer state are counted exactly, by
@@ -168,7 +168,9 @@ class MemoryProbe:
         start = rec.step_count
         while not self._stop.wait(wait):
             self._read(rec.current_stage)
-            if rec.step_count != start:  # the step ended without an optimizer of the model's
+            # An optimizer's post-hook ends the reading; without one, the step after the sampled one
+            # has ended (an optimizer's boundary is counted only as the next step starts)
+            if rec.step_count - start >= 2:
                 break
 
     # -- the record ---------------------------------------------------------------------------------
