@@ -89,7 +89,7 @@ class MemoryProbe:
         self._step = SAMPLE_FORWARD
         params = list(module.parameters())
         self._params = {_key(p) for p in params}
-        devices = sorted({str(p.device) for p in params} or {"cpu"})
+        devices = sorted(({str(p.device) for p in params} or {"cpu"}) | _cuda_in_use(torch.cuda))
         self._readers = readers_for(devices, torch)
         self._read("forward", mark="forward_start")
         path, found = find_blocks(module, torch)
@@ -313,6 +313,13 @@ def name_in_caller(obj: Any, frame: Any, depth: int = 6) -> str | None:
             return None
         frame, depth = frame.f_back, depth - 1
     return None
+
+
+def _cuda_in_use(cuda: Any) -> set[str]:
+    """The CUDA devices whose caching allocator holds memory (none before the code has used CUDA)."""
+    if not (cuda.is_available() and cuda.is_initialized()):
+        return set()
+    return {f"cuda:{d}" for d in range(cuda.device_count()) if cuda.memory_reserved(d) > 0}
 
 
 def _key(t: Any) -> tuple[str, int]:

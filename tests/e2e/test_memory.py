@@ -7,6 +7,7 @@ pooling its input and its int64 indices, a convolution its input): each a storag
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,10 @@ import torch
 
 import perfmagic
 from perfmagic.contract.memory import MemoryDevice, MemorySection
+from tests.sim_cuda import SimCuda, install
 
 F32, I64 = 4, 8
+MiB = 2**20
 
 
 def mlp(d0: int, d1: int, d2: int, d3: int) -> torch.nn.Module:
@@ -146,3 +149,37 @@ def test_a_parameter_heavy_adam_step_peaks_in_the_optimizer(tmp_path: Path) -> N
     d = cpu(memory)
     assert d["optimizer_state_bytes"] == 2 * d["parameters_bytes"] + 2 * F32
     assert d["peak_stage"] == "optimizer", d
+
+
+def test_the_cuda_breakdown_reads_the_caching_allocator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the simulated device: the forward holds its activations on the device until backward, the
+    optimizer a temporary it had to retry for; the peak is the optimizer's, its reserved-but-unused
+    bytes are fragmentation."""
+    sim = install(monkeypatch, SimCuda())
+    sim.alloc(100 * MiB)  # the model's weights and the like, there before the loop
+    acts, temp = 300 * MiB, 500 * MiB
+    model = torch.nn.Linear(8, 10)
+
+    def forward_holds_activations(module: Any, args: Any, out: torch.Tensor) -> None:
+        sim.alloc(acts)
+        out.register_hook(lambda g: sim.free(acts))
+
+    model.register_forward_hook(forward_holds_activations)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step_makes_a_temporary(optimizer: Any, args: Any, kwargs: Any) -> None:
+        sim.alloc(temp, retry=True)
+        time.sleep(0.05)  # long enough for several readings
+        sim.free(temp)
+
+    opt.register_step_post_hook(step_makes_a_temporary)
+    memory = train(tmp_path, model, opt, torch.randn(16, 8))
+    gpu = next(d for d in memory["devices"] if d["device"] == "cuda:0")
+    assert gpu["peak_source"] == "cuda_allocator" and gpu["peak_stage"] == "optimizer"
+    assert gpu["peak_bytes"] == 100 * MiB + temp
+    # reserved stays at the window's high-water mark: the activations' and the temporary's together
+    assert gpu["fragmentation_bytes"] == sim.allocators[0].reserved - gpu["peak_bytes"]
+    assert gpu["alloc_retries"] == 1 and gpu["ooms"] == 0
+    assert gpu["total_bytes"] == sim.total_bytes
