@@ -13,6 +13,7 @@ storage, from the model and its optimizer.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -101,6 +102,8 @@ class MemoryProbe:
             model=type(module).__name__,
             model_name=name_in_caller(module, sys._getframe(2)),
             hf_checkpointing=callable(getattr(module, "gradient_checkpointing_enable", None)),
+            param_dtype=str(params[0].dtype).replace("torch.", "") if params else None,
+            alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
             batch_size=_batch_size([*args, *kwargs.values()], torch),
             blocks_path=path,
         )
@@ -140,6 +143,7 @@ class MemoryProbe:
     def _optimizer_starts(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._optimizer is None and _steps_model(optimizer, self._params):
             self._optimizer = optimizer
+            self._meta["optimizer_name"] = name_in_caller(optimizer, sys._getframe(1))
             self._grads = _grad_bytes(self._module)
             self._state = _state_bytes(optimizer, self._stages.torch)
             self._read("optimizer")
@@ -227,7 +231,10 @@ class MemoryProbe:
             "model": m["model"],
             "model_name": m["model_name"],
             "hf_checkpointing": m["hf_checkpointing"],
+            "param_dtype": m["param_dtype"],
+            "alloc_conf": m["alloc_conf"],
             "optimizer": type(self._optimizer).__name__ if self._optimizer is not None else None,
+            "optimizer_name": m.get("optimizer_name"),
             "batch_size": m["batch_size"],
             "blocks_path": m["blocks_path"],
             "blocks": m.get("blocks", []),
@@ -302,10 +309,10 @@ def attribute_path(name: str) -> str:
     return out
 
 
-def name_in_caller(obj: Any, frame: Any, depth: int = 6) -> str | None:
-    """The name the calling code binds ``obj`` to (its locals, then its globals), outside perfmagic."""
+def name_in_caller(obj: Any, frame: Any, depth: int = 12) -> str | None:
+    """The name the calling code binds ``obj`` to (its locals, then its globals), outside perfmagic and torch."""
     while frame is not None and depth > 0:
-        if not frame.f_globals.get("__name__", "").startswith("perfmagic"):
+        if not frame.f_globals.get("__name__", "").startswith(("perfmagic", "torch")):
             for scope in (frame.f_locals, frame.f_globals):
                 for name, value in scope.items():
                     if value is obj and name.isidentifier() and not name.startswith("_"):

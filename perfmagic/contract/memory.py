@@ -48,7 +48,10 @@ class MemoryMeta(TypedDict):
     model: str  # the model's class
     model_name: str | None  # the model's name in the code that called it
     hf_checkpointing: bool  # the model has gradient_checkpointing_enable() (Hugging Face)
+    param_dtype: str | None  # the first parameter's dtype ("float32")
+    alloc_conf: str | None  # PYTORCH_CUDA_ALLOC_CONF as the sampled step ran
     optimizer: str | None  # the optimizer's class
+    optimizer_name: str | None  # the optimizer's name in the code that stepped it
     batch_size: int | None  # the first dimension of the forward's first tensor argument
     blocks_path: str | None  # the module list the blocks are items of ("layers"), None: the children
     blocks: list[MemoryBlock]
@@ -86,7 +89,11 @@ class MemorySection(TypedDict):
     step: int
     model: str
     model_name: str | None
+    hf_checkpointing: bool
+    param_dtype: str | None
+    alloc_conf: str | None
     optimizer: str | None
+    optimizer_name: str | None
     batch_size: int | None
     blocks_path: str | None
     blocks: list[MemoryBlock]
