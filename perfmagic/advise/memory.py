@@ -33,7 +33,7 @@ ADAM_FAMILY = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax")
 def pressed_device(a: Analysis) -> tuple[MemorySection, MemoryDevice, Part] | None:
     """The device whose memory limits the training, with the largest part of its bar (parameters and
     gradients together: ``weights``); None where nothing limits it, or no part reaches ``LARGEST`` of
-    the bar, or the largest is ``other``."""
+    the bar (on the CPU, of the bar less ``other``: the process's own memory), or the largest is ``other``."""
     memory = a.memory
     if memory is None:
         return None
@@ -45,6 +45,8 @@ def pressed_device(a: Analysis) -> tuple[MemorySection, MemoryDevice, Part] | No
     ]
     for d in sorted(pressed, key=lambda d: -(d["peak_fraction"] or 0.0)):
         bar = parts(d)
+        if d["peak_source"] == "process_uss":  # the process's own memory (interpreter, libraries) is no part to cut
+            bar["other"] = 0
         whole = sum(bar.values())
         # parameters and their gradients are one part here: one fix (16 bits, sharding) halves both
         groups: dict[Part, int] = {
