@@ -45,7 +45,9 @@ def pressed_device(a: Analysis) -> tuple[MemorySection, MemoryDevice, Part] | No
     ]
     for d in sorted(pressed, key=lambda d: -(d["peak_fraction"] or 0.0)):
         bar = parts(d)
-        if d["peak_source"] == "process_uss":  # the process's own memory (interpreter, libraries) is no part to cut
+        if (
+            d["peak_source"] == "process_uss"
+        ):  # the process's own memory (interpreter, libraries) is no part to cut
             bar["other"] = 0
         whole = sum(bar.values())
         # parameters and their gradients are one part here: one fix (16 bits, sharding) halves both

@@ -67,10 +67,16 @@ class MemoryProbe:
         """Run the sampled forward ``call(module, *args, **kwargs)`` with its memory noted."""
         self.done = True
         torch = self._stages.torch
+        if _compiled(module):  # saved-tensor hooks would make dynamo recompile the user's model
+            return call(module, *args, **kwargs)
         try:
             blocks = self._begin(module, args, kwargs)
         except Exception as e:  # never break the training: this step is just not sampled
             self._stages.warnings.append(f"memory breakdown not measured ({e!r})")
+            self._stop.set()
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks, self._module = [], None
             return call(module, *args, **kwargs)
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack(blocks), _unpack):
@@ -281,6 +287,11 @@ class _Blocks:
 
     def finished(self) -> list[MemoryBlock]:
         return list(self.figures.values())
+
+
+def _compiled(module: Any) -> bool:
+    """``torch.compile(model)`` (an ``OptimizedModule``) or ``model.compile()``."""
+    return hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
 
 
 def _unpack(t: Any) -> Any:
