@@ -2,8 +2,8 @@
 activations saved for backward, and the peak with the stage it fell in.
 
 Only one forward is sampled (the :data:`SAMPLE_FORWARD`-th with gradients, a steady step): it runs under
-``torch.autograd.graph.saved_tensors_hooks`` that note each storage autograd keeps, and with timing hooks
-on the model's blocks; every other call goes through untouched. From that forward until the step ends
+``torch.autograd.graph.saved_tensors_hooks`` that note each storage autograd keeps, and with the model's blocks
+timed; every other call goes through untouched. From that forward until the step ends
 (the optimizer's step; without one, the end of the step after it), a thread reads the memory in use about every
 millisecond, with the stage the training thread is in: the caching allocator's bytes on a CUDA device,
 on the CPU the process's USS (its RSS change added to a USS reading at the forward's start: USS itself
@@ -51,6 +51,7 @@ class MemoryProbe:
         self._marks: dict[str, dict[str, int | None]] = {}  # "forward_start"/"backward_start": device: bytes
         self._saved: dict[tuple[str, int], int] = {}  # (device, data_ptr): nbytes
         self._hooks: list[Any] = []
+        self._blocks: _Blocks | None = None
         self._module: Any = None
         self._optimizer: Any = None
         self._grads: dict[str, int] | None = None
@@ -58,6 +59,7 @@ class MemoryProbe:
         self._meta: dict[str, Any] = {}
         self._step = 0
         self._params: set[tuple[str, int]] = set()
+        self._param_list: list[Any] = []
 
     # -- the sampled forward (training thread) ------------------------------------------------
 
@@ -74,17 +76,15 @@ class MemoryProbe:
         except Exception as e:  # never break the training: this step is just not sampled
             self._stages.warnings.append(f"memory breakdown not measured ({e!r})")
             self._stop.set()
-            for handle in self._hooks:
-                handle.remove()
-            self._hooks, self._module = [], None
+            if self._blocks is not None:
+                self._blocks.unwrap()
+            self._module = None
             return call(module, *args, **kwargs)
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack(blocks), _unpack):
                 result = call(module, *args, **kwargs)
         finally:
-            for handle in self._hooks:
-                handle.remove()
-            self._hooks = []
+            blocks.unwrap()
         self._meta["blocks"] = blocks.finished()
         self._read("forward")
         self._after_forward(result)
@@ -94,16 +94,13 @@ class MemoryProbe:
         torch = self._stages.torch
         self._module = module
         self._step = SAMPLE_FORWARD
-        params = list(module.parameters())
-        self._params = {_key(p) for p in params}
+        path, found, params = find_blocks(module, torch)
+        self._param_list = params
+        self._params = {(str(p.device), p.untyped_storage().data_ptr()) for p in params}
         devices = sorted(({str(p.device) for p in params} or {"cpu"}) | _cuda_in_use(torch.cuda))
         self._readers = readers_for(devices, torch)
         self._read("forward", mark="forward_start")
-        path, found = find_blocks(module, torch)
-        blocks = _Blocks(found, self._stages.now)
-        for _, block in found:
-            self._hooks.append(block.register_forward_pre_hook(blocks.enter))
-            self._hooks.append(block.register_forward_hook(blocks.exit))
+        blocks = self._blocks = _Blocks(found, self._stages.now)
         self._meta.update(
             model=type(module).__name__,
             model_name=name_in_caller(module, sys._getframe(2)),
@@ -150,7 +147,7 @@ class MemoryProbe:
         if self._optimizer is None and _steps_model(optimizer, self._params):
             self._optimizer = optimizer
             self._meta["optimizer_name"] = name_in_caller(optimizer, sys._getframe(1))
-            self._grads = _grad_bytes(self._module)
+            self._grads = _grad_bytes(self._param_list)
             self._state = _state_bytes(optimizer, self._stages.torch)
             self._read("optimizer")
 
@@ -201,10 +198,11 @@ class MemoryProbe:
         except Exception as e:
             self._stages.warnings.append(f"memory breakdown not recorded ({e!r})")
         self._module = self._optimizer = None  # the user's objects are not held past the step
+        self._param_list = []
 
     def _build(self) -> MemoryMeta:
-        grads = self._grads if self._grads is not None else _grad_bytes(self._module)
-        params = _bytes_by_device(self._module.parameters())
+        grads = self._grads if self._grads is not None else _grad_bytes(self._param_list)
+        params = _bytes_by_device(self._param_list)
         activations: dict[str, int] = {}
         for (device, _), n in self._saved.items():
             activations[device] = activations.get(device, 0) + n
@@ -255,16 +253,44 @@ class MemoryProbe:
 
 class _Blocks:
     """The model's blocks on the sampled forward: the activations first saved inside each, its input's
-    bytes and its forward time."""
+    bytes and its forward time.
+
+    Each block's ``forward`` is wrapped on the instance for that one forward, then put back: module
+    hooks would cost a handle's calls each to add and remove.
+    """
 
     def __init__(self, blocks: list[tuple[str, Any]], now: Callable[[], float]) -> None:
-        self._paths = {id(b): path for path, b in blocks}
         self._now = now
         self._open: list[tuple[str, float]] = []
         self.figures: dict[str, MemoryBlock] = {}
+        self._wrapped: list[tuple[Any, Any]] = []  # (block, its own instance forward or None)
+        for path, block in blocks:
+            self._wrap(path, block)
 
-    def enter(self, module: Any, args: tuple[Any, ...]) -> None:
-        path = self._paths[id(module)]
+    def _wrap(self, path: str, block: Any) -> None:
+        own = block.__dict__.get("forward")  # a forward set on the instance (a checkpoint wrapper)
+        forward = block.forward
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.enter(path, args)
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.exit()
+
+        object.__setattr__(block, "forward", timed)
+        self._wrapped.append((block, own))
+
+    def unwrap(self) -> None:
+        """Put each block's forward back as it was."""
+        for block, own in self._wrapped:
+            if own is None:
+                block.__dict__.pop("forward", None)
+            else:
+                object.__setattr__(block, "forward", own)
+        self._wrapped = []
+
+    def enter(self, path: str, args: tuple[Any, ...]) -> None:
         fig = self.figures.setdefault(
             path, {"path": path, "activations_bytes": 0, "input_bytes": 0, "forward_s": 0.0}
         )
@@ -276,7 +302,7 @@ class _Blocks:
                 fig["input_bytes"] += int(s.nbytes())
         self._open.append((path, self._now()))
 
-    def exit(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+    def exit(self) -> None:
         if self._open:
             path, t0 = self._open.pop()
             self.figures[path]["forward_s"] += self._now() - t0
@@ -298,18 +324,36 @@ def _unpack(t: Any) -> Any:
     return t
 
 
-def find_blocks(model: Any, torch: Any) -> tuple[str | None, list[tuple[str, Any]]]:
+def find_blocks(model: Any, torch: Any) -> tuple[str | None, list[tuple[str, Any]], list[Any]]:
     """The blocks checkpointing would wrap: the items of the model's longest module list (``ModuleList``
-    or ``Sequential``, two items or more), as ``(path, module)``; else the model's children."""
+    or ``Sequential``, two items or more), as ``(path, module)``, else the model's children; and the
+    model's parameters, each once.
+
+    One walk of ``_modules``: ``named_modules`` and ``parameters`` resume a generator per module and
+    per parameter, each a Python call on the sampled step.
+    """
     lists = (torch.nn.ModuleList, torch.nn.Sequential)
     best: tuple[str, Any] | None = None
-    for name, m in model.named_modules():
+    stack: list[tuple[str, Any]] = [("", model)]
+    seen: set[int] = set()
+    params: dict[int, Any] = {}
+    while stack:
+        name, m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        for q in m._parameters.values():
+            if q is not None:
+                params[id(q)] = q
         if isinstance(m, lists) and len(m) >= 2 and (best is None or len(m) > len(best[1])):
             best = (name, m)
+        children = [(f"{name}.{k}" if name else k, c) for k, c in m._modules.items() if c is not None]
+        stack.extend(reversed(children))
+    found = list(params.values())
     if best is not None:
         path = attribute_path(best[0])
-        return path, [(f"{path}[{i}]", child) for i, child in enumerate(best[1])]
-    return None, [(attribute_path(name), child) for name, child in model.named_children()]
+        return path, [(f"{path}[{i}]", child) for i, child in enumerate(best[1])], found
+    return None, [(attribute_path(k), c) for k, c in model._modules.items() if c is not None], found
 
 
 def attribute_path(name: str) -> str:
@@ -340,24 +384,18 @@ def _cuda_in_use(cuda: Any) -> set[str]:
     return {f"cuda:{d}" for d in range(cuda.device_count()) if cuda.memory_reserved(d) > 0}
 
 
-def _key(t: Any) -> tuple[str, int]:
-    return (str(t.device), int(t.untyped_storage().data_ptr()))
-
-
 def _bytes_by_device(tensors: Iterable[Any]) -> dict[str, int]:
     """Bytes of the unique storages among ``tensors``, by device."""
-    seen: set[tuple[str, int]] = set()
+    storages = {(str(t.device), (st := t.untyped_storage()).data_ptr()): st.nbytes() for t in tensors}
     out: dict[str, int] = {}
-    for t in tensors:
-        key = _key(t)
-        if key[1] and key not in seen:
-            seen.add(key)
-            out[key[0]] = out.get(key[0], 0) + int(t.untyped_storage().nbytes())
+    for (device, ptr), n in storages.items():
+        if ptr:
+            out[device] = out.get(device, 0) + int(n)
     return out
 
 
-def _grad_bytes(model: Any) -> dict[str, int]:
-    return _bytes_by_device(p.grad for p in model.parameters() if p.grad is not None)
+def _grad_bytes(params: list[Any]) -> dict[str, int]:
+    return _bytes_by_device([p.grad for p in params if p.grad is not None])
 
 
 def _state_bytes(optimizer: Any, torch: Any) -> dict[str, int]:
@@ -365,7 +403,10 @@ def _state_bytes(optimizer: Any, torch: Any) -> dict[str, int]:
 
 
 def _steps_model(optimizer: Any, params: set[tuple[str, int]]) -> bool:
-    return any(_key(p) in params for g in optimizer.param_groups for p in g["params"])
+    stepped = {
+        (str(p.device), p.untyped_storage().data_ptr()) for g in optimizer.param_groups for p in g["params"]
+    }
+    return not stepped.isdisjoint(params)
 
 
 def _tensors(values: list[Any], torch: Any, grad: bool = False) -> Iterable[Any]:
