@@ -71,9 +71,8 @@ def device_words(d: MemoryDevice) -> str:
     peak = ""
     if d["peak_bytes"] is not None:
         source = "allocated" if d["peak_source"] == "cuda_allocator" else "process USS, sampled"
-        share = (
-            f", {fmt_fraction(d['peak_fraction'])} of the device" if d["peak_fraction"] is not None else ""
-        )
+        whole = "the machine's memory" if d["device"] == "cpu" else "the device"
+        share = f", {fmt_fraction(d['peak_fraction'])} of {whole}" if d["peak_fraction"] is not None else ""
         peak = f"; peak {fmt_bytes(d['peak_bytes'])} ({source}{share}) in {d['peak_stage'] or 'no stage'}"
     per_sample = d["activation_bytes_per_sample"]
     sample = f"; activations {fmt_bytes(per_sample)} per sample" if per_sample else ""
