@@ -264,8 +264,12 @@ class _Blocks:
         self._open: list[tuple[str, float]] = []
         self.figures: dict[str, MemoryBlock] = {}
         self._wrapped: list[tuple[Any, Any]] = []  # (block, its own instance forward or None)
-        for path, block in blocks:
-            self._wrap(path, block)
+        try:
+            for path, block in blocks:
+                self._wrap(path, block)
+        except BaseException:  # a block that takes no attribute (a scripted one): none stays wrapped
+            self.unwrap()
+            raise
 
     def _wrap(self, path: str, block: Any) -> None:
         own = block.__dict__.get("forward")  # a forward set on the instance (a checkpoint wrapper)
