@@ -654,6 +654,52 @@ def check_ddp_nccl(check: Check, torch: Any) -> None:
     )
 
 
+def check_memory_breakdown(check: Check, torch: Any) -> None:
+    """The report's ``memory`` against the allocator: parameters, gradients and AdamW's state exact;
+    activations less the forward's input within 10% of ``memory_allocated()``'s rise from the forward's
+    start to the backward's; the peak within the allocator's own peak counters."""
+    import perfmagic
+
+    model = _mlp(torch, 2048, "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in range(2):  # the check's own truth, after AdamW's state exists
+        opt.zero_grad()
+        before = torch.cuda.memory_allocated()
+        loss = model(x).mean()
+        rise = torch.cuda.memory_allocated() - before
+        loss.backward()
+        opt.step()
+    print(f"allocated rise from forward start to backward start: {rise / 2**20:.1f} MiB", flush=True)
+    with perfmagic.profile(interval=0.05) as session:
+        for _ in range(5):
+            opt.zero_grad()
+            model(x).mean().backward()
+            opt.step()
+    stats = torch.cuda.memory_stats()
+    memory = session.report.to_dict()["memory"]
+    gpu = next(d for d in (memory or {}).get("devices", []) if d["device"].startswith("cuda"))
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    moments = 2 * params  # exp_avg and exp_avg_sq; the step counters are on the CPU unless capturable
+    acts = gpu["activations_bytes"] - x.numel() * x.element_size()  # the input was there before
+    ok = (
+        gpu["parameters_bytes"] == params
+        and gpu["gradients_bytes"] == params
+        and gpu["optimizer_state_bytes"] >= moments
+        and abs(acts - rise) <= 0.1 * rise
+        and gpu["peak_bytes"] <= stats["allocated_bytes.all.peak"]
+        and (gpu["reserved_at_peak_bytes"] or 0) <= stats["reserved_bytes.all.peak"]
+    )
+    check.record(
+        "memory breakdown",
+        ok,
+        f"params {params} -> {gpu['parameters_bytes']}, grads {gpu['gradients_bytes']}, state "
+        f"{gpu['optimizer_state_bytes']} (moments {moments}); activations less input {acts} vs rise {rise}; "
+        f"peak {gpu['peak_bytes']} in {gpu['peak_stage']} (allocator peak {stats['allocated_bytes.all.peak']}), "
+        f"fragmentation {gpu['fragmentation_bytes']}",
+    )
+
+
 CUDA_PATH_CHECKS = (
     check_stage_truth,
     check_pending_marks,
@@ -661,6 +707,7 @@ CUDA_PATH_CHECKS = (
     check_cuda_graph,
     check_compile_before_profiling,
     check_amp_and_allocator,
+    check_memory_breakdown,
     check_second_gpu,
     check_tuning_gpu_knobs,
     check_ddp_nccl,

@@ -220,6 +220,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "nodes": analysis.nodes,
         "straggler": straggler_section(analysis.straggler) if analysis.straggler is not None else None,
         "energy": analysis.energy,
+        "memory": analysis.memory,
     }
     if analysis.energy is not None and analysis.steady is not None:
         add_energy_savings(body["advice"], analysis.energy, analysis.steady.step_s)

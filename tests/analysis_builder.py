@@ -345,3 +345,66 @@ def accounted(a: Analysis, **changes: Any) -> Analysis:
     ld = a.config.loader
     workers = ld.num_workers if ld else 0
     return dataclasses.replace(a, loading=loading_account(a.loop, a.steady_means, workers) if ld else None)
+
+
+# -- the memory probe's record (collect.torch_memory) ------------------------------
+
+BLOCKS = [
+    {"path": f"layers[{i}]", "activations_bytes": 5 * GiB, "input_bytes": GiB // 2, "forward_s": 0.001}
+    for i in range(4)
+]
+
+
+def memory_meta(
+    *,
+    params: int = 2 * GiB,
+    grads: int = 2 * GiB,
+    state: int = 4 * GiB,
+    acts: int = 20 * GiB,
+    peak: int | None = None,
+    reserved: int | None = None,
+    total: int = 80 * GiB,
+    retries: int = 0,
+    **changes: Any,
+) -> dict[str, Any]:
+    """``meta["memory"]`` of one CUDA device: the peak is the four parts unless given, the allocator
+    reserves ``reserved`` (the peak unless given)."""
+    peak = params + grads + state + acts if peak is None else peak
+    device = {
+        "device": "cuda:0",
+        "parameters_bytes": params,
+        "gradients_bytes": grads,
+        "optimizer_state_bytes": state,
+        "activations_bytes": acts,
+        "peak_bytes": peak,
+        "peak_stage": "backward",
+        "peak_source": "cuda_allocator",
+        "reserved_at_peak_bytes": peak if reserved is None else reserved,
+        "forward_start_bytes": params + state,
+        "backward_start_bytes": params + state + acts,
+        "total_bytes": total,
+        "alloc_retries": retries,
+        "ooms": 0,
+    }
+    return {
+        "step": 3,
+        "model": "Net",
+        "model_name": "net",
+        "hf_checkpointing": False,
+        "param_dtype": "float32",
+        "alloc_conf": None,
+        "optimizer": "AdamW",
+        "optimizer_name": "opt",
+        "batch_size": 32,
+        "blocks_path": "layers",
+        "blocks": BLOCKS,
+        "devices": [device],
+        **changes,
+    }
+
+
+def with_memory(a: Analysis, **options: Any) -> Analysis:
+    """``a`` with the memory section of :func:`memory_meta` (``options``)."""
+    from perfmagic.analyze.memory import memory_section
+
+    return dataclasses.replace(a, memory=memory_section(memory_meta(**options), a.devices))  # type: ignore[arg-type]

@@ -60,6 +60,7 @@ class SimCuda:
     device_syncs: int = 0
     events_recorded: int = 0
     fail_records: bool = False  # the next event records raise, as after a device-side assert
+    total_bytes: int = 80 * 2**30  # each device's memory
 
     def __post_init__(self) -> None:
         self.streams = [Stream(d) for d in range(self.devices)]
@@ -142,6 +143,11 @@ class SimCuda:
     def memory_reserved(self, device: int | None = None) -> int:
         return int(self.memory_stats(device)["reserved_bytes.all.current"])
 
+    def mem_get_info(self, device: int | None = None) -> tuple[int, int]:
+        """(free, total) bytes of the device: what the allocator has not reserved."""
+        a = self.allocators[self.current if device is None else device]
+        return self.total_bytes - a.reserved, self.total_bytes
+
 
 class Event:
     """A CUDA event: reached once its stream has run everything queued before it was recorded."""
@@ -205,6 +211,7 @@ SURFACE = (
     "Event",
     "memory_stats",
     "memory_reserved",
+    "mem_get_info",
 )
 
 

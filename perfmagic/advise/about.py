@@ -49,7 +49,11 @@ ABOUT: dict[str, About] = {
     # loaders starved of CPU: input_bound leaves the wait to this card (the model's own work is no wait to explain)
     "cpu_contention": About("CPU contention", None, explains=("data",)),
     "host_memory_pressure": About("host memory", None),
-    "gpu_memory_pressure": About("GPU memory", None),
+    "gpu_memory_pressure": About("device memory", None),  # one problem with the breakdown's cards
+    "activation_memory": About("device memory", None),
+    "optimizer_memory": About("device memory", None),
+    "weight_memory": About("device memory", None),
+    "allocator_fragmentation": About("device memory", None),
     "low_gpu_util": About("idle GPU", None),
     "gpu_gaps": About("GPU starvation gaps", None),
     "sync_copies": About("synchronous copies", None),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from perfmagic.advise import data, distributed, gpu, gpu_checks, host, loop, pace, startup, storage
+from perfmagic.advise import data, distributed, gpu, gpu_checks, host, loop, memory, pace, startup, storage
 from perfmagic.advise.card import SEVERITIES, Card
 from perfmagic.advise.plan import Plan, plan_of
 from perfmagic.analyze import Analysis
@@ -25,6 +25,10 @@ RULES: list[Rule] = [
     host.cpu_contention,
     host.host_memory_pressure,
     gpu.gpu_memory_pressure,
+    memory.activation_memory,
+    memory.optimizer_memory,
+    memory.weight_memory,
+    memory.allocator_fragmentation,
     gpu.low_gpu_util,
     gpu.launch_bound,
     gpu_checks.gpu_gaps,

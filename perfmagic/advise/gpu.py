@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from perfmagic.advise.card import Card, make_card
+from perfmagic.advise.memory import pressed_device
 from perfmagic.advise.trainer_fixes import (
     FABRIC,
     HF,
@@ -51,7 +52,12 @@ def _used_gpus(a: Analysis) -> list[tuple[Device, float]]:
 
 def gpu_memory_pressure(a: Analysis) -> Card | None:
     """GPU memory at the edge of an out-of-memory error: nearly full, or the caching allocator had to
-    free its cache and retry (``num_alloc_retries``: each retry synchronizes the device and is slow)."""
+    free its cache and retry (``num_alloc_retries``: each retry synchronizes the device and is slow).
+
+    Silent where the sampled step's breakdown picks the part to cut (``advise.memory``): its card is this
+    one's, with the bytes its fix frees."""
+    if pressed_device(a) is not None:
+        return None
     candidates = []
     for d in a.devices:
         alloc = d["allocator"]

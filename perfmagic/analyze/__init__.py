@@ -21,6 +21,7 @@ from perfmagic.analyze.hotspots import hotspots
 from perfmagic.analyze.job_energy import energy_of_job
 from perfmagic.analyze.loading import LoadingAccount, loading_account
 from perfmagic.analyze.loop import LoopFacts, loop_facts
+from perfmagic.analyze.memory import memory_section
 from perfmagic.analyze.ranks import Straggler, find_straggler
 from perfmagic.analyze.samples import window_means
 from perfmagic.analyze.steady import Steady, steady_of
@@ -42,6 +43,7 @@ from perfmagic.contract import (
     Timeseries,
     TorchTrace,
 )
+from perfmagic.contract.memory import MemorySection
 from perfmagic.schema import (
     STEP_BOUNDARY_PREFIX,
     TF_DATA_MARK,
@@ -186,6 +188,8 @@ class Analysis:
     # a job merged from several nodes' records: each node's ranks and clock offset (perfmagic merge)
     nodes: list[NodeClock] | None = None
     energy: Energy | None = None  # the GPUs' joules over the steady steps (analyze.energy)
+    # one sampled step's memory per device (analyze.memory); None where no step was sampled
+    memory: MemorySection | None = None
 
     def tuned(self, knob: str) -> KnobResult | None:
         """The measured result of one tuning knob, where it was tried."""
@@ -274,6 +278,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         torch_traces=profiler_traces(timelines),
         tuning=list(tl.meta.get("tuning") or []),
         straggler=straggler,
+        memory=memory_section(tl.meta.get("memory"), devices),
     )
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.stacks import call_site
+from perfmagic.collect.torch_memory import SAMPLE_FORWARD
 from perfmagic.collect.tracebacks import drop_own_frame
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patc
     active = rec.active
     kept = stages.kept
     record_model = _model_record(stages, torch)
+    memory = stages.memory
 
     def call(module: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -44,8 +46,10 @@ def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patc
                 return orig_call(module, *args, **kwargs)
             try:
                 stats["forwards"] += 1
+                sampled = False
                 if grad_enabled():
                     stats["grad_enabled_forwards"] += 1
+                    sampled = stats["grad_enabled_forwards"] == SAMPLE_FORWARD and not memory.done
                 for device in autocast_devices if any_autocast() else ():
                     if is_autocast(device):
                         stats["autocast_forwards"] += 1
@@ -53,7 +57,10 @@ def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patc
                         key = f"{device}:{dtype}"
                         stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
                         break
-                result = orig_call(module, *args, **kwargs)
+                if sampled:  # one steady step's memory (collect.torch_memory)
+                    result = memory.forward(orig_call, module, args, kwargs)
+                else:
+                    result = orig_call(module, *args, **kwargs)
                 if id(module) not in seen:  # after the call: a lazy module's parameters exist
                     stages.record_once("model", record_model, module)
                 if kept.hold:

@@ -48,6 +48,7 @@ from perfmagic.collect.torch_comm import install_comm, note_rank
 from perfmagic.collect.torch_data import install_data
 from perfmagic.collect.torch_forward import install_forward
 from perfmagic.collect.torch_logging import install_logging
+from perfmagic.collect.torch_memory import MemoryProbe
 from perfmagic.collect.torch_optimizer import install_grad_scaler, install_optimizer
 from perfmagic.collect.torch_tensors import install_tensor_methods
 
@@ -62,6 +63,7 @@ class TorchStages:
         self.torch: Any = None
         self.seen: set[int] = set()  # ids of the objects whose set-up was noted
         self.kept = KeptObjects()
+        self.memory = MemoryProbe(self)  # one sampled step's memory (collect.torch_memory)
         self.warnings: list[str] = []
         self.evaluation = evaluation if evaluation is not None else EvaluationPasses(recorder)
         self.checkpoints = CheckpointTiming(recorder, self.evaluation, self.now)
@@ -122,6 +124,7 @@ class TorchStages:
             self._dynamo_import.remove()
             self._dynamo_import = None
         warnings = self._patcher.restore()
+        self.memory.close()
         if self.torch is not None:
             # the loop may have called set_num_threads after import: what it trained with is this
             self.stats["num_threads"] = self.torch.get_num_threads()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal, TypedDict
 
 from perfmagic.contract.gpu import GpuSection
+from perfmagic.contract.memory import MemoryMeta
 from perfmagic.contract.tuning import KnobResult
 
 Source = Literal["live", "run", "trace"]
@@ -193,3 +194,4 @@ class TimelineMeta(TypedDict, total=False):
     thread_states: list[ThreadStateSample]  # schema.THREAD_STATES
     sampler: SamplerMeta
     tuning: list[KnobResult]
+    memory: MemoryMeta  # collect.torch_memory: one sampled step's memory

@@ -12,6 +12,7 @@ from perfmagic.contract.code import FixSite
 from perfmagic.contract.energy import Energy
 from perfmagic.contract.gpu import GpuSection
 from perfmagic.contract.machine import Device, Host
+from perfmagic.contract.memory import MemorySection
 from perfmagic.contract.meta import CodePlace, Source
 from perfmagic.contract.tuning import KnobResult
 
@@ -266,6 +267,7 @@ class ReportBody(TypedDict):
     nodes: list[NodeClock] | None
     straggler: Straggler | None
     energy: Energy | None  # None: no GPU power or energy sampled over steady steps
+    memory: MemorySection | None  # one sampled step's memory per device; None: no step sampled
 
 
 class ReportData(ReportBody):

@@ -18,6 +18,7 @@ from perfmagic.render.colors import SEVERITY_COLORS, stage_color
 from perfmagic.render.embed import charts_html
 from perfmagic.render.energy import energy_kpi, energy_lines
 from perfmagic.render.kernels import gpu_html
+from perfmagic.render.memory import memory_html
 from perfmagic.render.ranks import ranks_html
 from perfmagic.render.wording import (
     evaluation_line,
@@ -104,6 +105,7 @@ def report_fragment(
     parts = [f"<style>{CSS}</style>", '<div class="pm-report">', _header(report)]
     charts = charts_html(report_layout(report), png, inline_bokehjs=inline_bokehjs)
     parts.append(charts)
+    parts.append(memory_html(report))
     parts.append(gpu_html(report))
     # BokehJS once per file: the ranks' charts carry it only where the report's charts did not
     parts.append(ranks_html(report, inline_bokehjs=inline_bokehjs and not charts))

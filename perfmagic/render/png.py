@@ -3,7 +3,8 @@
 A saved notebook opened untrusted, a notebook exported to PDF or HTML, a viewer that strips
 scripts: there the report shows this PNG instead of the interactive charts. It draws the stage
 waterfall (each step a stacked bar of its stages, along time, with a legend of the stages drawn)
-and each stage's share of step time; a comparison, each stage's time per step before and after.
+and each stage's share of step time, with a strip of the memory bars below where the report has
+them (``perfmagic.render.memory``); a comparison, each stage's time per step before and after.
 Axes fit the data with round ticks (``perfmagic.render.axes``) and stages have the colours of the
 live panel and the interactive charts. Pillow only (Bokeh's own PNG export needs a browser), in a
 small palette so a picture stays a few KB.
@@ -23,6 +24,7 @@ import numpy as np
 from perfmagic.contract import ReportData, Stage, StepTable
 from perfmagic.render.axes import Axis, seconds_axis, time_axis
 from perfmagic.render.colors import stage_color
+from perfmagic.render.memory import draw_strip, memory_bars, strip_height
 
 WIDTH, HEIGHT = 900, 290
 _PLOT = (64, 28, 620, 226)  # left, top, right, bottom of the waterfall
@@ -103,9 +105,11 @@ def charts_png(report: ReportData) -> bytes | None:
     stages = report.get("stages") or {}
     if chart is None or not stages:
         return None
-    image, draw, font, title = _canvas(WIDTH, HEIGHT)
+    bars = memory_bars(report)
+    image, draw, font, title = _canvas(WIDTH, HEIGHT + strip_height(bars))
     _draw_waterfall(draw, chart, font, title)
     _draw_shares(draw, stages, font, title)
+    draw_strip(draw, bars, font, HEIGHT, _PLOT[0], WIDTH - 44)
     return _png(image)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from perfmagic.advise.headline import caused
 from perfmagic.contract import CollectiveSkew, Rank, ReportData, Steps
 from perfmagic.render.energy import energy_kpi, energy_lines
+from perfmagic.render.memory import memory_lines
 from perfmagic.render.wording import (
     evaluation_line,
     hotspot_lines,
@@ -61,6 +62,7 @@ def render_text(report: ReportData) -> str:
         _gpu_trace_lines(report),
         _device_lines(report),
         energy_lines(report),
+        memory_lines(report),
         _host_lines(report),
         _rank_lines(report),
         _advice_lines(report),

@@ -24,6 +24,7 @@ from analysis_builder import (
     GiB,
     build,
     plain,
+    with_memory,
 )
 from report_checks import assert_consistent
 
@@ -37,6 +38,7 @@ from perfmagic.advise import (
     gpu_checks,
     host,
     loop,
+    memory,
     pace,
     startup,
     storage,
@@ -152,6 +154,29 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
         lambda: plain(host={**HOST_SUMMARY, "mem_available_min_bytes": 10 * GiB}),
     ),
     "gpu_memory_pressure": (gpu.gpu_memory_pressure, lambda: on_gpu(peak=0.99), lambda: on_gpu(peak=0.8)),
+    # memory: the largest part at 90% of the GPU picks the card; at 50% full none fires
+    "activation_memory": (
+        memory.activation_memory,
+        lambda: with_memory(on_gpu(), total=31 * GiB),
+        lambda: with_memory(on_gpu(), total=56 * GiB),
+    ),
+    "optimizer_memory": (
+        memory.optimizer_memory,
+        lambda: with_memory(on_gpu(), state=20 * GiB, acts=4 * GiB, total=31 * GiB),
+        lambda: with_memory(on_gpu(), state=8 * GiB, acts=16 * GiB, total=31 * GiB),
+    ),
+    "weight_memory": (
+        memory.weight_memory,
+        lambda: with_memory(on_gpu(), params=10 * GiB, grads=10 * GiB, acts=4 * GiB, total=31 * GiB),
+        lambda: with_memory(on_gpu(), params=10 * GiB, grads=10 * GiB, acts=4 * GiB, total=80 * GiB),
+    ),
+    "allocator_fragmentation": (
+        memory.allocator_fragmentation,
+        lambda: with_memory(on_gpu(), acts=2 * GiB, reserved=30 * GiB, retries=3),
+        lambda: with_memory(
+            on_gpu(), acts=2 * GiB, reserved=30 * GiB, retries=3, alloc_conf="expandable_segments:True"
+        ),
+    ),
     "low_gpu_util": (gpu.low_gpu_util, lambda: on_gpu(util=0.2), lambda: on_gpu(util=0.6)),
     "launch_bound": (
         gpu.launch_bound,

@@ -1,0 +1,96 @@
+"""The report's ``memory`` section: where each device's memory went on the sampled step.
+
+The bar of a device is its parameters, gradients, optimizer state and activations (counted exactly
+by storage), the rest of the peak (``other``: temporaries; on the CPU the whole process's own memory
+too: interpreter, libraries, data) and, on CUDA, what the caching allocator had reserved but not
+handed out at the peak (fragmentation). Where the four categories exceed the peak (gradients freed
+before activations were made, say), ``other`` is 0.
+"""
+
+from __future__ import annotations
+
+from perfmagic.contract import Device
+from perfmagic.contract.memory import Category, MemoryDevice, MemoryDeviceMeta, MemoryMeta, MemorySection
+
+CATEGORIES: tuple[Category, ...] = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "other",
+    "fragmentation",
+)
+"""The parts of a device's bar, bottom first (``MemoryDevice.largest`` names one)."""
+
+
+def memory_section(meta: MemoryMeta | None, devices: list[Device]) -> MemorySection | None:
+    """The ``memory`` section of the probe's record; None where no step was sampled."""
+    if not meta or not meta.get("devices"):
+        return None
+    totals = {f"cuda:{d.get('index')}": d.get("mem_total_bytes") for d in devices}
+    return {
+        "step": meta["step"],
+        "model": meta["model"],
+        "model_name": meta["model_name"],
+        "hf_checkpointing": meta["hf_checkpointing"],
+        "param_dtype": meta["param_dtype"],
+        "alloc_conf": meta["alloc_conf"],
+        "optimizer": meta["optimizer"],
+        "optimizer_name": meta["optimizer_name"],
+        "batch_size": meta["batch_size"],
+        "blocks_path": meta["blocks_path"],
+        "blocks": meta["blocks"],
+        "devices": [_device(d, meta["batch_size"], totals.get(d["device"])) for d in meta["devices"]],
+    }
+
+
+def parts(d: MemoryDevice) -> dict[Category, int]:
+    """The bar of a device, by category (:data:`CATEGORIES`), in bytes; unmeasured parts 0."""
+    return {
+        "parameters": d["parameters_bytes"],
+        "gradients": d["gradients_bytes"],
+        "optimizer_state": d["optimizer_state_bytes"],
+        "activations": d["activations_bytes"],
+        "other": d["other_bytes"] or 0,
+        "fragmentation": d["fragmentation_bytes"] or 0,
+    }
+
+
+def _device(m: MemoryDeviceMeta, batch: int | None, nvml_total: int | None) -> MemoryDevice:
+    known = m["parameters_bytes"] + m["gradients_bytes"] + m["optimizer_state_bytes"] + m["activations_bytes"]
+    peak, reserved = m["peak_bytes"], m["reserved_at_peak_bytes"]
+    fragmentation = max(0, reserved - peak) if reserved is not None and peak is not None else None
+    total = m["total_bytes"] or nvml_total
+    in_use = (reserved if reserved is not None else peak) if peak is not None else None
+    per_sample = m["activations_bytes"] / batch if batch and m["activations_bytes"] else None
+    d: MemoryDevice = {
+        "device": m["device"],
+        "parameters_bytes": m["parameters_bytes"],
+        "gradients_bytes": m["gradients_bytes"],
+        "optimizer_state_bytes": m["optimizer_state_bytes"],
+        "activations_bytes": m["activations_bytes"],
+        "other_bytes": max(0, peak - known) if peak is not None else None,
+        "fragmentation_bytes": fragmentation,
+        "peak_bytes": peak,
+        "peak_stage": m["peak_stage"],
+        "peak_source": m["peak_source"],
+        "peak_fraction": in_use / total if in_use is not None and total else None,
+        "total_bytes": total,
+        "activation_bytes_per_sample": per_sample,
+        "largest": None,
+        "largest_fraction": None,
+        "alloc_retries": m["alloc_retries"],
+        "ooms": m["ooms"],
+        "largest_batch": None,
+    }
+    bar = parts(d)
+    whole = sum(bar.values())
+    if whole:
+        largest = max(CATEGORIES, key=lambda c: bar[c])
+        d["largest"] = largest
+        d["largest_fraction"] = bar[largest] / whole
+    if per_sample and total and in_use is not None:
+        # activations grow with the batch, the rest stays: an estimate, no batch of that size was run
+        fixed = max(in_use, whole) - m["activations_bytes"]
+        d["largest_batch"] = max(0, int((total - fixed) // per_sample))
+    return d
