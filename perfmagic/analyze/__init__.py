@@ -35,6 +35,7 @@ from perfmagic.contract import (
     Hotspot,
     KnobResult,
     LoaderConfig,
+    MemoryPeak,
     NodeClock,
     TimelineMeta,
     Timeseries,
@@ -182,6 +183,9 @@ class Analysis:
     straggler: Straggler | None = None
     # a job merged from several nodes' records: each node's ranks and clock offset (perfmagic merge)
     nodes: list[NodeClock] | None = None
+    # the allocator's peaks per CUDA device in the primary rank's trace (gpu.memory, kept where the trace
+    # has no kernels)
+    gpu_memory: list[MemoryPeak] | None = None
 
     def tuned(self, knob: str) -> KnobResult | None:
         """The measured result of one tuning knob, where it was tried."""
@@ -265,6 +269,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         torch_traces=profiler_traces(timelines),
         tuning=list(tl.meta.get("tuning") or []),
         straggler=straggler,
+        gpu_memory=tl.meta.get("gpu_memory"),
     )
 
 

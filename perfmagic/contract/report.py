@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 from perfmagic.contract.code import FixSite
-from perfmagic.contract.gpu import GpuSection
+from perfmagic.contract.gpu import GpuSection, MemoryPeak
 from perfmagic.contract.machine import Device, Host
 from perfmagic.contract.meta import CodePlace, Source
 from perfmagic.contract.tuning import KnobResult
@@ -248,6 +248,7 @@ class ReportBody(TypedDict):
     devices: list[Device]
     host: Host
     gpu: GpuSection | None
+    gpu_memory: list[MemoryPeak] | None  # a trace's allocator peaks, with or without GPU events
     ranks: list[Rank]
     advice: list[Card]
     warnings: list[str]

@@ -6,6 +6,7 @@ on the trace's clock.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,13 +89,17 @@ class GpuEvents:
         )
 
 
+_OLDER_NCCL = re.compile(r"(?:void )?nccl[A-Z]\w*Kernel")
+
+
 def kernel_kind(name: str, memory: bool) -> int:
     """HTA's classification: NCCL kernels communicate, memcpy/memset move memory, the rest compute.
 
-    ``ncclDevKernel`` (NCCL >= 2.19's kernel names) counts as communication too; HTA 0.5.0
-    only knows ``ncclKernel``.
+    ``ncclDevKernel`` (NCCL >= 2.19's kernel names) and NCCL 2.4-2.6's ``nccl<Op><Algo>Kernel_...``
+    (``ncclAllReduceRingLLKernel_sum_f32``, in PyTorch 1.8-era traces) count as communication too; HTA
+    0.5.0 only knows ``ncclKernel``.
     """
-    if "ncclKernel" in name or "ncclDevKernel" in name:
+    if "ncclKernel" in name or "ncclDevKernel" in name or _OLDER_NCCL.match(name):
         return COMMUNICATION
     if memory or "Memcpy" in name or "Memset" in name:
         return MEMORY

@@ -318,7 +318,7 @@ def _allocated(
     older = np.isnan(allocated) & np.isfinite(delta)
     if not older.any():
         return allocated
-    out = allocated.copy()
+    out: np.ndarray = allocated.copy()
     rows = np.flatnonzero(older)
     for dtype, dev in set(zip(device_type[rows].tolist(), device[rows].tolist(), strict=True)):
         on = rows[(device_type[rows] == dtype) & (device[rows] == dev)]
@@ -366,8 +366,8 @@ def _whole(p: Path) -> KinetoTrace:
 def trace_of_document(root: Any, p: Path) -> KinetoTrace:
     """The trace a parsed Trace Event Format document holds (``p``: where it came from, for messages);
     every event is checked, as in a trace read whole."""
-    if isinstance(root, list):  # the Trace Event Format's other layout (PyTorch 1.8's traces): the events
-        root = {"traceEvents": root}
+    if isinstance(root, list) and root and type(root[0]) is dict and "ph" in root[0]:
+        root = {"traceEvents": root}  # the Trace Event Format's other layout (PyTorch 1.8's): the events
     if not isinstance(root, dict):
         raise TraceFormatError(
             f"{p}: not a torch.profiler trace: the JSON is a {type(root).__name__}, "
