@@ -57,11 +57,11 @@ TENSOR_CORE_TABLE = (
     ),
     TensorCoreToken(r"nvjet", "sm90 (Hopper)", "FP16, BF16, FP8", "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN"),
     TensorCoreToken(
-        r"xmma", "sm75 (Turing; its smNN_ prefix names it)", "FP16, BF16, TF32, INT8",
-        "sm80_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x32_stage4_warpsize2x2x1_tensor",
+        r"tf32", "sm80 (Ampere)", "TF32", "sm80_xmma_gemm_tf32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4"
     ),
     TensorCoreToken(
-        r"tf32", "sm80 (Ampere)", "TF32", "sm80_xmma_gemm_tf32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4"
+        r"xmma", "sm75 (Turing; its smNN_ prefix names it)", "FP16, BF16, TF32, INT8",
+        "sm80_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x32_stage4_warpsize2x2x1_tensor",
     ),
     TensorCoreToken(
         r"tensorop", "sm70 (CUTLASS's tensor-op kernels)", "as the name's types say",
@@ -77,8 +77,9 @@ MATRIX_KERNEL = re.compile(r"gemm|conv[0-9_]|convolution|convolve|wgrad|dgrad|fp
 SIMT = "ffma"
 """A name with this runs fused multiply-adds on CUDA cores, whatever else it says."""
 
-# one search for every token (a trace has hundreds of kernel names); the group that matched gives the row
-_TOKENS = re.compile("|".join(f"(?P<t{i}>{t.pattern})" for i, t in enumerate(TENSOR_CORE_TABLE)))
+# one search for every token (a trace has hundreds of kernel names)
+_TOKENS = re.compile("|".join(t.pattern for t in TENSOR_CORE_TABLE))
+_ROWS = [re.compile(t.pattern) for t in TENSOR_CORE_TABLE]
 _TENSOR_TYPE = re.compile("|".join(TENSOR_TYPES))
 
 
@@ -89,11 +90,9 @@ def _plain(name: str) -> str:
 
 
 def tensor_core_token(name: str) -> TensorCoreToken | None:
-    """The :data:`TENSOR_CORE_TABLE` row a kernel's name matches first, or None."""
-    m = _TOKENS.search(_plain(name))
-    if m is None or m.lastgroup is None:
-        return None
-    return TENSOR_CORE_TABLE[int(m.lastgroup[1:])]
+    """The first :data:`TENSOR_CORE_TABLE` row whose token is in a kernel's name, or None."""
+    low = _plain(name)
+    return next((row for row, p in zip(TENSOR_CORE_TABLE, _ROWS, strict=True) if p.search(low)), None)
 
 
 def tensor_cores(name: str) -> bool | None:
