@@ -21,7 +21,7 @@ class TensorCoreToken:
     pattern: str  # a regular expression over the lower-case name
     architecture: str  # the first GPU architecture with the instruction
     precision: str  # the inputs it multiplies
-    example: str  # a real kernel name (cuBLAS, cuDNN or CUTLASS) that holds it
+    example: str  # a kernel name that holds it (see EXAMPLES_FROM_SOURCE)
 
 
 TENSOR_CORE_TABLE = (
@@ -47,17 +47,17 @@ TENSOR_CORE_TABLE = (
         r"hmma", "sm70 (Volta)", "FP16, BF16, TF32", "Volta_hmma_implicit_gemm_fprop_fp32_nhwc_128x128x64x1_1x3x3x0x1"
     ),
     TensorCoreToken(
-        r"imma", "sm75 (Turing)", "INT8", "fmha_v2_Turing_imma_int8_int32_traits_kernel"
+        r"imma", "sm75 (Turing)", "INT8", "void xmma::gemm::kernel<xmma::Turing_imma_int8_int32_traits>"
     ),
     TensorCoreToken(r"wgmma", "sm90 (Hopper)", "FP16, BF16, FP8 (warpgroup MMA)", "gemm_wgmma_m64n128k32_tma_ab_mbar"),
-    TensorCoreToken(r"gmma", "sm90 (Hopper)", "FP16, BF16, FP8 (warpgroup MMA)", "Hopper_hgmma_fp32_traits_kernel"),
+    TensorCoreToken(r"gmma", "sm90 (Hopper)", "FP16, BF16, FP8 (warpgroup MMA)", "void xmma::gemm::kernel<xmma::Hopper_hgmma_fp32_traits>"),
     TensorCoreToken(
         r"sm1[0-2]\d_xmma|nvjet_sm1[0-2]\d|tcgen05", "sm100 (Blackwell)", "FP16, BF16, FP8, FP4",
         "nvjet_sm100_tst_128x256_64x4_1x2_h_bz_TNT",
     ),
     TensorCoreToken(r"nvjet", "sm90 (Hopper)", "FP16, BF16, FP8", "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN"),
     TensorCoreToken(
-        r"tf32", "sm80 (Ampere)", "TF32", "sm80_xmma_gemm_tf32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4"
+        r"tf32", "sm80 (Ampere)", "TF32", "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_alignc4_execute_kernel__5x_cudnn"
     ),
     TensorCoreToken(
         r"xmma", "sm75 (Turing; its smNN_ prefix names it)", "FP16, BF16, TF32, INT8",
@@ -65,10 +65,16 @@ TENSOR_CORE_TABLE = (
     ),
     TensorCoreToken(
         r"tensorop", "sm70 (CUTLASS's tensor-op kernels)", "as the name's types say",
-        "cutlass3x_sm90_tensorop_s64x128x16gemm_bf16_bf16_f32_void_bf16_128x128x64_1x1x1_0_tnn_align8",
+        "cutlass3x_sm90_tensorop_gemm_f16_f16_f16_f16_f16_128x256x64_1x2x1_0_tnn_align8_warpspecialized_pingpong_epi_tma",
     ),
 )  # fmt: skip
 """Tokens that say tensor cores, most specific first: a name is matched against them in this order."""
+
+EXAMPLES_FROM_SOURCE = frozenset({"imma", "gmma", "wgmma"})
+"""Rows whose example is spelled as the libraries' sources name their traits or kernels (xmma's
+``Turing_imma_int8_int32_traits``, ``Hopper_hgmma_...``, a hand-written Hopper ``wgmma`` GEMM), not
+copied from a profile: the other examples are names that cuBLAS, cuDNN or CUTLASS kernels have in
+published profiles or in CUTLASS's kernel list."""
 
 TENSOR_TYPES = ("bf16", "fp16", "f16f16", "e4m3", "e5m2")
 """Types only tensor cores multiply: in a matrix kernel's name, they say it ran on them."""

@@ -21,9 +21,11 @@ from trace_data import real
 from perfmagic.analyze.ranks import collective_skew
 from perfmagic.analyze.steps import step_breakdown
 from perfmagic.analyze.tensor_cores import TENSOR_CORE_TABLE, tensor_core_token, tensor_cores
+from perfmagic.render.text import render_text
 from perfmagic.trace_report import report_from_traces
 from perfmagic.traces import read_trace
 from perfmagic.traces.stages import trace_timeline
+from perfmagic.units import fmt_bytes
 
 SPELLINGS = ("today", "older")
 _CATS = {
@@ -102,9 +104,9 @@ def _training(spelling: str) -> Trace:
     return t
 
 
-def _report(path: Path) -> dict[str, Any]:
-    report: dict[str, Any] = report_from_traces([path])  # type: ignore[assignment]
-    return report
+def _report(path: Path) -> Any:
+    """The report of one trace or a directory of them (a ``Report``: indexed as its dict)."""
+    return report_from_traces([path])
 
 
 # -- older spellings read as today's --------------------------------------------------
@@ -176,6 +178,13 @@ def test_each_tensor_core_token_names_its_kernels(row: Any) -> None:
     assert tensor_cores(row.example) is True
 
 
+def test_the_docs_print_the_tensor_core_table() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "traces.md").read_text()
+    for row in TENSOR_CORE_TABLE:
+        tokens = " or ".join(f"`{t}`" for t in row.pattern.split("|"))
+        assert f"| {tokens} | {row.architecture} | {row.precision} | `{row.example}`" in page, row.pattern
+
+
 def test_tensor_cores_of_the_issues_kernels() -> None:
     assert tensor_cores("volta_fp16_s884cudnn_fp16_128x128_ldg8_splitK_relu_f2f_exp_small_nhwc_tn_v1")
     assert tensor_cores("ampere_h16816gemm_256x128_ldg8_stages_64x3_nn")
@@ -229,6 +238,9 @@ def test_a_memory_only_trace_keeps_its_peaks_and_its_length(spelling: str, tmp_p
     assert report["wall_s"] == pytest.approx(905e-6)
     assert any("only the allocator's memory events" in w for w in report["warnings"])
     assert not any("recorded on the CPU only" in w for w in report["warnings"])
+    text = render_text(report.to_dict())
+    assert "905 µs profiled" in text
+    assert f"GPU 0 memory (trace): tensors peaked at {fmt_bytes(float(total.max()))}" in text
 
 
 # -- steps as recorded --------------------------------------------------------------------
