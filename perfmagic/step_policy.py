@@ -16,8 +16,8 @@ of evidence (:data:`EVIDENCE`):
 
 Every kind but ``batch`` marks a step's end: the first step starts with the window's
 first stage, each next one where the last ended; a trace's steps start where their
-``ProfilerStep#N`` ranges began (``profiler_step_start``), so a gap between ranges is in no step. The recorder writes ``backward`` boundaries only until a stronger kind
-appears, so a loop with an optimizer pays for one at most. An evaluation pass
+``ProfilerStep#N`` ranges began (``profiler_step_start``), so a gap between ranges is in
+no step. The recorder writes ``backward`` boundaries only until a stronger kind appears, so a loop with an optimizer pays for one at most. An evaluation pass
 (``eval_start``/``eval_end``) is no step: the step before it ends where it began, the
 step after it starts where it ended.
 """

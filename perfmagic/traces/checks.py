@@ -16,21 +16,24 @@ GAP_SHARE = 0.05
 itself leaves a few microseconds between them."""
 
 
-def step_warnings(trace: KinetoTrace, numbers: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:
-    """Warnings about the trace's step ranges (``numbers``, ``starts``, ``ends``: in time order, µs)."""
+def step_warnings(
+    trace: KinetoTrace, numbers: np.ndarray, starts: np.ndarray, ends: np.ndarray, label: str
+) -> list[str]:
+    """Warnings about the trace's step ranges (``numbers``, ``starts``, ``ends``: in time order, µs;
+    ``label``: what marks them, ``ProfilerStep#`` or a JAX/TensorFlow ``step`` annotation)."""
     name, n = trace.path.name, len(starts)
     if n < 2:
         return []
     if np.all(starts == starts[0]):
         return [
-            f"{name}: the trace's {n} ProfilerStep# ranges all start at the same time ({starts[0]:.0f} µs), "
+            f"{name}: the trace's {n} {label} ranges all start at the same time ({starts[0]:.0f} µs), "
             "so its steps cannot be told apart in time: the step times and stages of this report are not "
             "the trace's (was the trace merged or its timestamps rewritten?)"
         ]
     out = []
     if np.any(np.diff(numbers) <= 0):
         out.append(
-            f"{name}: the trace's ProfilerStep# numbers do not rise with time (steps "
+            f"{name}: the trace's {label} numbers do not rise with time (steps "
             f"{', '.join(map(str, numbers[:6].tolist()))}{'…' if n > 6 else ''} in time order): the steps are "
             "taken in time order, their numbers as recorded"
         )
@@ -38,14 +41,14 @@ def step_warnings(trace: KinetoTrace, numbers: np.ndarray, starts: np.ndarray, e
     median = float(np.median(ends - starts))
     if np.any(gap < 0):
         out.append(
-            f"{name}: {int((gap < 0).sum())} of the trace's ProfilerStep# ranges overlap the one before them "
+            f"{name}: {int((gap < 0).sum())} of the trace's {label} ranges overlap the one before them "
             f"(by up to {-gap.min():.0f} µs): each step is cut where the next one begins"
         )
     wide = gap > GAP_SHARE * median
     if wide.any():
         k = int(np.argmax(gap))
         out.append(
-            f"{name}: the trace's ProfilerStep# ranges leave {int(wide.sum())} gaps between them, "
+            f"{name}: the trace's {label} ranges leave {int(wide.sum())} gaps between them, "
             f"{gap[wide].sum():.0f} µs in all (the longest {gap[k]:.0f} µs, after step {numbers[k]}): what ran "
             "in a gap is in no step, as recorded"
         )

@@ -130,6 +130,24 @@ def no_memory() -> MemoryEvents:
     return MemoryEvents(f, f, f, i, i)
 
 
+def running_allocated(
+    start: np.ndarray, allocated: np.ndarray, device_type: np.ndarray, device: np.ndarray, delta: np.ndarray
+) -> np.ndarray:
+    """The memory allocated after each ``[memory]`` event: its ``Total Allocated``, or where an older
+    trace (PyTorch 1.9) writes only the ``Bytes`` (de)allocated, their running sum per device from the
+    first event (the memory held before the trace began is not in it)."""
+    older = np.isnan(allocated) & np.isfinite(delta)
+    if not older.any():
+        return allocated
+    out: np.ndarray = allocated.copy()
+    rows = np.flatnonzero(older)
+    for dtype, dev in set(zip(device_type[rows].tolist(), device[rows].tolist(), strict=True)):
+        on = rows[(device_type[rows] == dtype) & (device[rows] == dev)]
+        on = on[np.argsort(start[on], kind="stable")]
+        out[on] = np.cumsum(delta[on])
+    return out
+
+
 @dataclass(frozen=True)
 class KinetoTrace:
     """One rank's trace."""

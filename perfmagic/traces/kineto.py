@@ -45,6 +45,7 @@ from perfmagic.traces.events import (
     finite_number,
     kernel_kind,
     no_memory,
+    running_allocated,
 )
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
@@ -264,7 +265,11 @@ class _Columns:
             return no_memory()
         start, allocated, reserved, device_type, device, delta = _joined(self.memory, 6)
         return MemoryEvents(
-            start, _allocated(start, allocated, device_type, device, delta), reserved, device_type, device
+            start,
+            running_allocated(start, allocated, device_type, device, delta),
+            reserved,
+            device_type,
+            device,
         )
 
     def cpu_events(self) -> CpuEvents:
@@ -307,24 +312,6 @@ def _stream_of(tid: Any) -> int:
         return tid if 0 <= tid < _INT64 else -1
     m = _STREAM_TID.fullmatch(tid) if isinstance(tid, str) else None
     return int(m.group(1)) if m else -1
-
-
-def _allocated(
-    start: np.ndarray, allocated: np.ndarray, device_type: np.ndarray, device: np.ndarray, delta: np.ndarray
-) -> np.ndarray:
-    """The memory allocated after each ``[memory]`` event: its ``Total Allocated``, or where an older
-    trace (PyTorch 1.9) writes only the ``Bytes`` (de)allocated, their running sum per device from the
-    first event (the memory held before the trace began is not in it)."""
-    older = np.isnan(allocated) & np.isfinite(delta)
-    if not older.any():
-        return allocated
-    out: np.ndarray = allocated.copy()
-    rows = np.flatnonzero(older)
-    for dtype, dev in set(zip(device_type[rows].tolist(), device[rows].tolist(), strict=True)):
-        on = rows[(device_type[rows] == dtype) & (device[rows] == dev)]
-        on = on[np.argsort(start[on], kind="stable")]
-        out[on] = np.cumsum(delta[on])
-    return out
 
 
 def _joined(parts: list[tuple[np.ndarray, ...]], width: int) -> list[np.ndarray]:

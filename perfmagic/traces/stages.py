@@ -8,8 +8,8 @@ two ranges is in no step; stages nest inside it. In a JAX or TensorFlow trace
 (``jax.profiler.StepTraceAnnotation``, ``tf.profiler.experimental.Trace(..., step_num=...)``).
 Stages come from what PyTorch records:
 
-- ``data``: ``enumerate(DataLoader)#...__next__``, ``enumerate(DataPipe)#...``; tf.data's ``Iterator::Root`` (the
-  consumer waiting for its next element);
+- ``data``: ``enumerate(DataLoader)#...__next__``, ``enumerate(DataPipe)#...``; tf.data's
+  ``Iterator::Root`` (the consumer waiting for its next element);
 - ``h2d``: host-to-device copies: the outermost copy op (``aten::to``, ``aten::_to_copy``,
   ``aten::copy_``) around a CUDA runtime call whose ``correlation`` id is a ``Memcpy HtoD``
   GPU event's (a runtime call outside any copy op is the copy itself);
@@ -138,7 +138,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     spans += [(float(s), float(e), "backward") for s, e in zip(*backward, strict=True)]
 
     pid = cpu.threads[main][0] if len(cpu.threads) else None
-    warnings = step_warnings(trace, step_no, step_start, step_end)
+    warnings = step_warnings(trace, step_no, step_start, step_end, "step" if annotated else "ProfilerStep#")
     seen = {s for _, _, s in spans}
     framework = _framework(trace.cpu, annotated)
     if framework != "torch":
