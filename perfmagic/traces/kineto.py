@@ -53,9 +53,9 @@ GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Mem
 their CPU events are ``Operator`` and ``Runtime``, today's ``cpu_op`` and ``cuda_runtime``)."""
 GPU_ANNOTATION = "gpu_user_annotation"
 """The GPU-side copy of a ``record_function`` range (``ProfilerStep#N`` too): left out, not a CPU event."""
-SKIPPED_CATEGORIES = frozenset({GPU_ANNOTATION, "Trace"})
-"""Complete events that are no CPU event: GPU-side annotations, and older traces' ``Trace`` range (the
-whole profiling window, on a made-up ``Traces`` process)."""
+SKIPPED_CATEGORIES = frozenset({GPU_ANNOTATION})
+"""Complete events that are no CPU event. The ``Trace`` range Kineto writes over the whole profiling
+window (on a made-up ``Traces`` process) stays one: it is what the report's length covers."""
 _MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
 _STREAM_TID = re.compile(r"stream (\d+)")
 MEMORY_EVENT = "[memory]"
