@@ -200,6 +200,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "devices": analysis.devices,
         "host": analysis.host,
         "gpu": analysis.gpu,
+        "gpu_memory": analysis.gpu_memory,
         "ranks": [rank_section(r) for r in analysis.ranks],
         "advice": [card.to_dict() for card in advice.cards],
         "warnings": [*analysis.warnings, *advice.warnings],

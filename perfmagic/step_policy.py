@@ -15,8 +15,9 @@ of evidence (:data:`EVIDENCE`):
    pytorch/examples' word_language_model does): each outermost backward pass ends a step.
 
 Every kind but ``batch`` marks a step's end: the first step starts with the window's
-first stage. The recorder writes ``backward`` boundaries only until a stronger kind
-appears, so a loop with an optimizer pays for one at most. An evaluation pass
+first stage, each next one where the last ended; a trace's steps start where their
+``ProfilerStep#N`` ranges began (``profiler_step_start``), so a gap between ranges is in
+no step. The recorder writes ``backward`` boundaries only until a stronger kind appears, so a loop with an optimizer pays for one at most. An evaluation pass
 (``eval_start``/``eval_end``) is no step: the step before it ends where it began, the
 step after it starts where it ended.
 """
@@ -51,8 +52,9 @@ class Spans(Protocol):
 EVIDENCE = ("profiler_step", "user", "optimizer", "batch", "backward")
 """Kinds of step boundaries, strongest first: the first one present delimits the steps."""
 
-NOT_STEP_ENDS = ("loader_end", "eval_start", "eval_end")
-"""Boundary kinds that end no step: a DataLoader pass ran out, an evaluation pass began or ended."""
+NOT_STEP_ENDS = ("loader_end", "eval_start", "eval_end", "profiler_step_start")
+"""Boundary kinds that end no step: a DataLoader pass ran out, an evaluation pass began or ended, a
+trace's ``ProfilerStep#N`` range began."""
 
 STEP_ENDS = frozenset({"profiler_step", "user", "optimizer", "backward"})
 """Kinds whose boundary is a step's end (a ``batch`` boundary is a step's start)."""
@@ -106,10 +108,29 @@ def step_bounds(
         else:
             before = stage_start[stage_start < t[0]]
             first = since if since is not None else float(before.min()) if len(before) else 0.0
-            starts, ends = _around_evaluations(spans, span_is_boundary, np.concatenate(([first], t[:-1])), t)
+            recorded = _recorded_starts(spans, span_is_boundary, kind, t)
+            begun = np.concatenate(([first], t[:-1])) if recorded is None else recorded
+            starts, ends = _around_evaluations(spans, span_is_boundary, begun, t)
         if len(starts):
             return kind, starts.astype(float), ends.astype(float)
     return None, np.zeros(0), np.zeros(0)
+
+
+def _recorded_starts(
+    spans: Spans, span_is_boundary: np.ndarray, kind: str, ends: np.ndarray
+) -> np.ndarray | None:
+    """A trace's ``ProfilerStep#N`` ranges as recorded: each step starts where its range began
+    (``profiler_step_start``), so a gap between two ranges is no step's; None where the starts are not
+    one per end, each at or before its end (a step then starts where the one before it ended)."""
+    if kind != "profiler_step":
+        return None
+    starts = boundary_times(spans, span_is_boundary, "profiler_step_start")
+    if len(starts) < len(ends):
+        return None
+    starts = starts[-len(ends) :]  # folded steps (older ones) leave their starts behind
+    if np.any(starts > ends) or np.any(starts[1:] < ends[:-1]):
+        return None
+    return starts
 
 
 def _batch_steps(

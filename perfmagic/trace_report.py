@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -17,10 +18,11 @@ import numpy as np
 import psutil
 
 from perfmagic.analyze import analyze
-from perfmagic.analyze.gpu import trace_gpu
+from perfmagic.analyze.gpu import memory_peaks, trace_gpu
 from perfmagic.analyze.ranks import collective_skew, collective_starts
 from perfmagic.report import Report, build_report
 from perfmagic.timeline import Timeline
+from perfmagic.traces.checks import dropped_warning
 from perfmagic.traces.events import KinetoTrace
 from perfmagic.traces.kineto import TraceFormatError, read_trace, trace_of_document
 from perfmagic.traces.nsys import read_capture
@@ -147,6 +149,16 @@ class _RankTrace:
     path: Path
 
 
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)(?!\d)", re.IGNORECASE)
+
+
+def rank_of_name(name: str, index: int) -> int:
+    """The rank of a trace without ``distributedInfo`` (PyTorch before 1.10 wrote none): the number after
+    ``rank`` or ``worker`` in its file name (``rank-1.json``, ``worker3.pt.trace.json``), else ``index``."""
+    m = _RANK_IN_NAME.search(name)
+    return int(m.group(1)) if m else index
+
+
 def _read_rank(path: Path, index: int, step_range: str | None = None) -> list[_RankTrace]:
     if path.name.endswith(CAPTURE_SUFFIXES):
         return [_rank_of(path, trace, index) for trace in read_capture(path, step_range)]
@@ -156,16 +168,22 @@ def _read_rank(path: Path, index: int, step_range: str | None = None) -> list[_R
 
 
 def _rank_of(path: Path, trace: KinetoTrace, index: int) -> _RankTrace:
-    rank = trace.rank if trace.rank is not None else index
+    rank = trace.rank if trace.rank is not None else rank_of_name(path.name, index)
     timeline = trace_timeline(trace, rank)
     warnings: list[Any] = timeline.meta["warnings"]
-    if trace.dropped:
-        reasons = ", ".join(f"{why}: {n}" for why, n in trace.dropped.items())
-        warnings.append(
-            f"{path.name}: {sum(trace.dropped.values())} events left out, their fields unreadable ({reasons})"
-        )
+    dropped = dropped_warning(trace)
+    if dropped is not None:
+        warnings.append(dropped)
     gpu = trace_gpu(trace)
-    if gpu is None:
+    memory = memory_peaks(trace.memory)
+    if memory is not None:
+        timeline.meta["gpu_memory"] = memory
+    if gpu is None and memory is not None:
+        warnings.append(
+            f"{path.name}: no kernels, memcpy or memset in the trace, only the allocator's memory events: "
+            "GPU memory peaks (gpu_memory) without GPU time figures (ProfilerActivity.CUDA records those)"
+        )
+    elif gpu is None:
         warnings.append(
             f"{path.name}: no GPU events (kernels, memcpy, memset) in the trace, so no GPU "
             + (

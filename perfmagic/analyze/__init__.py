@@ -38,6 +38,7 @@ from perfmagic.contract import (
     Hotspot,
     KnobResult,
     LoaderConfig,
+    MemoryPeak,
     NodeClock,
     TimelineMeta,
     Timeseries,
@@ -190,6 +191,9 @@ class Analysis:
     energy: Energy | None = None  # the GPUs' joules over the steady steps (analyze.energy)
     # one sampled step's memory per device (analyze.memory); None where no step was sampled
     memory: MemorySection | None = None
+    # the allocator's peaks per CUDA device in the primary rank's trace (gpu.memory, kept where the trace
+    # has no kernels)
+    gpu_memory: list[MemoryPeak] | None = None
 
     def tuned(self, knob: str) -> KnobResult | None:
         """The measured result of one tuning knob, where it was tried."""
@@ -279,6 +283,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         tuning=list(tl.meta.get("tuning") or []),
         straggler=straggler,
         memory=memory_section(tl.meta.get("memory"), devices),
+        gpu_memory=tl.meta.get("gpu_memory"),
     )
 
 

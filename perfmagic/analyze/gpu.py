@@ -24,11 +24,10 @@ Times are microseconds on the trace's clock in, seconds and fractions out.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from perfmagic.analyze.cuda_calls import blocking_copies, h2d_copies, launch_stats, sync_stats
+from perfmagic.analyze.tensor_cores import tensor_cores
 from perfmagic.contract import GpuSection
 from perfmagic.contract.gpu import (
     Comm,
@@ -68,37 +67,6 @@ IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 TOP_KERNELS = 10
 KERNEL_TABLE = 200
 """GPU event names the ``kernels`` table keeps (by total time); the rest are summed in ``kernels_omitted``."""
-
-TENSOR_CORE_MARKS = (
-    "h884", "h1688", "s1688", "s16816", "i8816", "hmma", "imma", "tensorop", "tf32", "xmma", "gmma", "nvjet",
-)  # fmt: skip
-"""Pieces of a kernel name that say it runs on tensor cores: the MMA shapes and instructions in cuBLAS,
-cuDNN and CUTLASS names and their tensor-op kernel families (``xmma``, Hopper's ``gmma`` and ``nvjet``)."""
-TENSOR_TYPES = ("bf16", "fp16", "f16f16", "e4m3", "e5m2")
-"""Types only tensor cores multiply: in a matrix kernel's name, they say it ran on them."""
-MATRIX_KERNEL = re.compile(r"gemm|conv[0-9_]|convolution|convolve|wgrad|dgrad|fprop")
-"""A matrix kernel's name: matrix products and convolutions."""
-# one search each (a trace has hundreds of kernel names)
-_TENSOR_CORE_MARK = re.compile("|".join(TENSOR_CORE_MARKS))
-_TENSOR_TYPE = re.compile("|".join(TENSOR_TYPES))
-
-
-def tensor_cores(name: str) -> bool | None:
-    """Whether a kernel ran on tensor cores, as far as its name says.
-
-    Only the name before its argument list counts (template arguments included: CUTLASS names its
-    kernels there), lower case, FBGEMM's library name left out. True for a ``TENSOR_CORE_MARKS``
-    piece, or a matrix kernel (``MATRIX_KERNEL``) with a ``TENSOR_TYPES`` one, unless ``ffma``
-    (SIMT fused multiply-add) is in it; False for another matrix kernel (e.g.
-    ``ampere_sgemm_128x64_nn``: CUDA cores); None when the name does not tell.
-    """
-    low = name.split("(", 1)[0].lower().replace("fbgemm", "")
-    matrix = MATRIX_KERNEL.search(low) is not None
-    if "ffma" not in low and (
-        _TENSOR_CORE_MARK.search(low) is not None or (matrix and _TENSOR_TYPE.search(low) is not None)
-    ):
-        return True
-    return False if matrix else None
 
 
 def _window(
@@ -193,7 +161,7 @@ def trace_gpu(trace: KinetoTrace) -> GpuSection | None:
         "syncs": sync_stats(trace, (starts[steps], ends[steps])),
         "blocking_copies": blocking_copies(trace, (starts[steps], ends[steps])),
         "h2d_copies": h2d_copies(trace, launched),
-        "memory": _memory_peaks(trace.memory),
+        "memory": memory_peaks(trace.memory),
     }
 
 
@@ -282,7 +250,8 @@ def _by_name(ev: GpuEvents, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
 def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> KernelTimes:
     """``top_kernels``: the ``TOP_KERNELS`` kernel names with most time; ``tensor_core_fraction``: of the
-    matrix kernels' time (those whose name tells), the share on tensor cores (None without any)."""
+    matrix kernels' time (those whose name tells), the share on tensor cores (None without any);
+    ``tensor_cores_unknown``: the computation kernel names that do not tell."""
     total, count, kind, order = _by_name(ev, is_kernel)
     on_tensor_cores = [tensor_cores(ev.names[i]) for i in order]
     top: list[TopKernel] = [
@@ -300,7 +269,14 @@ def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> Kerne
     says = [(tc, float(total[i])) for i, tc in zip(order, on_tensor_cores, strict=True)]
     matrix = sum(t for tc, t in says if tc is not None)
     tensor = sum(t for tc, t in says if tc)
-    return {"top_kernels": top, "tensor_core_fraction": tensor / matrix if matrix > 0 else None}
+    unknown = sum(
+        1 for i, tc in zip(order, on_tensor_cores, strict=True) if tc is None and kind[i] == COMPUTATION
+    )
+    return {
+        "top_kernels": top,
+        "tensor_core_fraction": tensor / matrix if matrix > 0 else None,
+        "tensor_cores_unknown": unknown,
+    }
 
 
 def _comm(ev: GpuEvents, start: np.ndarray, end: np.ndarray, span: float) -> Comm | None:
@@ -321,7 +297,7 @@ def _comm(ev: GpuEvents, start: np.ndarray, end: np.ndarray, span: float) -> Com
     }
 
 
-def _memory_peaks(memory: MemoryEvents) -> list[MemoryPeak] | None:
+def memory_peaks(memory: MemoryEvents) -> list[MemoryPeak] | None:
     """Per CUDA device, the peak of the memory allocated (and reserved) in the allocator's ``[memory]``
     events over the whole trace; None when the trace has none (recorded without ``profile_memory``)."""
     cuda = memory.device_type == CUDA_DEVICE

@@ -62,7 +62,8 @@ def collective_skew(starts: dict[int, dict[str, np.ndarray]]) -> CollectiveSkew 
         "kernels": len(shared),
         "skew_mean_s": float(skew.mean()),
         "skew_p90_s": float(np.percentile(skew, 90)),
-        "last_rank": ranks[int(last.argmax())],
+        # the rank last most often; among ranks last equally often, the one that was later on average
+        "last_rank": ranks[int(np.lexsort((late.mean(axis=1), last))[-1])],
         "ranks": [
             {
                 "rank": rank,

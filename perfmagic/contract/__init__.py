@@ -10,7 +10,7 @@ DataLoader's settings the analysis reads from its mark are a frozen dataclass
 from __future__ import annotations
 
 from perfmagic.contract.energy import Energy, StageEnergy
-from perfmagic.contract.gpu import GpuSection
+from perfmagic.contract.gpu import GpuSection, MemoryPeak
 from perfmagic.contract.loader import LoaderConfig
 from perfmagic.contract.machine import Device, Host
 from perfmagic.contract.meta import (
@@ -75,6 +75,7 @@ __all__ = [
     "KnobResult",
     "LoaderConfig",
     "Loading",
+    "MemoryPeak",
     "MinorCard",
     "NodeClock",
     "NvmlMeta",

@@ -140,6 +140,7 @@ class MemoryPeak(TypedDict):
 class KernelTimes(TypedDict):
     top_kernels: list[TopKernel]
     tensor_core_fraction: float | None  # of matrix-kernel time, the kernels that use tensor cores
+    tensor_cores_unknown: int  # computation kernel names whose name does not say (tensor_cores None)
 
 
 class KernelTable(TypedDict):

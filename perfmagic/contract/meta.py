@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
-from perfmagic.contract.gpu import GpuSection
+from perfmagic.contract.gpu import GpuSection, MemoryPeak
 from perfmagic.contract.memory import MemoryMeta
 from perfmagic.contract.tuning import KnobResult
 
@@ -187,6 +187,7 @@ class TimelineMeta(TypedDict, total=False):
     gpu_processes: list[GpuProcess]
     gpu_processes_scope: Literal["tree", "all"]
     gpu: GpuSection  # a trace's GPU figures
+    gpu_memory: list[MemoryPeak]  # a trace's allocator peaks per CUDA device
     torch: TorchMeta
     cuda_allocator: list[AllocatorMeta]  # schema.ALLOCATOR
     stack_samples: list[StackSample]  # schema.STACK_SAMPLES

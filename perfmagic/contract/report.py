@@ -10,7 +10,7 @@ from typing import Any, Literal, TypedDict
 
 from perfmagic.contract.code import FixSite
 from perfmagic.contract.energy import Energy
-from perfmagic.contract.gpu import GpuSection
+from perfmagic.contract.gpu import GpuSection, MemoryPeak
 from perfmagic.contract.machine import Device, Host
 from perfmagic.contract.memory import MemorySection
 from perfmagic.contract.meta import CodePlace, Source
@@ -250,6 +250,7 @@ class ReportBody(TypedDict):
     devices: list[Device]
     host: Host
     gpu: GpuSection | None
+    gpu_memory: list[MemoryPeak] | None  # a trace's allocator peaks, with or without GPU events
     ranks: list[Rank]
     advice: list[Card]
     warnings: list[str]

@@ -145,13 +145,25 @@ def _stage_lines(report: ReportData) -> list[str]:
 
 
 def _gpu_trace_lines(report: ReportData) -> list[str]:
-    """How busy the GPU was in its trace."""
+    """How busy the GPU was in its trace, and the allocator's peaks where the trace has them."""
     g = report["gpu"]
-    if not g:
-        return []
-    return [
-        f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}"
-    ]
+    lines = (
+        [
+            f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}"
+        ]
+        if g
+        else []
+    )
+    for peak in report.get("gpu_memory") or []:
+        lines.append(
+            f"GPU {peak['device']} memory (trace): tensors peaked at {fmt_bytes(peak['allocated_peak_bytes'])}"
+            + (
+                f" in {fmt_bytes(peak['reserved_peak_bytes'])} reserved"
+                if peak["reserved_peak_bytes"]
+                else ""
+            )
+        )
+    return lines
 
 
 def _device_lines(report: ReportData) -> list[str]:

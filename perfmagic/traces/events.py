@@ -6,6 +6,7 @@ on the trace's clock.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,13 +89,17 @@ class GpuEvents:
         )
 
 
+_OLDER_NCCL = re.compile(r"(?:void )?nccl[A-Z]\w*Kernel")
+
+
 def kernel_kind(name: str, memory: bool) -> int:
     """HTA's classification: NCCL kernels communicate, memcpy/memset move memory, the rest compute.
 
-    ``ncclDevKernel`` (NCCL >= 2.19's kernel names) counts as communication too; HTA 0.5.0
-    only knows ``ncclKernel``.
+    ``ncclDevKernel`` (NCCL >= 2.19's kernel names) and NCCL 2.4-2.6's ``nccl<Op><Algo>Kernel_...``
+    (``ncclAllReduceRingLLKernel_sum_f32``, in PyTorch 1.8-era traces) count as communication too; HTA
+    0.5.0 only knows ``ncclKernel``.
     """
-    if "ncclKernel" in name or "ncclDevKernel" in name:
+    if "ncclKernel" in name or "ncclDevKernel" in name or _OLDER_NCCL.match(name):
         return COMMUNICATION
     if memory or "Memcpy" in name or "Memset" in name:
         return MEMORY
@@ -123,6 +128,24 @@ def no_memory() -> MemoryEvents:
     """No allocator events: a trace recorded without ``profile_memory``."""
     f, i = np.zeros(0), np.zeros(0, dtype=np.int64)
     return MemoryEvents(f, f, f, i, i)
+
+
+def running_allocated(
+    start: np.ndarray, allocated: np.ndarray, device_type: np.ndarray, device: np.ndarray, delta: np.ndarray
+) -> np.ndarray:
+    """The memory allocated after each ``[memory]`` event: its ``Total Allocated``, or where an older
+    trace (PyTorch 1.9) writes only the ``Bytes`` (de)allocated, their running sum per device from the
+    first event (the memory held before the trace began is not in it)."""
+    older = np.isnan(allocated) & np.isfinite(delta)
+    if not older.any():
+        return allocated
+    out: np.ndarray = allocated.copy()
+    rows = np.flatnonzero(older)
+    for dtype, dev in set(zip(device_type[rows].tolist(), device[rows].tolist(), strict=True)):
+        on = rows[(device_type[rows] == dtype) & (device[rows] == dev)]
+        on = on[np.argsort(start[on], kind="stable")]
+        out[on] = np.cumsum(delta[on])
+    return out
 
 
 @dataclass(frozen=True)

@@ -45,12 +45,19 @@ from perfmagic.traces.events import (
     finite_number,
     kernel_kind,
     no_memory,
+    running_allocated,
 )
 
-GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
+"""GPU events' categories: today's spellings and PyTorch 1.8/1.9's (``Kernel``, ``Memcpy``, ``Memset``;
+their CPU events are ``Operator`` and ``Runtime``, today's ``cpu_op`` and ``cuda_runtime``)."""
 GPU_ANNOTATION = "gpu_user_annotation"
 """The GPU-side copy of a ``record_function`` range (``ProfilerStep#N`` too): left out, not a CPU event."""
-_MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
+SKIPPED_CATEGORIES = frozenset({GPU_ANNOTATION})
+"""Complete events that are no CPU event. The ``Trace`` range Kineto writes over the whole profiling
+window (on a made-up ``Traces`` process) stays one: it is what the report's length covers."""
+_MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
+_STREAM_TID = re.compile(r"stream (\d+)")
 MEMORY_EVENT = "[memory]"
 
 
@@ -87,6 +94,7 @@ class _Args(msgspec.Struct, gc=False):
     reserved: float = msgspec.field(default=float("nan"), name="Total Reserved")
     device_type: _Int64 = msgspec.field(default=-1, name="Device Type")
     device_id: _Int64 = msgspec.field(default=-1, name="Device Id")
+    delta: float = msgspec.field(default=float("nan"), name="Bytes")  # older traces: the bytes (de)allocated
     step_num: Any = None  # JAX's and TensorFlow's step annotations (a string in their traces)
 
 
@@ -193,14 +201,14 @@ class _Columns:
         g_stream: list[int] = []
         g_corr: list[int] = []
         g_bytes: list[float] = []
-        memory: list[tuple[Any, float, float, int, int]] = []
+        memory: list[tuple[Any, float, float, int, int, float]] = []
         for e in events:
             if e.ph != "X" or e.dur is msgspec.UNSET:
                 if e.ph == "i" and e.name == MEMORY_EVENT and e.args is not None:
                     a = e.args
-                    memory.append((e.ts, a.allocated, a.reserved, a.device_type, a.device_id))
+                    memory.append((e.ts, a.allocated, a.reserved, a.device_type, a.device_id, a.delta))
                 continue
-            if e.cat == GPU_ANNOTATION:
+            if e.cat in SKIPPED_CATEGORIES:
                 continue
             nid = names.setdefault(e.name, len(names))
             args = e.args or _NO_ARGS
@@ -209,8 +217,10 @@ class _Columns:
                 g_mem.append(e.cat in _MEMORY_CATEGORIES)
                 g_ts.append(e.ts)
                 g_dur.append(e.dur)
-                g_dev.append(args.device)
-                g_stream.append(args.stream)
+                # Kineto puts a GPU's events on process <device>, thread <stream> ("stream 7" in older
+                # traces): where the args leave them out, that is where the event ran
+                g_dev.append(args.device if args.device >= 0 else _device_of(e.pid))
+                g_stream.append(args.stream if args.stream >= 0 else _stream_of(e.tid))
                 g_corr.append(args.correlation)
                 g_bytes.append(args.bytes)
             else:
@@ -245,7 +255,7 @@ class _Columns:
         )
 
         if memory:
-            types = (f64, f64, f64, i64, i64)  # MemoryEvents' columns
+            types = (f64, f64, f64, i64, i64, f64)  # MemoryEvents' columns, then the older traces' deltas
             self.memory.append(
                 tuple(np.array(c, t) for c, t in zip(zip(*memory, strict=True), types, strict=True))
             )
@@ -253,7 +263,14 @@ class _Columns:
     def memory_events(self) -> MemoryEvents:
         if not self.memory:
             return no_memory()
-        return MemoryEvents(*_joined(self.memory, 5))
+        start, allocated, reserved, device_type, device, delta = _joined(self.memory, 6)
+        return MemoryEvents(
+            start,
+            running_allocated(start, allocated, device_type, device, delta),
+            reserved,
+            device_type,
+            device,
+        )
 
     def cpu_events(self) -> CpuEvents:
         name_id, start, dur, thread, corr = _joined(self.cpu, 5)
@@ -281,6 +298,20 @@ class _Columns:
             correlation=g_corr,
             launch_row=rows,
         )
+
+
+def _device_of(pid: Any) -> int:
+    """The device a GPU event without a ``device`` argument ran on: its process id, where a number."""
+    return pid if type(pid) is int and 0 <= pid < _INT64 else -1
+
+
+def _stream_of(tid: Any) -> int:
+    """The stream a GPU event without a ``stream`` argument ran on: its thread id, a number or
+    ``"stream N"``."""
+    if type(tid) is int:
+        return tid if 0 <= tid < _INT64 else -1
+    m = _STREAM_TID.fullmatch(tid) if isinstance(tid, str) else None
+    return int(m.group(1)) if m else -1
 
 
 def _joined(parts: list[tuple[np.ndarray, ...]], width: int) -> list[np.ndarray]:
@@ -322,6 +353,8 @@ def _whole(p: Path) -> KinetoTrace:
 def trace_of_document(root: Any, p: Path) -> KinetoTrace:
     """The trace a parsed Trace Event Format document holds (``p``: where it came from, for messages);
     every event is checked, as in a trace read whole."""
+    if isinstance(root, list) and root and type(root[0]) is dict and "ph" in root[0]:
+        root = {"traceEvents": root}  # the Trace Event Format's other layout (PyTorch 1.8's): the events
     if not isinstance(root, dict):
         raise TraceFormatError(
             f"{p}: not a torch.profiler trace: the JSON is a {type(root).__name__}, "
@@ -389,13 +422,23 @@ def _sound_events(events: list[Any], dropped: dict[str, int]) -> list[dict[str, 
     return out
 
 
-_MEMORY_ARGS = {"Total Allocated": float, "Total Reserved": float, "Device Type": int, "Device Id": int}
+_MEMORY_ARGS = {
+    "Total Allocated": float,
+    "Total Reserved": float,
+    "Device Type": int,
+    "Device Id": int,
+    "Bytes": float,
+}
 
 
 def _sound_memory_event(e: dict[str, Any]) -> dict[str, Any] | None:
     """A ``[memory]`` event as :class:`_Event`'s fields, or None when a field it needs is odd."""
     args = e.get("args")
-    if type(args) is not dict or not finite_number(e.get("ts")) or "Total Allocated" not in args:
+    if (
+        type(args) is not dict
+        or not finite_number(e.get("ts"))
+        or not ("Total Allocated" in args or "Bytes" in args)
+    ):
         return None
     kept = {k: args[k] for k in _MEMORY_ARGS if k in args}
     for k, v in kept.items():

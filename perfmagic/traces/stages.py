@@ -1,14 +1,15 @@
 """A trace's CPU events as perfmagic's own timeline: steps and training stages.
 
-Steps are the ``ProfilerStep#N`` ranges (``prof.step()`` delimits them): each one is
-an ``other`` span on the main thread (the thread that records them), ended by a
-``step:profiler_step`` boundary; stages nest inside it. In a JAX or TensorFlow trace
+Steps are the ``ProfilerStep#N`` ranges (``prof.step()`` delimits them), as recorded: each one is
+an ``other`` span on the main thread (the thread that records them), begun by a
+``step:profiler_step_start`` boundary and ended by a ``step:profiler_step`` one, so a gap between
+two ranges is in no step; stages nest inside it. In a JAX or TensorFlow trace
 (no ``ProfilerStep#``), the steps are the ranges that carry a ``step_num`` argument
 (``jax.profiler.StepTraceAnnotation``, ``tf.profiler.experimental.Trace(..., step_num=...)``).
 Stages come from what PyTorch records:
 
-- ``data``: ``enumerate(DataLoader)#...__next__``; tf.data's ``Iterator::Root`` (the
-  consumer waiting for its next element);
+- ``data``: ``enumerate(DataLoader)#...__next__``, ``enumerate(DataPipe)#...``; tf.data's
+  ``Iterator::Root`` (the consumer waiting for its next element);
 - ``h2d``: host-to-device copies: the outermost copy op (``aten::to``, ``aten::_to_copy``,
   ``aten::copy_``) around a CUDA runtime call whose ``correlation`` id is a ``Memcpy HtoD``
   GPU event's (a runtime call outside any copy op is the copy itself);
@@ -41,12 +42,14 @@ import numpy as np
 from perfmagic.intervals import merge_intervals
 from perfmagic.schema import STAGES, STEP_BOUNDARY_PREFIX, nests_inside
 from perfmagic.timeline import Timeline
+from perfmagic.traces.checks import step_warnings
 from perfmagic.traces.events import CpuEvents, KinetoTrace
 from perfmagic.traces.nsys_schema import CAPTURE_SUFFIXES
 from perfmagic.traces.xplane import INPUT_WAIT_EVENT
 
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)$")
 BOUNDARY = STEP_BOUNDARY_PREFIX + "profiler_step"
+STEP_START = STEP_BOUNDARY_PREFIX + "profiler_step_start"
 BACKWARD_EVENT = "autograd::engine::evaluate_function: "
 H2D_MEMCPY = "Memcpy HtoD"  # "Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)"
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
@@ -62,6 +65,7 @@ _EXACT = {
 }
 _PREFIXES = (
     ("enumerate(DataLoader)#", "data"),
+    ("enumerate(DataPipe)#", "data"),  # torchdata's DataPipes iterated by hand
     ("Optimizer.step#", "optimizer"),
     ("Optimizer.zero_grad#", "optimizer"),
     ("nn.Module: ", "forward"),
@@ -112,8 +116,9 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     """The timeline of one rank's trace (times in seconds from the trace's first event)."""
     cpu, gpu = trace.cpu, trace.gpu
     cpu_end = cpu.end
-    starts = np.concatenate((cpu.start, gpu.start))
-    ends = np.concatenate((cpu_end, gpu.start + gpu.dur))
+    # the allocator's events too: a trace of them alone (profile_memory, no activities) lasts as long as they do
+    starts = np.concatenate((cpu.start, gpu.start, trace.memory.start))
+    ends = np.concatenate((cpu_end, gpu.start + gpu.dur, trace.memory.start))
     origin = float(starts.min()) if len(starts) else 0.0
     step_no, step_rows, annotated = _step_rows(trace)
     step_start, step_end = cpu.start[step_rows], cpu_end[step_rows]
@@ -134,7 +139,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     spans += [(float(s), float(e), "backward") for s, e in zip(*backward, strict=True)]
 
     pid = cpu.threads[main][0] if len(cpu.threads) else None
-    warnings = []
+    warnings = step_warnings(trace, step_no, step_start, step_end, "step" if annotated else "ProfilerStep#")
     seen = {s for _, _, s in spans}
     framework = _framework(trace.cpu, annotated)
     if framework != "torch":
@@ -170,8 +175,10 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     )
     for s, e, name, depth in _nest(spans):
         timeline.add_span(timeline.name_id(name), (s - origin) / 1e6, (e - origin) / 1e6, depth)
-    boundary = timeline.name_id(BOUNDARY)
-    for e in step_end:
+    boundary, began = timeline.name_id(BOUNDARY), timeline.name_id(STEP_START)
+    for s, e in zip(step_start, step_end, strict=True):
+        t = (float(s) - origin) / 1e6
+        timeline.add_span(began, t, t, -1)
         t = (float(e) - origin) / 1e6
         timeline.add_span(boundary, t, t, -1)
     return timeline
