@@ -122,6 +122,8 @@ def _recorded_starts(
     """A trace's ``ProfilerStep#N`` ranges as recorded: each step starts where its range began
     (``profiler_step_start``), so a gap between two ranges is no step's; None where the starts are not
     one per end, each at or before its end (a step then starts where the one before it ended)."""
+    import numpy as np
+
     if kind != "profiler_step":
         return None
     starts = boundary_times(spans, span_is_boundary, "profiler_step_start")
