@@ -200,7 +200,6 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "devices": analysis.devices,
         "host": analysis.host,
         "gpu": analysis.gpu,
-        "gpu_memory": analysis.gpu_memory,
         "ranks": [rank_section(r) for r in analysis.ranks],
         "advice": [card.to_dict() for card in advice.cards],
         "warnings": [*analysis.warnings, *advice.warnings],
@@ -222,6 +221,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "straggler": straggler_section(analysis.straggler) if analysis.straggler is not None else None,
         "energy": analysis.energy,
         "memory": analysis.memory,
+        "gpu_memory": analysis.gpu_memory,
     }
     if analysis.energy is not None and analysis.steady is not None:
         add_energy_savings(body["advice"], analysis.energy, analysis.steady.step_s)

@@ -250,7 +250,6 @@ class ReportBody(TypedDict):
     devices: list[Device]
     host: Host
     gpu: GpuSection | None
-    gpu_memory: list[MemoryPeak] | None  # a trace's allocator peaks, with or without GPU events
     ranks: list[Rank]
     advice: list[Card]
     warnings: list[str]
@@ -269,6 +268,7 @@ class ReportBody(TypedDict):
     straggler: Straggler | None
     energy: Energy | None  # None: no GPU power or energy sampled over steady steps
     memory: MemorySection | None  # one sampled step's memory per device; None: no step sampled
+    gpu_memory: list[MemoryPeak] | None  # a trace's allocator peaks, with or without GPU events
 
 
 class ReportData(ReportBody):

@@ -194,7 +194,10 @@ def test_tuning_leaves_the_model_the_optimizer_and_every_random_stream_as_they_w
     # a live view hears each try as it begins, and the seconds left
     assert heard[0][0] == "num_workers=0" and any(w.startswith("num_threads=") for w, _ in heard), heard
     assert all(3 >= a >= b >= 0 for (_, a), (_, b) in itertools.pairwise(heard)), heard
-    assert took <= 3 + 2, took
+    # no try begins after the budget; the one in flight then ends: about as long as the longest try
+    # seen here (on this machine, now), and 2 s at least
+    longest = max(a - b for (_, a), (_, b) in itertools.pairwise(heard))
+    assert took <= 3 + max(2.0, 1.5 * longest), (took, heard)
     started = [p for p in psutil.Process().children() if p.pid not in already]  # by tuning: its workers
     assert psutil.wait_procs(started, timeout=5)[1] == []  # every one has ended
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
