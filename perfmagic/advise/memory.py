@@ -150,8 +150,8 @@ def weight_memory(a: Analysis) -> Card | None:
     memory, d, _ = found
     weights = d["parameters_bytes"] + d["gradients_bytes"]
     model = memory["model_name"] or "model"
+    freed = weights // 2  # either way: 16 bits of 32, or one of 2 GPUs' shares
     if memory["param_dtype"] == "float32":
-        freed = weights // 2
         fix = [
             "import torch",
             f"{model} = {model}.to(torch.bfloat16)  # weights and their gradients in 16 bits: half the bytes",
@@ -160,7 +160,6 @@ def weight_memory(a: Analysis) -> Card | None:
         ]
         says = f"in bfloat16 they take half: frees about {fmt_bytes(freed)}"
     else:
-        freed = weights // 2
         fix = [
             "# shard the weights and gradients over the GPUs (each keeps 1/N):",
             "from torch.distributed.fsdp import FullyShardedDataParallel",
