@@ -28,7 +28,6 @@ from perfmagic.analyze.ranks import Straggler
 from perfmagic.analyze.steps import StepBreakdown
 from perfmagic.contract import (
     Card,
-    Energy,
     Evaluation,
     GpuSection,
     Loading,
@@ -223,8 +222,6 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "memory": analysis.memory,
         "gpu_memory": analysis.gpu_memory,
     }
-    if analysis.energy is not None and analysis.steady is not None:
-        add_energy_savings(body["advice"], analysis.energy, analysis.steady.step_s)
     clean: ReportBody = _clean(body)
     # the step table after _clean: its numbers made JSON-safe by numpy, not one by one
     data: ReportData = {**clean, "step_table": step_table(b)}
@@ -233,21 +230,6 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         for entry, rank in zip(data["ranks"], analysis.ranks, strict=True):
             entry["step_table"] = step_table(rank.breakdown, rows, rows)
     return Report(data, analysis, timelines)
-
-
-def add_energy_savings(cards: list[Card], energy: Energy, step_s: float) -> None:
-    """Each card's saving per hour of training in joules (and money where priced): the same work done
-    in the shorter step at the measured power. An estimate: power is taken as it was measured."""
-    if step_s <= 0:
-        return
-    for card in cards:
-        saving = card["saving_s"]
-        if not saving or saving <= 0:
-            continue
-        share = min(saving / step_s, 1.0)
-        card["metrics"]["saving_j_per_hour"] = energy["watts_mean"] * 3600.0 * share
-        if energy["cost_per_hour"] is not None:
-            card["metrics"]["saving_cost_per_hour"] = energy["cost_per_hour"] * share
 
 
 def _is_source(source: str) -> TypeGuard[Source]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from perfmagic.advise import data, distributed, gpu, gpu_checks, host, loop, memory, pace, startup, storage
 from perfmagic.advise.card import SEVERITIES, Card
+from perfmagic.advise.energy import with_energy_savings
 from perfmagic.advise.plan import Plan, plan_of
 from perfmagic.analyze import Analysis
 
@@ -116,7 +117,7 @@ def advise(analysis: Analysis) -> Advice:
     # a symptom stays, its saving what the fixes before it leave: the data wait a worker cannot remove
     minor = [c for c in cards if _minor(c) and c.id not in SYMPTOMS]
     shown = {c.id for c in cards} - {c.id for c in minor}
-    cards = [c for c in cards if c.id in shown]
+    cards = with_energy_savings([c for c in cards if c.id in shown], analysis.energy, analysis.steady)
     warnings += [w for w in missing(analysis) if w not in analysis.warnings]
     return Advice(cards, warnings, minor, plan)
 
