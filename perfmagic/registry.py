@@ -65,8 +65,12 @@ class StatusFile:
         :data:`PUBLISH_EVERY_S`, write the status with the seconds per stage of the steps ended so
         far (``stage_seconds``, asked only then)."""
         now = time.monotonic() if now is None else now
-        _note(self._steps, now, steps)
-        _note(self._samples, now, samples or 0.0)  # over the same window as the steps
+        # Rates start at the loop's first step and batch: a window reaching back into the start-up
+        # (imports, workers starting) would read as slow steps, and the two rates would disagree.
+        if steps:
+            _note(self._steps, now, steps)
+        if samples:
+            _note(self._samples, now, samples)
         if self.failed is not None or now - self._written < PUBLISH_EVERY_S:
             return
         self._written = now
@@ -82,7 +86,7 @@ class StatusFile:
             "steps": steps,
             "steps_per_s": _rate(self._steps),
             # None for a loop whose samples are not counted (no DataLoader batch seen yet)
-            "samples_per_s": _rate(self._samples) if self._samples[-1][1] else None,
+            "samples_per_s": _rate(self._samples),
             "stage": stage,
             "stage_seconds": totals,
             # where the last ten seconds' steps spent most of their time

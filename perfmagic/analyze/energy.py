@@ -101,18 +101,14 @@ def _from_counter(
 def _stalled(joules: np.ndarray, seconds: np.ndarray, watts: np.ndarray) -> np.ndarray:
     """Intervals in runs of a flat counter lasting ``STALL_S`` or more while power was above zero."""
     flat = (np.abs(joules) < COUNTER_UNIT_J) & (np.nan_to_num(watts) > 0)
-    out = np.zeros(len(flat), dtype=bool)
-    k = 0
-    while k < len(flat):
-        if not flat[k]:
-            k += 1
-            continue
-        j = k
-        while j < len(flat) and flat[j]:
-            j += 1
-        if seconds[k:j].sum() >= STALL_S:
-            out[k:j] = True
-        k = j
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], flat.astype(np.int8), [0]))))
+    starts, ends = edges[::2], edges[1::2]  # each run of flat intervals: [start, end)
+    csum = np.concatenate(([0.0], np.cumsum(seconds)))
+    long_runs = csum[ends] - csum[starts] >= STALL_S
+    marks = np.zeros(len(flat) + 1, dtype=np.int64)
+    np.add.at(marks, starts[long_runs], 1)
+    np.add.at(marks, ends[long_runs], -1)
+    out: np.ndarray = np.cumsum(marks[:-1]) > 0
     return out
 
 
