@@ -31,7 +31,7 @@ from perfmagic.analyze.loop import LoopFacts
 from perfmagic.analyze.ranks import find_straggler
 from perfmagic.analyze.steady import steady_of
 from perfmagic.analyze.steps import StepBreakdown
-from perfmagic.contract import Host, LoaderConfig
+from perfmagic.contract import GpuSection, Host, LoaderConfig
 from perfmagic.schema import STAGES
 from perfmagic.timeline import Timeline
 
@@ -116,6 +116,37 @@ def whole_host(facts: dict[str, Any]) -> Any:
     writes one (its readers index it: every key is there)."""
     unmeasured: dict[str, Any] = dict.fromkeys(Host.__annotations__)
     return {**unmeasured, "per_core_util_mean": [], "gpu_affinity": [], **facts}
+
+
+def whole_gpu(figures: dict[str, Any] | None) -> Any:
+    """A ``gpu`` section (a trace's) with ``figures`` and every other figure unmeasured or none, as the
+    trace analysis writes one (its readers index it: every key is there); None stays None."""
+    if figures is None:
+        return None
+    unmeasured: dict[str, Any] = dict.fromkeys(GpuSection.__annotations__)
+    counts = dict.fromkeys(("window_s", "idle_s", "event_count", "kernel_count", "tensor_cores_unknown"), 0)
+    lists = {
+        k: []
+        for k in (
+            "top_kernels",
+            "kernels",
+            "idle_breakdown_by_stream",
+            "streams",
+            "profiler_steps",
+            "devices",
+        )
+    }
+    idle = {"host_wait": None, "kernel_wait": None, "other": None, **figures.get("idle_breakdown", {})}
+    gaps = {"min_s": 0.0, "count": 0, "total_s": 0.0, "fraction": None, "longest_s": 0.0}
+    return {
+        **unmeasured,
+        **counts,
+        **lists,
+        "memcpy_bytes": {},
+        "gaps": gaps,
+        **figures,
+        "idle_breakdown": idle,
+    }
 
 
 def _at(value: float | Sequence[float], k: int) -> float:
@@ -228,7 +259,7 @@ def build(
         )
         for i, r in enumerate(ranks)
     ]
-    return analyze([main, *others], gpu=gpu)
+    return analyze([main, *others], gpu=whole_gpu(gpu))
 
 
 # -- plain analyses: no timeline at all ----------------------------------------
@@ -318,7 +349,7 @@ def plain(
             bottleneck=bottleneck(stage_stats(b)),
             devices=[dict(d) for d in devices],
             host=whole_host(host or {}),
-            gpu=gpu,
+            gpu=whole_gpu(gpu),
             ranks=rank_rows,
             config=TrainingConfig(
                 dataloaders=[LoaderConfig.from_mark(run.loader)] if run.loader else [],

@@ -313,7 +313,11 @@ def _measured_workers(a: Analysis, s: Steady, tried: KnobResult) -> Card | None:
     rest = max(s.step_s - s.stage_s("data"), best["seconds"])
     predicted = step["best"]["seconds"] if step and step["best"] else rest
     table = ", ".join(f"{t['value']}: {fmt_seconds(t['seconds'])}" for t in tried["tried"])
-    said = described(c, best["value"], base["value"]) if (c := tried.get("confirmed")) else None
+    said = (
+        described(c, best["value"], base["value"])
+        if "confirmed" in tried and (c := tried["confirmed"])
+        else None
+    )
     pairs = f" Timed again: {said}." if said else ""
     return make_card(
         "dataloader_workers",

@@ -380,7 +380,7 @@ def compute_bound(a: Analysis) -> Card | None:
     ld = a.config.loader
     # an unmeasured peak counts as free memory; a GPU of unknown size is left out
     peak = max(
-        ((d.get("mem_used_peak_fraction") or 0.0) for d in a.devices if d.get("mem_total_bytes")),
+        ((d["mem_used_peak_fraction"] or 0.0) for d in a.devices if d["mem_total_bytes"]),
         default=None,
     )
     if ld and ld.batch_size and (not on_gpu or (peak is not None and peak < 0.5)):
@@ -389,7 +389,7 @@ def compute_bound(a: Analysis) -> Card | None:
             f"# was {ld.batch_size}; scale the learning rate with it"
         )
     free = free_cpus(a)
-    if not on_gpu and free and t.get("num_threads") and t["num_threads"] < free:
+    if not on_gpu and free and "num_threads" in t and t["num_threads"] < free:
         levers.append(f"torch.set_num_threads({free})  # was {t['num_threads']}")
     shares = ", ".join(f"{n} {fmt_fraction(s.share(n))}" for n in COMPUTE_STAGES if n in s.stages)
     return make_card(

@@ -42,6 +42,7 @@ from perfmagic.contract import (
     NodeClock,
     TimelineMeta,
     Timeseries,
+    TorchMeta,
     TorchTrace,
 )
 from perfmagic.contract.memory import MemorySection
@@ -94,7 +95,7 @@ class TrainingConfig:
     models: list[dict[str, Any]] = field(default_factory=list)
     optimizers: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    torch: dict[str, Any] = field(default_factory=dict)
+    torch: TorchMeta = field(default_factory=TorchMeta)  # meta["torch"], its threads as last counted
     counters: dict[str, Any] = field(default_factory=dict)  # forwards, autocast, h2d bytes, syncs, ...
     trainers: list[dict[str, Any]] = field(
         default_factory=list
@@ -399,7 +400,7 @@ def stage_stats(breakdown: StepBreakdown) -> dict[str, StageStats]:
 def training_config(timeline: Timeline) -> TrainingConfig:
     stats = timeline.marks("torch_stats")
     counters = dict(stats[-1].data) if stats else {}
-    torch = dict(timeline.meta.get("torch", {}))
+    torch = timeline.meta["torch"].copy() if "torch" in timeline.meta else TorchMeta()
     if counters.get("num_threads"):  # seen at the end: after any set_num_threads of the loop
         torch["num_threads"] = counters["num_threads"]
     return TrainingConfig(

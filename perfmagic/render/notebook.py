@@ -44,9 +44,9 @@ def finished_bundle(report: ReportData | None, error: str | None = None) -> Bund
         text = f"perfmagic: profiling failed ({error})" if error else "perfmagic: no report"
     else:
         steps = report["steps"]
-        text = f"perfmagic: profiled {fmt_seconds(report.get('wall_s'))}"
-        if steps.get("count"):
-            text += f", {steps['count']} steps, median step {fmt_seconds(steps.get('median_s'))}"
+        text = f"perfmagic: profiled {fmt_seconds(report['wall_s'])}"
+        if steps["count"]:
+            text += f", {steps['count']} steps, median step {fmt_seconds(steps['median_s'])}"
         text += f" — {headline(report)}"
         if error:
             text += f" (the cell ended with {error})"

@@ -12,12 +12,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from analysis_builder import plain
 from PIL import Image
 
 from perfmagic.render.axes import FIT, Axis, seconds_axis, time_axis
 from perfmagic.render.colors import STAGE_COLORS, stage_color
 from perfmagic.render.png import charts_png, comparison_chart, comparison_png, waterfall_chart
 from perfmagic.render.waterfall import comparison_figure
+from perfmagic.report import build_report
 
 LONGEST = 0.965
 """The largest step of the report below, in seconds: the one a new user saw drawn to 2000 ms."""
@@ -39,14 +41,24 @@ def report() -> dict[str, Any]:
     stages["forward"][7] = stages["backward"][7] = 0.2
     total = np.sum(list(stages.values()), axis=0)
     start = 0.0763 + np.concatenate([[0.0], np.cumsum(total)[:-1]])
-    return {
-        "step_table": {
-            "start": start.tolist(),
-            "end": (start + total).tolist(),
-            "stages": {k: v.tolist() for k, v in stages.items()},
-        },
-        "stages": {k: {"fraction": float(v.sum() / total.sum())} for k, v in stages.items()},
+    whole: dict[str, Any] = dict(build_report(plain()).to_dict())  # every other section as built
+    whole["step_table"] = {
+        "boundary": None,
+        "steps_per_row": 1,
+        "start": start.tolist(),
+        "end": (start + total).tolist(),
+        "stages": {k: v.tolist() for k, v in stages.items()},
     }
+    whole["stages"] = {
+        k: {
+            "total_s": float(v.sum()),
+            "fraction": float(v.sum() / total.sum()),
+            "median_s": float(np.median(v)),
+            "mean_s": float(v.mean()),
+        }
+        for k, v in stages.items()
+    }
+    return whole
 
 
 def is_round(step: float) -> bool:
