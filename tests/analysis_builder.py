@@ -439,3 +439,11 @@ def with_memory(a: Analysis, **options: Any) -> Analysis:
     from perfmagic.analyze.memory import memory_section
 
     return dataclasses.replace(a, memory=memory_section(memory_meta(**options), a.devices))  # type: ignore[arg-type]
+
+
+def whole_report(**sections: Any) -> dict[str, Any]:
+    """A report as the report builder writes one (of :func:`plain`'s analysis), ``sections`` replacing
+    its own: every key a renderer reads is there, as in a real report."""
+    from perfmagic.report import build_report
+
+    return {**build_report(plain()).to_dict(), **sections}

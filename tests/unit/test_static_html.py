@@ -7,14 +7,13 @@ import re
 from typing import Any
 
 import pytest
-from analysis_builder import GiB, plain
+from analysis_builder import GiB, whole_report
 
 from perfmagic.advise.card import make_card
 from perfmagic.render.html import cards_html, report_fragment
 from perfmagic.render.live import memory_now
 from perfmagic.render.text import render_text
 from perfmagic.render.waterfall import utilization_figures
-from perfmagic.report import build_report
 from perfmagic.schema import memory_kind
 from perfmagic.timeline import Timeline
 
@@ -41,7 +40,7 @@ def test_cards_without_a_fix_carry_no_script() -> None:
 
 def one_report(pss: bool, steps: bool = True) -> dict[str, Any]:
     """A report whose process tree peaked at 2 GiB RSS, and 1.5 GiB PSS where ``pss``."""
-    report: dict[str, Any] = dict(build_report(plain()).to_dict())
+    report = whole_report()
     host = {**report["host"], "rss_peak_bytes": 2 * GiB, "pss_peak_bytes": int(1.5 * GiB) if pss else None}
     series = {"t": [0.0, 1.0, 2.0], "v": [GiB, 1.5 * GiB, 1.4 * GiB]}
     metrics = {"host.cpu_util": {"t": [0.0, 1.0, 2.0], "v": [0.3, 0.4, 0.3]}, "host.rss_bytes": series}
