@@ -1,14 +1,17 @@
-"""The typed contract: the report, the timeline's meta and the tuning results as plain typed data.
+"""The typed contract: the report, the timeline's meta, the tuning results and the comparison of two
+reports as plain typed data.
 
 The report a renderer reads (:class:`ReportData`), the facts the collectors write into
-``Timeline.meta`` (:class:`TimelineMeta`) and what tuning measured (:class:`KnobResult`) are
-``TypedDict``s over JSON-safe values, their key names exactly those the code writes. The
+``Timeline.meta`` (:class:`TimelineMeta`), what tuning measured (:class:`KnobResult`) and the
+comparison of two reports (:class:`ComparisonData`) are ``TypedDict``s over JSON-safe values, their
+key names exactly those the code writes. The
 DataLoader's settings the analysis reads from its mark are a frozen dataclass
 (:class:`LoaderConfig`), read by attribute. Layer 0: it imports nothing else of perfmagic.
 """
 
 from __future__ import annotations
 
+from perfmagic.contract.comparison import ComparisonData, ProblemData
 from perfmagic.contract.energy import Energy, StageEnergy
 from perfmagic.contract.gpu import GpuSection, MemoryPeak
 from perfmagic.contract.loader import LoaderConfig
@@ -61,6 +64,7 @@ __all__ = [
     "Card",
     "CodePlace",
     "CollectiveSkew",
+    "ComparisonData",
     "Confirmation",
     "Device",
     "DeviceInfo",
@@ -84,6 +88,7 @@ __all__ = [
     "PlanChange",
     "PlanSection",
     "PlanSetAside",
+    "ProblemData",
     "Rank",
     "ReportBody",
     "ReportData",

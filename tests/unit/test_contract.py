@@ -16,6 +16,7 @@ from perfmagic.analyze import StageStats, StepStats
 from perfmagic.analyze.evaluation import EvaluationStats
 from perfmagic.analyze.ranks import Straggler as StragglerStats
 from perfmagic.contract import (
+    ComparisonData,
     Evaluation,
     ReportData,
     Stage,
@@ -64,6 +65,14 @@ def test_a_report_from_traces_has_the_declared_keys_and_types(names: list[str]) 
         assert len(data["ranks"]) == 2 and all("step_table" in r for r in data["ranks"])
     conforms(data, ReportData)
     conforms(json.loads(report.to_json()), ReportData)
+
+
+def test_a_comparison_of_two_traced_reports_has_the_declared_keys_and_types() -> None:
+    before, after = (report_from_traces([real(n)]) for n in ("h200_train.json.gz", "sampled_rank-0.json.gz"))
+    data = before.compare(after).to_dict()
+    assert data["gpu"] and data["kernels"]  # both traced: the GPU figures and kernels are compared too
+    conforms(data, ComparisonData)
+    conforms(json.loads(json.dumps(data)), ComparisonData)
 
 
 def test_a_report_of_no_steps_has_the_declared_keys_and_types() -> None:

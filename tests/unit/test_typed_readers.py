@@ -24,7 +24,6 @@ _TRAINER = "the trainer's settings as the user's code passed them (TrainingArgum
 _USER_CALL = "the arguments of the user's own call, as written in their code"
 _BY_STAGE = "keyed by stage name: an absent stage is data, not a missing field"
 _MARKS = "a hook's mark payload (TrainingConfig's dict[str, Any]): neither report nor meta; to type next"
-_COMPARISON = "Comparison.to_dict(): the compare output, neither report nor meta; to type next"
 _SNAPSHOT = "the monitor's snapshot and other processes' session files (JSON): neither report nor meta"
 
 OPEN: dict[tuple[str, str], str] = {
@@ -59,10 +58,6 @@ OPEN: dict[tuple[str, str], str] = {
     ("advise/loop.py", "call"): _MARKS,
     ("advise/data.py", "pipeline"): _MARKS,
     ("advise/tf_fixes.py", "pipeline"): _MARKS,
-    ("render/notebook.py", "comparison"): _COMPARISON,
-    ("render/notebook.py", "s"): _COMPARISON,
-    ("render/notebook.py", "step"): _COMPARISON,
-    ("render/notebook.py", "m"): _COMPARISON,
     ("render/prometheus.py", "g"): _SNAPSHOT,
     ("render/prometheus.py", "gpu"): _SNAPSHOT,
     ("render/prometheus.py", "p"): _SNAPSHOT,
