@@ -32,6 +32,7 @@ from perfmagic.analyze.ranks import find_straggler
 from perfmagic.analyze.steady import steady_of
 from perfmagic.analyze.steps import StepBreakdown
 from perfmagic.contract import GpuSection, Host, LoaderConfig
+from perfmagic.contract.marks import no_counters
 from perfmagic.schema import STAGES
 from perfmagic.timeline import Timeline
 
@@ -68,7 +69,10 @@ MODEL: dict[str, Any] = {
     "ddp": False,
     "compiled": False,
     "training": True,
+    "call_site": None,
 }
+OPTIMIZER: dict[str, Any] = {"cls": "SGD", "foreach": None, "fused": None, "parameters": 1_000_000}
+"""An optimizer's mark, as its hook writes one whole; a run's ``optimizer`` sets some of it."""
 TORCH: dict[str, Any] = {
     "torch_version": "2.13.0",
     "cuda_version": None,
@@ -207,11 +211,11 @@ def timeline(
     if loader is not None:
         tl.add_mark(t, "dataloader", **loader)
     if model is not None:
-        tl.add_mark(t, "model", **model)
+        tl.add_mark(t, "model", **{**MODEL, **model})
     if optimizer is not None:
-        tl.add_mark(t, "optimizer", **optimizer)
+        tl.add_mark(t, "optimizer", **{**OPTIMIZER, **optimizer})
     if run.trainer is not None:
-        tl.add_mark(t, "trainer", **run.trainer)
+        tl.add_mark(t, "trainer", **{"version": None, **run.trainer})
     table = run.stage_table
     for k in range(steps):
         for name in LAYOUT:
@@ -221,7 +225,14 @@ def timeline(
             if name not in ("pre", "other"):
                 tl.add_span(tl.name_id(name), t, t + seconds, 0)
                 if name == "checkpoint":
-                    tl.add_mark(t, "checkpoint", fn="torch.save", seconds=seconds, bytes=run.checkpoint_bytes)
+                    tl.add_mark(
+                        t,
+                        "checkpoint",
+                        fn="torch.save",
+                        seconds=seconds,
+                        bytes=run.checkpoint_bytes,
+                        what="dict",
+                    )
             t += seconds
         tl.add_span(tl.name_id("step:optimizer"), t, t, -1)
     end = t + run.after_s
@@ -329,14 +340,16 @@ def plain(
         )
     steps = run.steps
     counters = {
+        **no_counters(),
         "forwards": steps,
         "optimizer_steps": steps,
         "batches": steps,
         "syncs": 0,
         **(run.counters or {}),
     }
-    saves = b.column("checkpoint") > 0 if "checkpoint" in b.stages else np.zeros(steps, dtype=bool)
-    saved = {"fn": "torch.save", "bytes": run.checkpoint_bytes}
+    saving = b.column("checkpoint") if "checkpoint" in b.stages else np.zeros(steps)
+    saves = saving > 0
+    saved = {"fn": "torch.save", "bytes": run.checkpoint_bytes, "what": "dict"}
     return accounted(
         Analysis(
             wall_s=float(b.end[-1]) + run.after_s,
@@ -353,12 +366,15 @@ def plain(
             ranks=rank_rows,
             config=TrainingConfig(
                 dataloaders=[LoaderConfig.from_mark(run.loader)] if run.loader else [],
-                models=[dict(run.model)] if run.model else [],
-                optimizers=[dict(run.optimizer)] if run.optimizer else [],
-                checkpoints=[{"t": t, **saved} for t in b.start[saves].tolist()],
+                models=[{**MODEL, **run.model}] if run.model else [],
+                optimizers=[{**OPTIMIZER, **run.optimizer}] if run.optimizer else [],
+                checkpoints=[
+                    {"t": t, "seconds": seconds, **saved}
+                    for t, seconds in zip(b.start[saves].tolist(), saving[saves].tolist(), strict=True)
+                ],
                 torch=dict(run.torch or {}),
                 counters=counters,
-                trainers=[dict(run.trainer)] if run.trainer else [],
+                trainers=[{"version": None, **run.trainer}] if run.trainer else [],
             ),
             warnings=[],
             steady_means=dict(steady_means or {}),

@@ -57,7 +57,7 @@ def comm_bound(a: Analysis) -> Card | None:
         return None
     step = s.step_s
     comm = share * step
-    ddp = any(m.get("ddp") for m in a.config.models)
+    ddp = any(m["ddp"] for m in a.config.models)
     if ddp:
         saving = comm * (1 - 1 / ACCUMULATION)
         model_txt = f"gradients all-reduced once every {ACCUMULATION} micro-batches"
@@ -240,7 +240,7 @@ def _memory_imbalance(
 
 def data_parallel(a: Analysis) -> Card | None:
     """nn.DataParallel, which PyTorch recommends replacing with DistributedDataParallel."""
-    if not any(m.get("data_parallel") for m in a.config.models):
+    if not any(m["data_parallel"] for m in a.config.models):
         return None
     s = a.steady
     utils = [(d["index"], u) for d, u in a.gpu_utils()]

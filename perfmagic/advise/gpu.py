@@ -197,9 +197,9 @@ def launch_bound(a: Analysis) -> Card | None:
     if s is None or signal is None or signal < KERNEL_WAIT:
         return None
     step = s.step_s
-    opt = a.config.optimizers[0] if a.config.optimizers else {}
+    opt = a.config.optimizers[0] if a.config.optimizers else None
     lines = ["model = torch.compile(model, mode='reduce-overhead')  # CUDA graphs: one launch per step"]
-    if opt and not opt.get("fused") and opt.get("cls") in ("Adam", "AdamW", "SGD"):
+    if opt and not opt["fused"] and opt["cls"] in ("Adam", "AdamW", "SGD"):
         lines.append(
             f"optimizer = torch.optim.{opt['cls']}(model.parameters(), ..., fused=True)  # one kernel"
         )
@@ -238,7 +238,7 @@ def launch_bound(a: Analysis) -> Card | None:
 def jit_compile(a: Analysis) -> Card | None:
     """torch.compile compiles again after warm-up (new shapes, failed guards)."""
     s = a.steady
-    if s is None or not any(m.get("compiled") for m in a.config.models):
+    if s is None or not any(m["compiled"] for m in a.config.models):
         return None
     work = s.seconds[:, [s.stages.index(n) for n in ("forward", "backward") if n in s.stages]].sum(axis=1)
     if not len(work):
@@ -296,11 +296,9 @@ def _fp32_on_gpu(a: Analysis) -> tuple[Steady, float] | None:
     """The steady view and capability when a float32 model trains on a CUDA GPU without autocast."""
     s, md = a.steady, a.config.model
     c = a.config.counters
-    if s is None or md is None or not str(md.get("device") or "").startswith("cuda"):
+    if s is None or md is None or not (md["device"] or "").startswith("cuda"):
         return None
-    if md.get("param_dtype") != "float32" or (c.get("autocast_forwards") or 0) >= 0.5 * (
-        c.get("forwards") or 1
-    ):
+    if md["param_dtype"] != "float32" or c["autocast_forwards"] >= 0.5 * (c["forwards"] or 1):
         return None
     cc = _capability(a)
     if cc is None or s.share("forward", "backward") < PRECISION_COMPUTE_SHARE:

@@ -23,7 +23,6 @@ _METRICS = "a card's metrics: each rule's own evidence, open by design (Card.met
 _TRAINER = "the trainer's settings as the user's code passed them (TrainingArguments, Trainer kwargs)"
 _USER_CALL = "the arguments of the user's own call, as written in their code"
 _BY_STAGE = "keyed by stage name: an absent stage is data, not a missing field"
-_MARKS = "a hook's mark payload (TrainingConfig's dict[str, Any]): neither report nor meta; to type next"
 _SNAPSHOT = "the monitor's snapshot and other processes' session files (JSON): neither report nor meta"
 
 OPEN: dict[tuple[str, str], str] = {
@@ -32,7 +31,6 @@ OPEN: dict[tuple[str, str], str] = {
     ("advise/plan.py", "card.metrics"): _METRICS,
     ("render/energy.py", "metrics"): _METRICS,
     ("render/wording.py", "metrics"): _METRICS,
-    ("advise/trainer_fixes.py", "a.config.trainer or {}"): _TRAINER,
     ("advise/trainer_fixes.py", "settings"): _TRAINER,
     ("advise/trainer_fixes.py", "settings.get('training_args') or {}"): _TRAINER,
     ("advise/data.py", "call.passed()"): _USER_CALL,
@@ -44,20 +42,6 @@ OPEN: dict[tuple[str, str], str] = {
     ("advise/sample_cost.py", "a.loop.calls_per_step"): _BY_STAGE,
     ("advise/sample_cost.py", "a.hotspots"): _BY_STAGE,
     ("render/chrome.py", "e"): "an event of a torch.profiler trace file: another program's JSON",
-    ("advise/data.py", "c"): _MARKS,
-    ("advise/gpu.py", "c"): _MARKS,
-    ("advise/loop.py", "c"): _MARKS,
-    ("advise/pace.py", "c"): _MARKS,
-    ("advise/distributed.py", "m"): _MARKS,
-    ("advise/gpu.py", "m"): _MARKS,
-    ("advise/pace.py", "m"): _MARKS,
-    ("advise/gpu.py", "md"): _MARKS,
-    ("advise/pace.py", "md"): _MARKS,
-    ("advise/startup.py", "md"): _MARKS,
-    ("advise/gpu.py", "opt"): _MARKS,
-    ("advise/loop.py", "call"): _MARKS,
-    ("advise/data.py", "pipeline"): _MARKS,
-    ("advise/tf_fixes.py", "pipeline"): _MARKS,
     ("render/prometheus.py", "g"): _SNAPSHOT,
     ("render/prometheus.py", "gpu"): _SNAPSHOT,
     ("render/prometheus.py", "p"): _SNAPSHOT,
