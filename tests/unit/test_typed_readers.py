@@ -23,7 +23,10 @@ _METRICS = "a card's metrics: each rule's own evidence, open by design (Card.met
 _TRAINER = "the trainer's settings as the user's code passed them (TrainingArguments, Trainer kwargs)"
 _USER_CALL = "the arguments of the user's own call, as written in their code"
 _BY_STAGE = "keyed by stage name: an absent stage is data, not a missing field"
-_SNAPSHOT = "the monitor's snapshot and other processes' session files (JSON): neither report nor meta"
+_SNAPSHOT = (
+    "the exporter's snapshot (typed in server.snapshot, which render may not import) and other "
+    "processes' session files: neither report nor meta"
+)
 
 OPEN: dict[tuple[str, str], str] = {
     ("advise/about.py", "metrics"): _METRICS,
