@@ -17,10 +17,13 @@ IDENTITY = ("pid", "hostname", "rank", "local_rank", "node_rank", "world_size", 
 """The meta keys that tell one training process from another (the exporter's status file)."""
 
 
-def process_meta(clock: Clock, source: str, interval: float) -> TimelineMeta:
+def process_meta(
+    clock: Clock, source: str, interval: float, price_per_gpu_hour: float | None
+) -> TimelineMeta:
     """The timeline's first facts: when the window began on the wall clock, the process, its rank
-    under a launcher (torchrun's environment), how it was started, and how it is sampled."""
-    return {
+    under a launcher (torchrun's environment), how it was started, how it is sampled, and the user's
+    price of a GPU hour where given."""
+    meta: TimelineMeta = {
         "epoch": clock.wall(),
         "pid": os.getpid(),
         "hostname": socket.gethostname(),
@@ -33,6 +36,9 @@ def process_meta(clock: Clock, source: str, interval: float) -> TimelineMeta:
         "source": source,
         "interval": interval,
     }
+    if price_per_gpu_hour is not None:
+        meta["price_per_gpu_hour"] = price_per_gpu_hour
+    return meta
 
 
 def process_identity(meta: TimelineMeta) -> dict[str, Any]:

@@ -110,9 +110,7 @@ class Session:
     def _start(self) -> None:
         o, self._origin = self.options, self.clock.now()
         meta = self.timeline.meta
-        meta.update(process_meta(self.clock, o.source, o.interval))
-        if o.price_per_gpu_hour is not None:
-            meta["price_per_gpu_hour"] = o.price_per_gpu_hour
+        meta.update(process_meta(self.clock, o.source, o.interval, o.price_per_gpu_hour))
         self.outdir = self._upkeep.open(self.outdir)
         self._running = True
         if o.children:
@@ -132,14 +130,9 @@ class Session:
         interval = o.interval if o.sample else SPOOL_EVERY_S
         sampler = Sampler(self.timeline, sources, interval, self._clock, self._on_tick, timer=self.clock)
         self._sampler = sampler
-        self._collectors.start("the sampler", Switch(sampler.start, lambda: self._stop_sampler(sampler)))
+        self._collectors.start("the sampler", Switch(sampler.start, sampler.finish))
         # perfmagic's own start (hooks, first imports: tens of ms in a fresh process) is no start-up of the user's
         meta["ready_s"] = self._clock()
-
-    def _stop_sampler(self, sampler: Sampler) -> list[str]:
-        sampler.stop()
-        self.timeline.meta["sampler"] = {"ticks": sampler.ticks, "busy_s": sampler.busy_s}
-        return sampler.warnings
 
     # -- step and stage API (module functions below), ticks ------------------
 

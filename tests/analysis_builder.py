@@ -31,7 +31,8 @@ from perfmagic.analyze.loop import LoopFacts
 from perfmagic.analyze.ranks import find_straggler
 from perfmagic.analyze.steady import steady_of
 from perfmagic.analyze.steps import StepBreakdown
-from perfmagic.contract import Host, LoaderConfig
+from perfmagic.contract import GpuSection, Host, LoaderConfig
+from perfmagic.contract.marks import no_counters
 from perfmagic.schema import STAGES
 from perfmagic.timeline import Timeline
 
@@ -68,7 +69,10 @@ MODEL: dict[str, Any] = {
     "ddp": False,
     "compiled": False,
     "training": True,
+    "call_site": None,
 }
+OPTIMIZER: dict[str, Any] = {"cls": "SGD", "foreach": None, "fused": None, "parameters": 1_000_000}
+"""An optimizer's mark, as its hook writes one whole; a run's ``optimizer`` sets some of it."""
 TORCH: dict[str, Any] = {
     "torch_version": "2.13.0",
     "cuda_version": None,
@@ -116,6 +120,37 @@ def whole_host(facts: dict[str, Any]) -> Any:
     writes one (its readers index it: every key is there)."""
     unmeasured: dict[str, Any] = dict.fromkeys(Host.__annotations__)
     return {**unmeasured, "per_core_util_mean": [], "gpu_affinity": [], **facts}
+
+
+def whole_gpu(figures: dict[str, Any] | None) -> Any:
+    """A ``gpu`` section (a trace's) with ``figures`` and every other figure unmeasured or none, as the
+    trace analysis writes one (its readers index it: every key is there); None stays None."""
+    if figures is None:
+        return None
+    unmeasured: dict[str, Any] = dict.fromkeys(GpuSection.__annotations__)
+    counts = dict.fromkeys(("window_s", "idle_s", "event_count", "kernel_count", "tensor_cores_unknown"), 0)
+    lists = {
+        k: []
+        for k in (
+            "top_kernels",
+            "kernels",
+            "idle_breakdown_by_stream",
+            "streams",
+            "profiler_steps",
+            "devices",
+        )
+    }
+    idle = {"host_wait": None, "kernel_wait": None, "other": None, **figures.get("idle_breakdown", {})}
+    gaps = {"min_s": 0.0, "count": 0, "total_s": 0.0, "fraction": None, "longest_s": 0.0}
+    return {
+        **unmeasured,
+        **counts,
+        **lists,
+        "memcpy_bytes": {},
+        "gaps": gaps,
+        **figures,
+        "idle_breakdown": idle,
+    }
 
 
 def _at(value: float | Sequence[float], k: int) -> float:
@@ -176,11 +211,11 @@ def timeline(
     if loader is not None:
         tl.add_mark(t, "dataloader", **loader)
     if model is not None:
-        tl.add_mark(t, "model", **model)
+        tl.add_mark(t, "model", **{**MODEL, **model})
     if optimizer is not None:
-        tl.add_mark(t, "optimizer", **optimizer)
+        tl.add_mark(t, "optimizer", **{**OPTIMIZER, **optimizer})
     if run.trainer is not None:
-        tl.add_mark(t, "trainer", **run.trainer)
+        tl.add_mark(t, "trainer", **{"version": None, **run.trainer})
     table = run.stage_table
     for k in range(steps):
         for name in LAYOUT:
@@ -190,7 +225,14 @@ def timeline(
             if name not in ("pre", "other"):
                 tl.add_span(tl.name_id(name), t, t + seconds, 0)
                 if name == "checkpoint":
-                    tl.add_mark(t, "checkpoint", fn="torch.save", seconds=seconds, bytes=run.checkpoint_bytes)
+                    tl.add_mark(
+                        t,
+                        "checkpoint",
+                        fn="torch.save",
+                        seconds=seconds,
+                        bytes=run.checkpoint_bytes,
+                        what="dict",
+                    )
             t += seconds
         tl.add_span(tl.name_id("step:optimizer"), t, t, -1)
     end = t + run.after_s
@@ -228,7 +270,7 @@ def build(
         )
         for i, r in enumerate(ranks)
     ]
-    return analyze([main, *others], gpu=gpu)
+    return analyze([main, *others], gpu=whole_gpu(gpu))
 
 
 # -- plain analyses: no timeline at all ----------------------------------------
@@ -298,14 +340,16 @@ def plain(
         )
     steps = run.steps
     counters = {
+        **no_counters(),
         "forwards": steps,
         "optimizer_steps": steps,
         "batches": steps,
         "syncs": 0,
         **(run.counters or {}),
     }
-    saves = b.column("checkpoint") > 0 if "checkpoint" in b.stages else np.zeros(steps, dtype=bool)
-    saved = {"fn": "torch.save", "bytes": run.checkpoint_bytes}
+    saving = b.column("checkpoint") if "checkpoint" in b.stages else np.zeros(steps)
+    saves = saving > 0
+    saved = {"fn": "torch.save", "bytes": run.checkpoint_bytes, "what": "dict"}
     return accounted(
         Analysis(
             wall_s=float(b.end[-1]) + run.after_s,
@@ -318,16 +362,19 @@ def plain(
             bottleneck=bottleneck(stage_stats(b)),
             devices=[dict(d) for d in devices],
             host=whole_host(host or {}),
-            gpu=gpu,
+            gpu=whole_gpu(gpu),
             ranks=rank_rows,
             config=TrainingConfig(
                 dataloaders=[LoaderConfig.from_mark(run.loader)] if run.loader else [],
-                models=[dict(run.model)] if run.model else [],
-                optimizers=[dict(run.optimizer)] if run.optimizer else [],
-                checkpoints=[{"t": t, **saved} for t in b.start[saves].tolist()],
+                models=[{**MODEL, **run.model}] if run.model else [],
+                optimizers=[{**OPTIMIZER, **run.optimizer}] if run.optimizer else [],
+                checkpoints=[
+                    {"t": t, "seconds": seconds, **saved}
+                    for t, seconds in zip(b.start[saves].tolist(), saving[saves].tolist(), strict=True)
+                ],
                 torch=dict(run.torch or {}),
                 counters=counters,
-                trainers=[dict(run.trainer)] if run.trainer else [],
+                trainers=[{"version": None, **run.trainer}] if run.trainer else [],
             ),
             warnings=[],
             steady_means=dict(steady_means or {}),
@@ -408,3 +455,11 @@ def with_memory(a: Analysis, **options: Any) -> Analysis:
     from perfmagic.analyze.memory import memory_section
 
     return dataclasses.replace(a, memory=memory_section(memory_meta(**options), a.devices))  # type: ignore[arg-type]
+
+
+def whole_report(**sections: Any) -> dict[str, Any]:
+    """A report as the report builder writes one (of :func:`plain`'s analysis), ``sections`` replacing
+    its own: every key a renderer reads is there, as in a real report."""
+    from perfmagic.report import build_report
+
+    return {**build_report(plain()).to_dict(), **sections}

@@ -7,7 +7,6 @@ dictionaries alone, so a comparison of reports read back from JSON and the headl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,7 @@ from perfmagic.advise.distributed import COMM_SHARE
 from perfmagic.advise.loop import CHECKPOINT_SHARE, LOGGING_SHARE
 from perfmagic.advise.pace import COMPUTE_SHARE
 from perfmagic.advise.storage import IO_DATA_SHARE
+from perfmagic.contract import Card, MinorCard
 
 
 @dataclass(frozen=True)
@@ -102,14 +102,14 @@ def stage_problem(stage: str) -> tuple[tuple[str, ...], About]:
     return (stage,), UNTRACKED if stage == "other" else About(f"your stage “{stage}”", None)
 
 
-def addresses(card: Mapping[str, Any], stage: str) -> bool:
+def addresses(card: Card | MinorCard, stage: str) -> bool:
     """The card is about ``stage``: its catalog stages, or the stage its metrics name (the straggler's,
     the host stage an idle GPU waits for)."""
-    metrics = card.get("metrics") or {}
+    metrics: dict[str, Any] = card["metrics"] if "metrics" in card else {}  # a minor card has none
     named = (metrics.get("stage"), metrics.get("top_host_stage"))
-    return stage in stages_of(str(card.get("id"))) or stage in named
+    return stage in stages_of(card["id"]) or stage in named
 
 
-def explains(card: Mapping[str, Any], stage: str) -> bool:
+def explains(card: Card | MinorCard, stage: str) -> bool:
     """The card names a cause that lengthens ``stage`` (a crowded machine starves the loaders)."""
-    return stage in about(str(card.get("id"))).explains
+    return stage in about(card["id"]).explains

@@ -135,7 +135,7 @@ def find_call(hint: CallHint | None, values: Mapping[str, Any] | None = None) ->
     ones the hint recorded)."""
     if not hint:
         return None
-    values = hint.get("values", {}) if values is None else values
+    values = hint["values"] if values is None else values
     callees, params = tuple(hint["callees"]), tuple(hint["params"])
     bound, agreeing = [], []
     for file in dict.fromkeys([*hint["files"], *_cells(), *_user_modules()]):
@@ -148,7 +148,7 @@ def find_call(hint: CallHint | None, values: Mapping[str, Any] | None = None) ->
                 names = targets | _receiver(call)  # `loader = DataLoader(...)`, `model.compile(...)`
                 if any(_binds(b, file, scope, names) for b in hint["bindings"]):
                     bound.append(found)
-    if bound or hint.get("method"):  # `.compile(` alone may be anyone's: a method's call is its receiver's
+    if bound or hint["method"]:  # `.compile(` alone may be anyone's: a method's call is its receiver's
         return bound[0] if bound else None
     return agreeing[0] if len({(c.file, c.line) for c in agreeing}) == 1 else None
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from perfmagic.advise.calls import Source
 from perfmagic.advise.card import Card, make_card, severity_for
@@ -24,6 +24,7 @@ from perfmagic.advise.workers import (
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.contract import KnobResult, LoaderConfig
+from perfmagic.contract.marks import PipelineMark
 from perfmagic.tuning.pairs import described, saving_interval
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
@@ -161,20 +162,20 @@ def _more_workers_remedy(a: Analysis, s: Steady, plan: MoreWorkers) -> _Remedy:
     return _Remedy(saving, says, fix + _cheaper_samples_fix(a), model)
 
 
-def _pipeline_complete(pipeline: dict[str, Any]) -> bool:
+def _pipeline_complete(pipeline: PipelineMark) -> bool:
     """The pipeline maps in parallel, caches and prefetches: nothing left to add to it."""
-    return not pipeline.get("serial_maps") and bool(pipeline.get("cache")) and bool(pipeline.get("prefetch"))
+    return not pipeline["serial_maps"] and pipeline["cache"] and pipeline["prefetch"]
 
 
-def _pipeline_says(pipeline: dict[str, Any]) -> str:
+def _pipeline_says(pipeline: PipelineMark) -> str:
     """What a tf.data pipeline lacks, in words."""
     lacks = []
-    if pipeline.get("serial_maps"):
-        n = int(pipeline["serial_maps"])
+    if pipeline["serial_maps"]:
+        n = pipeline["serial_maps"]
         lacks.append(f"maps one element at a time ({n} serial map{'s' if n > 1 else ''})")
-    if not pipeline.get("cache"):
+    if not pipeline["cache"]:
         lacks.append("recomputes every element each epoch (no cache)")
-    if not pipeline.get("prefetch"):
+    if not pipeline["prefetch"]:
         lacks.append("sets no prefetch of its own")
     return (
         "; ".join(lacks)
@@ -313,7 +314,11 @@ def _measured_workers(a: Analysis, s: Steady, tried: KnobResult) -> Card | None:
     rest = max(s.step_s - s.stage_s("data"), best["seconds"])
     predicted = step["best"]["seconds"] if step and step["best"] else rest
     table = ", ".join(f"{t['value']}: {fmt_seconds(t['seconds'])}" for t in tried["tried"])
-    said = described(c, best["value"], base["value"]) if (c := tried.get("confirmed")) else None
+    said = (
+        described(c, best["value"], base["value"])
+        if "confirmed" in tried and (c := tried["confirmed"])
+        else None
+    )
     pairs = f" Timed again: {said}." if said else ""
     return make_card(
         "dataloader_workers",
@@ -339,8 +344,9 @@ def pin_memory(a: Analysis) -> Card | None:
     """Host-to-device copies from pageable memory, or blocking."""
     s = a.steady
     c = a.config.counters
-    copied, pinned = c.get("h2d_bytes") or 0, c.get("h2d_pinned_bytes") or 0
-    copies, non_blocking = c.get("h2d_copies") or 0, c.get("h2d_non_blocking") or 0
+    copied: float = c["h2d_bytes"]
+    pinned: float = c["h2d_pinned_bytes"]
+    copies, non_blocking = c["h2d_copies"], c["h2d_non_blocking"]
     traced = a.gpu["h2d_copies"] if a.gpu and not copied else None
     pageable_time = None
     if traced:  # a trace: each copy's host memory is in its name; non_blocking is not

@@ -57,7 +57,7 @@ def comm_bound(a: Analysis) -> Card | None:
         return None
     step = s.step_s
     comm = share * step
-    ddp = any(m.get("ddp") for m in a.config.models)
+    ddp = any(m["ddp"] for m in a.config.models)
     if ddp:
         saving = comm * (1 - 1 / ACCUMULATION)
         model_txt = f"gradients all-reduced once every {ACCUMULATION} micro-batches"
@@ -170,21 +170,17 @@ def gpu_imbalance(a: Analysis) -> Card | None:
     gpus = a.gpu_utils()
     if len(gpus) < 2 or s is None:
         return None
-    utils = [(d.get("index"), u) for d, u in gpus]
+    utils = [(d["index"], u) for d, u in gpus]
     values = np.array([u for _, u in utils])
     busiest, idlest = float(values.max()), float(values.min())
     listing = ", ".join(
-        f"GPU {d.get('index')} {fmt_fraction(u)}"
-        + (
-            f" ({fmt_bytes(d['mem_used_peak_bytes'])} peak)"
-            if d.get("mem_used_peak_bytes") is not None
-            else ""
-        )
+        f"GPU {d['index']} {fmt_fraction(u)}"
+        + (f" ({fmt_bytes(d['mem_used_peak_bytes'])} peak)" if d["mem_used_peak_bytes"] is not None else "")
         for d, u in gpus
     )
     metrics: dict[str, Any] = {
         "gpu_util": {str(i): u for i, u in utils},
-        "gpu_mem_peak_bytes": {str(d.get("index")): d.get("mem_used_peak_bytes") for d, _ in gpus},
+        "gpu_mem_peak_bytes": {str(d["index"]): d["mem_used_peak_bytes"] for d, _ in gpus},
     }
     step = s.step_s
     if busiest - idlest < IMBALANCE_SPREAD:
@@ -244,10 +240,10 @@ def _memory_imbalance(
 
 def data_parallel(a: Analysis) -> Card | None:
     """nn.DataParallel, which PyTorch recommends replacing with DistributedDataParallel."""
-    if not any(m.get("data_parallel") for m in a.config.models):
+    if not any(m["data_parallel"] for m in a.config.models):
         return None
     s = a.steady
-    utils = [(d.get("index"), u) for d, u in a.gpu_utils()]
+    utils = [(d["index"], u) for d, u in a.gpu_utils()]
     listing = (
         f" GPU utilization: {', '.join(f'GPU {i} {fmt_fraction(u)}' for i, u in utils)}." if utils else ""
     )

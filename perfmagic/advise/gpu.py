@@ -47,7 +47,7 @@ TF32_SPEEDUP = 1.5
 
 def _used_gpus(a: Analysis) -> list[tuple[Device, float]]:
     """GPUs with utilization samples that did any work, with their steady-state utilization."""
-    return [(d, u) for d, u in a.gpu_utils() if u > 0.01 or (d.get("tree_mem_used_bytes") or 0) > 0]
+    return [(d, u) for d, u in a.gpu_utils() if u > 0.01 or (d["tree_mem_used_bytes"] or 0) > 0]
 
 
 def gpu_memory_pressure(a: Analysis) -> Card | None:
@@ -69,9 +69,9 @@ def gpu_memory_pressure(a: Analysis) -> Card | None:
         return None
     ooms, retries, share, d = max(candidates, key=lambda c: c[:3])
     alloc = d["allocator"]
-    name = f"GPU {d.get('index')} ({d.get('name') or 'GPU'})"
+    name = f"GPU {d['index']} ({d['name'] or 'GPU'})"
     facts = []
-    if d.get("mem_used_peak_bytes") is not None and d.get("mem_total_bytes"):
+    if d["mem_used_peak_bytes"] is not None and d["mem_total_bytes"]:
         facts.append(
             f"memory peaked at {fmt_bytes(d['mem_used_peak_bytes'])} of {fmt_bytes(d['mem_total_bytes'])}"
         )
@@ -98,9 +98,9 @@ def gpu_memory_pressure(a: Analysis) -> Card | None:
     )
     s = a.steady
     title = (
-        f"GPU {d.get('index')} memory is {fmt_fraction(share)} full"
+        f"GPU {d['index']} memory is {fmt_fraction(share)} full"
         if share >= MEMORY_FULL
-        else f"GPU {d.get('index')} memory ran out: the allocator retried {retries} time(s)"
+        else f"GPU {d['index']} memory ran out: the allocator retried {retries} time(s)"
     )
     return make_card(
         "gpu_memory_pressure",
@@ -109,10 +109,10 @@ def gpu_memory_pressure(a: Analysis) -> Card | None:
         "and a larger batch or sequence will not fit.",
         fix,
         {
-            "gpu": d.get("index"),
-            "mem_used_peak_bytes": d.get("mem_used_peak_bytes"),
-            "mem_total_bytes": d.get("mem_total_bytes"),
-            "mem_share": share if d.get("mem_used_peak_fraction") is not None else None,
+            "gpu": d["index"],
+            "mem_used_peak_bytes": d["mem_used_peak_bytes"],
+            "mem_total_bytes": d["mem_total_bytes"],
+            "mem_share": share if d["mem_used_peak_fraction"] is not None else None,
             "alloc_retries": retries,
             "ooms": ooms,
             "allocated_peak_bytes": allocated,
@@ -139,7 +139,7 @@ def low_gpu_util(a: Analysis) -> Card | None:
     s = a.steady
     if s is None:
         return None
-    traced = a.gpu.get("busy_fraction") if a.gpu else None
+    traced = a.gpu["busy_fraction"] if a.gpu else None
     used = _used_gpus(a)
     if traced is not None:
         util, source = float(traced), "busy in the GPU trace"
@@ -163,8 +163,8 @@ def low_gpu_util(a: Analysis) -> Card | None:
         "model = torch.compile(model)  # fuses kernels and cuts Python overhead\n"
         "# and/or a larger batch per step",
     )
-    gpus = ", ".join(f"GPU {d.get('index')} {fmt_fraction(u)}" for d, u in used) if used else ""
-    gaps = a.gpu.get("gaps") if a.gpu else None
+    gpus = ", ".join(f"GPU {d['index']} {fmt_fraction(u)}" for d, u in used) if used else ""
+    gaps = a.gpu["gaps"] if a.gpu else None
     if gaps and gaps["count"]:  # Nsight's GPU starvation gaps: gpu_gaps leaves them to this card here
         lead += (
             f"; {gaps['count']} gaps of {fmt_seconds(gaps['min_s'])} or more without GPU work (longest "
@@ -197,9 +197,9 @@ def launch_bound(a: Analysis) -> Card | None:
     if s is None or signal is None or signal < KERNEL_WAIT:
         return None
     step = s.step_s
-    opt = a.config.optimizers[0] if a.config.optimizers else {}
+    opt = a.config.optimizers[0] if a.config.optimizers else None
     lines = ["model = torch.compile(model, mode='reduce-overhead')  # CUDA graphs: one launch per step"]
-    if opt and not opt.get("fused") and opt.get("cls") in ("Adam", "AdamW", "SGD"):
+    if opt and not opt["fused"] and opt["cls"] in ("Adam", "AdamW", "SGD"):
         lines.append(
             f"optimizer = torch.optim.{opt['cls']}(model.parameters(), ..., fused=True)  # one kernel"
         )
@@ -238,7 +238,7 @@ def launch_bound(a: Analysis) -> Card | None:
 def jit_compile(a: Analysis) -> Card | None:
     """torch.compile compiles again after warm-up (new shapes, failed guards)."""
     s = a.steady
-    if s is None or not any(m.get("compiled") for m in a.config.models):
+    if s is None or not any(m["compiled"] for m in a.config.models):
         return None
     work = s.seconds[:, [s.stages.index(n) for n in ("forward", "backward") if n in s.stages]].sum(axis=1)
     if not len(work):
@@ -287,8 +287,8 @@ def jit_compile(a: Analysis) -> Card | None:
 def _capability(a: Analysis) -> float | None:
     """Compute capability of the model's GPU (GPU 0 when unknown)."""
     index = a.config.gpu_index
-    d = next((d for d in a.devices if d.get("index") == index), None)
-    cc = d.get("compute_capability") if d else None
+    d = next((d for d in a.devices if d["index"] == index), None)
+    cc = d["compute_capability"] if d else None
     return float(cc) if cc else None
 
 
@@ -296,11 +296,9 @@ def _fp32_on_gpu(a: Analysis) -> tuple[Steady, float] | None:
     """The steady view and capability when a float32 model trains on a CUDA GPU without autocast."""
     s, md = a.steady, a.config.model
     c = a.config.counters
-    if s is None or md is None or not str(md.get("device") or "").startswith("cuda"):
+    if s is None or md is None or not (md["device"] or "").startswith("cuda"):
         return None
-    if md.get("param_dtype") != "float32" or (c.get("autocast_forwards") or 0) >= 0.5 * (
-        c.get("forwards") or 1
-    ):
+    if md["param_dtype"] != "float32" or c["autocast_forwards"] >= 0.5 * (c["forwards"] or 1):
         return None
     cc = _capability(a)
     if cc is None or s.share("forward", "backward") < PRECISION_COMPUTE_SHARE:
@@ -367,7 +365,9 @@ def tf32(a: Analysis) -> Card | None:
     t = a.config.torch
     if found is None or found[1] < 8.0:
         return None
-    if t.get("matmul_allow_tf32") or t.get("float32_matmul_precision", "highest") != "highest":
+    if ("matmul_allow_tf32" in t and t["matmul_allow_tf32"]) or (
+        "float32_matmul_precision" in t and t["float32_matmul_precision"] != "highest"
+    ):
         return None
     s, cc = found
     compute = s.stage_s("forward", "backward")
@@ -375,7 +375,7 @@ def tf32(a: Analysis) -> Card | None:
     if measured is not None and measured[0] is not True:
         return None  # tried on copies of the model: TF32 was no faster here
     fix = "torch.set_float32_matmul_precision('high')  # TF32 tensor cores for float32 matmuls"
-    if t.get("cudnn_allow_tf32") is False:
+    if "cudnn_allow_tf32" in t and t["cudnn_allow_tf32"] is False:
         fix += "\ntorch.backends.cudnn.allow_tf32 = True  # and for convolutions"
     return make_card(
         "tf32",

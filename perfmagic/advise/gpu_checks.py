@@ -23,7 +23,7 @@ GAP_SHARE = 0.10
 def sync_copies(a: Analysis) -> Card | None:
     """Synchronous ``cudaMemcpy`` and ``cudaMemset`` calls: each waits for all the GPU work queued before it."""
     s = a.steady
-    calls = a.gpu.get("blocking_copies") if a.gpu else None
+    calls = a.gpu["blocking_copies"] if a.gpu else None
     if s is None or not calls or calls["time_per_step_s"] < SYNC_COPY_SHARE * s.step_s:
         return None
     spent, step = calls["time_per_step_s"], s.step_s
@@ -65,8 +65,8 @@ def gpu_gaps(a: Analysis) -> Card | None:
     """Long stretches in which the GPU ran nothing while it was otherwise busy (a low busy share is
     ``low_gpu_util``'s, which names the gaps too)."""
     s = a.steady
-    gaps = a.gpu.get("gaps") if a.gpu else None
-    busy = a.gpu.get("busy_fraction") if a.gpu else None
+    gaps = a.gpu["gaps"] if a.gpu else None
+    busy = a.gpu["busy_fraction"] if a.gpu else None
     share = gaps["fraction"] if gaps else None
     if s is None or not gaps or share is None or share < GAP_SHARE or busy is None or busy < LOW_UTIL:
         return None

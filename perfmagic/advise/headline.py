@@ -44,9 +44,9 @@ SYNCS = ("Sync-bound", "logging and host-device syncs take")
 
 def headline(report: ReportData) -> str:
     """The bottleneck in words (or why there is none), with its cause where no card of its own says it."""
-    name = report.get("bottleneck")
+    name = report["bottleneck"]
     if not name:
-        return "no training steps were seen" if not report["steps"].get("count") else "no bottleneck found"
+        return "no training steps were seen" if not report["steps"]["count"] else "no bottleneck found"
     stage = report["stages"].get(name)
     bound = SYNCS[0] if name == "logging" and syncs_seen(report) else BOUND.get(name)
     words = stage_words((name,), stage["fraction"] if stage else None, report)
@@ -66,11 +66,10 @@ def stage_words(stages: Sequence[str], share: float | None, report: ReportData |
 
 def syncs_seen(report: ReportData) -> bool:
     """Host-device syncs counted in the logging stage (the logging card says), else a device seen at all."""
-    for card in report.get("advice") or []:
+    for card in report["advice"]:
         if card["id"] == "sync_logging" and "syncs_per_step" in card["metrics"]:
             return bool(card["metrics"]["syncs_per_step"])
-    ranks = report.get("ranks") or []
-    return bool(report.get("devices") or report.get("gpu") or any(r.get("gpu") for r in ranks))
+    return bool(report["devices"] or report["gpu"] or any("gpu" in r for r in report["ranks"]))
 
 
 def caused(words: str, report: ReportData, stage: str | None) -> str:
@@ -81,8 +80,7 @@ def caused(words: str, report: ReportData, stage: str | None) -> str:
 
 def cause_card_title(report: ReportData, stage: str) -> str | None:
     """The title of the card naming what lengthens ``stage``, where no card or minor card is about it."""
-    cards = report.get("advice") or []
-    minor = report.get("advice_minor") or []
+    cards, minor = report["advice"], report["advice_minor"]
     if any(addresses(c, stage) for c in cards) or any(addresses(m, stage) for m in minor):
         return None
     return next((c["title"] for c in cards if explains(c, stage)), None)

@@ -93,7 +93,7 @@ def contention(a: Analysis) -> Contention | None:
         return None
     usable, util, ours, others = _cpu_load(a)
     ld = a.config.loader
-    threads = a.config.torch.get("num_threads")
+    threads = a.config.torch["num_threads"] if "num_threads" in a.config.torch else None
     ran, queued = a.steady_mean("host.children_cpu_cores"), a.steady_mean("host.children_wait_cores")
     found = Contention(
         wait_s=float(s.wait_s.mean()) if s.wait_s is not None else None,
@@ -315,7 +315,7 @@ def numa_affinity(a: Analysis) -> Card | None:
     return make_card(
         "numa_affinity",
         f"Bind the training to GPU {gpu}'s NUMA node ({node})",
-        f"This host has {len(nodes)} NUMA nodes; the training may run on {entry.get('allowed_cpus')} CPUs, of which "
+        f"This host has {len(nodes)} NUMA nodes; the training may run on {entry['allowed_cpus']} CPUs, of which "
         f"only {fmt_fraction(local)} are on GPU {gpu}'s node {node} (CPUs {cpus}): batches are built and copied "
         "through remote memory.",
         fix,

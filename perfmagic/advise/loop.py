@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -17,6 +16,7 @@ from perfmagic.advise.trainer_fixes import (
     trainer_name,
 )
 from perfmagic.analyze import Analysis
+from perfmagic.contract.marks import CheckpointMark
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 LOGGING_SHARE = 0.05
@@ -37,8 +37,8 @@ def sync_logging(a: Analysis) -> Card | None:
     step, spent = s.step_s, s.stage_s("logging")
     calls = a.loop.calls_per_step.get("logging", 0.0)
     c = a.config.counters
-    steps = c.get("optimizer_steps") or c.get("batches") or 0
-    syncs = (c.get("syncs") or 0) / steps if steps else 0.0
+    steps = c["optimizer_steps"] or c["batches"]
+    syncs = c["syncs"] / steps if steps else 0.0
     traced = a.gpu["syncs"] if a.gpu else None
     if not syncs and traced:  # a trace: its synchronizing CUDA calls
         syncs = traced["per_step"]
@@ -98,9 +98,7 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
     new_interval = max(nice_interval(per_save / (CHECKPOINT_TARGET * train_step)), math.ceil(interval) + 1)
     calls = _calls_by_checkpoint(a, s.first)
     sizes = [
-        sum(c.get("bytes") or 0 for c in group)
-        for group in calls.values()
-        if all(c.get("bytes") for c in group)
+        sum(c["bytes"] or 0 for c in group) for group in calls.values() if all(c["bytes"] for c in group)
     ]
     size = f" ({fmt_bytes(float(np.median(sizes)))} each)" if sizes else ""
     group = next(iter(calls.values()), [])
@@ -145,23 +143,23 @@ def checkpoint_frequency(a: Analysis) -> Card | None:
     )
 
 
-def _calls_by_checkpoint(a: Analysis, first: int) -> dict[int, list[dict[str, Any]]]:
+def _calls_by_checkpoint(a: Analysis, first: int) -> dict[int, list[CheckpointMark]]:
     """The save calls of each steady step that saved, by step index (several calls make one checkpoint)."""
     ends = a.breakdown.end
-    groups: dict[int, list[dict[str, Any]]] = {}
+    groups: dict[int, list[CheckpointMark]] = {}
     for call in a.config.checkpoints:
-        k = int(np.searchsorted(ends, call.get("t", 0.0)))
+        k = int(np.searchsorted(ends, call["t"]))
         if first <= k < len(ends):
             groups.setdefault(k, []).append(call)
     return groups
 
 
-def _save_line(call: dict[str, Any]) -> str:
+def _save_line(call: CheckpointMark) -> str:
     """The user's save call, unchanged, with what it saves: the fix changes when, never what."""
-    fn = call.get("fn") or "torch.save"
-    keys = call.get("keys")
+    fn = call["fn"]
+    keys = call["keys"] if "keys" in call else None
     if keys:
         what = "{" + ", ".join(f"{k!r}: ..." for k in keys) + "}"
         return f"{fn}(checkpoint, path)  # unchanged: {what}"
-    thing = "model.state_dict()" if call.get("what") == "state_dict" else "obj"
+    thing = "model.state_dict()" if call["what"] == "state_dict" else "obj"
     return f"{fn}({thing}, path)  # unchanged"

@@ -112,7 +112,7 @@ def step_outliers(a: Analysis) -> Card | None:
 def _uncovered_stages(a: Analysis, s: Steady) -> list[int]:
     """The columns of the stages whose slow steps no other card accounts for."""
     covered = ["checkpoint"]  # checkpoint_frequency's
-    if any(m.get("compiled") for m in a.config.models):
+    if any(m["compiled"] for m in a.config.models):
         covered += ["forward", "backward"]  # jit_compile's
     return [j for j, n in enumerate(s.stages) if n not in covered]
 
@@ -365,22 +365,22 @@ def compute_bound(a: Analysis) -> Card | None:
     md = a.config.model
     t = a.config.torch
     c = a.config.counters
-    on_gpu = bool(md and str(md.get("device") or "").startswith("cuda"))
+    on_gpu = bool(md and (md["device"] or "").startswith("cuda"))
     levers: list[str] = []
-    if on_gpu and not c.get("autocast_forwards"):
+    if on_gpu and not c["autocast_forwards"]:
         levers += (mixed_precision_code(a, bf16=True) or "").splitlines() or [
             "with torch.autocast('cuda', dtype=torch.bfloat16):  # mixed precision",
             "    loss = ...",
         ]
     compile_fix = compile_code(a)
-    if (md and not md.get("compiled")) or (md is None and compile_fix):  # no torch model: Keras, JAX
+    if (md and not md["compiled"]) or (md is None and compile_fix):  # no torch model: Keras, JAX
         levers += (compile_fix or "").splitlines() or [
             "model = torch.compile(model)  # fused kernels, less Python overhead"
         ]
     ld = a.config.loader
     # an unmeasured peak counts as free memory; a GPU of unknown size is left out
     peak = max(
-        ((d.get("mem_used_peak_fraction") or 0.0) for d in a.devices if d.get("mem_total_bytes")),
+        ((d["mem_used_peak_fraction"] or 0.0) for d in a.devices if d["mem_total_bytes"]),
         default=None,
     )
     if ld and ld.batch_size and (not on_gpu or (peak is not None and peak < 0.5)):
@@ -389,7 +389,7 @@ def compute_bound(a: Analysis) -> Card | None:
             f"# was {ld.batch_size}; scale the learning rate with it"
         )
     free = free_cpus(a)
-    if not on_gpu and free and t.get("num_threads") and t["num_threads"] < free:
+    if not on_gpu and free and "num_threads" in t and t["num_threads"] < free:
         levers.append(f"torch.set_num_threads({free})  # was {t['num_threads']}")
     shares = ", ".join(f"{n} {fmt_fraction(s.share(n))}" for n in COMPUTE_STAGES if n in s.stages)
     return make_card(

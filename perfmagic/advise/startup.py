@@ -116,7 +116,7 @@ def _startup_fix(a: Analysis, where: str, interpreter: bool) -> str:
                 f"# $ python -m cProfile -s cumtime {script} | head -40  (the set-up: dataset indexing, model build)",
             ]
         )
-    if where in ("forward", "backward") and md and md.get("compiled"):
+    if where in ("forward", "backward") and md and md["compiled"]:
         return (
             "# torch.compile compiles during the first step; cache it across runs:\n"
             + _STARTUP_FIX["forward"]

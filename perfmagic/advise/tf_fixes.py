@@ -8,16 +8,16 @@ with each serial ``map`` made parallel, a ``cache`` after the last map and a
 
 from __future__ import annotations
 
-from typing import Any
+from perfmagic.contract.marks import PipelineMark
 
 _SOURCE_NOTE = "your source (from_tensor_slices, TFRecordDataset, ...)"
 _SKIPPED = frozenset({"options", "model", "max_intra_op_parallelism", "private_thread_pool"})
 """Datasets tf.data adds itself (options, autotuning): not written by the user."""
 
 
-def tf_data_code(pipeline: dict[str, Any]) -> str:
+def tf_data_code(pipeline: PipelineMark) -> str:
     """The observed pipeline with parallel maps, ``cache`` and ``prefetch`` where they are missing."""
-    ops = [op for op in reversed(pipeline.get("ops") or []) if op not in _SKIPPED]
+    ops = [op for op in reversed(pipeline["ops"]) if op not in _SKIPPED]
     source, rest = (ops[0], ops[1:]) if ops else ("source", [])
     lines = ["AUTOTUNE = tf.data.AUTOTUNE", "dataset = (", f"    source  # {_SOURCE_NOTE}: was {source}"]
     last_map = max((i for i, op in enumerate(rest) if op in ("map", "parallel_map")), default=None)
@@ -36,11 +36,11 @@ def tf_data_code(pipeline: dict[str, Any]) -> str:
             lines.append("    .batch(batch_size)")
         else:
             lines.append(f"    # .{op}(...) as you have it")
-        if i == last_map and not pipeline.get("cache"):
+        if i == last_map and not pipeline["cache"]:
             lines.append(
                 "    .cache()  # added: the maps run in the first epoch only (keep random augmentation after it)"
             )
-    if not pipeline.get("prefetch"):
+    if not pipeline["prefetch"]:
         lines.append("    .prefetch(AUTOTUNE)  # added: the next batches are prepared while the step runs")
     lines.append(")")
     return "\n".join(lines)

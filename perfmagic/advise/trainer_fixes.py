@@ -40,11 +40,16 @@ def trainer_name(a: Analysis) -> str | None:
     return str(trainer["trainer"]) if trainer else None
 
 
+def trainer_settings(a: Analysis) -> dict[str, Any]:
+    """What the trainer was told (each framework's own keys, as the user's code set them); {} without one."""
+    return a.config.trainer["settings"] if a.config.trainer else {}
+
+
 def training_arguments_code(a: Analysis, changes: dict[str, Any]) -> str:
     """The user's ``TrainingArguments(...)`` statement with ``changes``, each commented with the old
     value; where their statement was not found, a call with the arguments that differ from the
     defaults (those :mod:`perfmagic.collect.frameworks` read)."""
-    settings = (a.config.trainer or {}).get("settings") or {}
+    settings = trainer_settings(a)
     call = user_call(a)
     if call is not None:
         return call.rewritten(changes, settings["call"]["values"])
@@ -68,7 +73,7 @@ def training_arguments_code(a: Analysis, changes: dict[str, Any]) -> str:
 def user_call(a: Analysis, key: str = "call") -> UserCall | None:
     """The user's statement that built the trainer's settings object (``TrainingArguments``, Lightning's
     ``Trainer``, ...), or its checkpoint callback (``key="checkpoint_call"``)."""
-    settings = (a.config.trainer or {}).get("settings") or {}
+    settings = trainer_settings(a)
     return find_call(settings.get(key))
 
 
@@ -89,7 +94,7 @@ def loader_fix_site(a: Analysis, ld: LoaderConfig | None) -> FixSite | None:
 
 def run_steps(a: Analysis) -> int | None:
     """The steps the whole run trains for, where the trainer was told (``max_steps``)."""
-    settings = (a.config.trainer or {}).get("settings") or {}
+    settings = trainer_settings(a)
     known = settings.get("max_steps") or (settings.get("training_args") or {}).get("max_steps")
     return int(known) if isinstance(known, int) and known > 0 else None
 
@@ -129,7 +134,7 @@ def checkpoint_interval_code(a: Analysis, every: int, now: str) -> str | None:
             a, {"save_strategy": "steps", "save_steps": every}
         )
     if name == LIGHTNING:
-        settings = (a.config.trainer or {}).get("settings") or {}
+        settings = trainer_settings(a)
         checkpoint = user_call(a, "checkpoint_call")
         if checkpoint is not None:
             values = settings["checkpoint_call"]["values"]
@@ -162,9 +167,7 @@ def mixed_precision_code(a: Analysis, bf16: bool) -> str | None:
     precision = "bf16-mixed" if bf16 else "16-mixed"
     call = user_call(a) if name in (LIGHTNING, FABRIC) else None
     if call is not None:
-        return call.rewritten(
-            {"precision": precision}, (a.config.trainer or {})["settings"]["call"]["values"]
-        )
+        return call.rewritten({"precision": precision}, trainer_settings(a)["call"]["values"])
     if name == LIGHTNING:
         return f"trainer = Trainer(precision={precision!r})  # with your other Trainer arguments"
     if name == FABRIC:
@@ -182,7 +185,7 @@ def compile_code(a: Analysis) -> str | None:
     PyTorch loop; Keras already compiling with XLA)."""
     name = trainer_name(a)
     if name == KERAS:
-        settings = (a.config.trainer or {}).get("settings") or {}
+        settings = trainer_settings(a)
         if settings.get("jit_compile") is True:
             return None
         call = user_call(a, "compile_call")  # their model.compile(...), with jit_compile=True

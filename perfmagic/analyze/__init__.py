@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,7 +42,17 @@ from perfmagic.contract import (
     NodeClock,
     TimelineMeta,
     Timeseries,
+    TorchMeta,
     TorchTrace,
+)
+from perfmagic.contract.marks import (
+    CheckpointMark,
+    ModelMark,
+    OptimizerMark,
+    PipelineMark,
+    TorchCounters,
+    TrainerMark,
+    no_counters,
 )
 from perfmagic.contract.memory import MemorySection
 from perfmagic.schema import (
@@ -91,18 +101,16 @@ class TrainingConfig:
     """What the hooks saw of the training set-up (empty where nothing was seen)."""
 
     dataloaders: list[LoaderConfig] = field(default_factory=list)
-    models: list[dict[str, Any]] = field(default_factory=list)
-    optimizers: list[dict[str, Any]] = field(default_factory=list)
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    torch: dict[str, Any] = field(default_factory=dict)
-    counters: dict[str, Any] = field(default_factory=dict)  # forwards, autocast, h2d bytes, syncs, ...
-    trainers: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # frameworks that drove the loop (see TRAINERS)
-    pipelines: list[dict[str, Any]] = field(default_factory=list)  # tf.data pipelines iterated (TF_DATA_MARK)
+    models: list[ModelMark] = field(default_factory=list)
+    optimizers: list[OptimizerMark] = field(default_factory=list)
+    checkpoints: list[CheckpointMark] = field(default_factory=list)
+    torch: TorchMeta = field(default_factory=TorchMeta)  # meta["torch"], its threads as last counted
+    counters: TorchCounters = field(default_factory=no_counters)  # forwards, autocast, h2d bytes, syncs, ...
+    trainers: list[TrainerMark] = field(default_factory=list)  # frameworks that drove the loop (see TRAINERS)
+    pipelines: list[PipelineMark] = field(default_factory=list)  # tf.data pipelines iterated (TF_DATA_MARK)
 
     @property
-    def pipeline(self) -> dict[str, Any] | None:
+    def pipeline(self) -> PipelineMark | None:
         """The tf.data pipeline the training iterated: the last one seen (Keras makes its iterator anew
         each epoch, after any validation pass of the epoch before)."""
         return self.pipelines[-1] if self.pipelines else None
@@ -115,23 +123,23 @@ class TrainingConfig:
         return max(self.dataloaders, key=lambda d: d.dataset_len or 0)
 
     @property
-    def model(self) -> dict[str, Any] | None:
+    def model(self) -> ModelMark | None:
         """The model: of the modules called at top level, the one with the most parameters (a loss, a
         metric or a transform called first is not it); the first seen among equals."""
         if not self.models:
             return None
-        return max(self.models, key=lambda m: m.get("parameters") or 0)
+        return max(self.models, key=lambda m: m["parameters"])
 
     @property
-    def trainer(self) -> dict[str, Any] | None:
+    def trainer(self) -> TrainerMark | None:
         """The framework the user wrote the loop against (``trainer``, ``version``, ``settings``), if any."""
-        known = [t for t in self.trainers if t.get("trainer") in TRAINERS]
+        known = [t for t in self.trainers if t["trainer"] in TRAINERS]
         return min(known, key=lambda t: TRAINERS.index(t["trainer"])) if known else None
 
     @property
     def gpu_index(self) -> int:
         """The GPU the model lives on (``cuda:1`` → 1; plain ``cuda`` or unknown → 0)."""
-        device = str(self.model.get("device") or "") if self.model else ""
+        device = (self.model["device"] or "") if self.model else ""
         return int(device.split(":")[1]) if device.startswith("cuda:") else 0
 
 
@@ -296,7 +304,7 @@ def _energy(
     means: dict[str, float],
     bound: str | None,
 ) -> tuple[Energy | None, list[str]]:
-    model_device = next((m.get("device") for m in config.models if m.get("device")), None)
+    model_device = next((m["device"] for m in config.models if m["device"]), None)
     epoch_samples = config.loader.dataset_len if config.loader else None
     rates = (steps.samples_per_s, steps.tokens_per_s)
     return energy_of_job(timelines, tl, steady, rates, model_device, epoch_samples, means, bound == "data")
@@ -398,19 +406,20 @@ def stage_stats(breakdown: StepBreakdown) -> dict[str, StageStats]:
 
 def training_config(timeline: Timeline) -> TrainingConfig:
     stats = timeline.marks("torch_stats")
-    counters = dict(stats[-1].data) if stats else {}
-    torch = dict(timeline.meta.get("torch", {}))
-    if counters.get("num_threads"):  # seen at the end: after any set_num_threads of the loop
+    # the marks' payloads as their hooks wrote them (collect.torch_hooks): read back typed
+    counters = cast(TorchCounters, dict(stats[-1].data)) if stats else no_counters()
+    torch = timeline.meta["torch"].copy() if "torch" in timeline.meta else TorchMeta()
+    if "num_threads" in counters:  # seen at the end: after any set_num_threads of the loop
         torch["num_threads"] = counters["num_threads"]
     return TrainingConfig(
         dataloaders=[LoaderConfig.from_mark(m.data) for m in timeline.marks("dataloader")],
-        models=[m.data for m in timeline.marks("model")],
-        optimizers=[m.data for m in timeline.marks("optimizer")],
-        checkpoints=[{"t": m.t, **m.data} for m in timeline.marks("checkpoint")],
+        models=[cast(ModelMark, m.data) for m in timeline.marks("model")],
+        optimizers=[cast(OptimizerMark, m.data) for m in timeline.marks("optimizer")],
+        checkpoints=[cast(CheckpointMark, {"t": m.t, **m.data}) for m in timeline.marks("checkpoint")],
         torch=torch,
         counters=counters,
-        trainers=[m.data for m in timeline.marks(TRAINER_MARK)],
-        pipelines=[m.data for m in timeline.marks(TF_DATA_MARK)],
+        trainers=[cast(TrainerMark, m.data) for m in timeline.marks(TRAINER_MARK)],
+        pipelines=[cast(PipelineMark, m.data) for m in timeline.marks(TF_DATA_MARK)],
     )
 
 

@@ -38,14 +38,14 @@ class MonitorSummary:
 
 def monitor_summary(timeline: Timeline, seconds: float) -> MonitorSummary:
     """The summary of a monitor's ``timeline``, which ran for ``seconds``."""
-    nvml = timeline.meta.get("nvml") or {}
+    nvml = timeline.meta["nvml"] if "nvml" in timeline.meta else None
     facts = {int(d["index"]): d for d in timeline.meta.get("devices") or []}
-    indices = gpu_indices(timeline) if nvml.get("available") else []
+    indices = gpu_indices(timeline) if nvml and nvml["available"] else []
     gpus = [_gpu(timeline, i, facts.get(i) or {}) for i in indices]
     return MonitorSummary(
         seconds,
         gpus,
-        None if gpus else str(nvml.get("reason") or "NVML did not answer"),
+        None if gpus else str((nvml and nvml["reason"]) or "NVML did not answer"),
         samples.mean(timeline, "host.cpu_util"),
         samples.maximum(timeline, "host.cpu_util"),
     )

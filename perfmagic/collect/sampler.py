@@ -128,6 +128,12 @@ class Sampler:
             self.warnings.extend(source.warnings)
         self._sources = []
 
+    def finish(self) -> list[str]:
+        """Stop sampling and record the sampler's own cost (``meta["sampler"]``); the warnings of its run."""
+        self.stop()
+        self.timeline.meta["sampler"] = {"ticks": self.ticks, "busy_s": self.busy_s}
+        return self.warnings
+
     def _hold_for_fork(self) -> None:
         """Before ``fork``: wait for the tick in progress and keep the next one from starting."""
         self._held_for_fork = self._tick_lock.acquire(timeout=FORK_WAIT_S)

@@ -24,6 +24,7 @@ from collections import Counter
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Protocol
 
+from perfmagic.contract.marks import CallSite
 from perfmagic.places import LIBRARY_DIRS, STAND_IN_FILES, code_place
 from perfmagic.schema import BEFORE_FIRST_STEP, LOADER_THREAD_DISK, STACK_SAMPLES, THREAD_STATES
 from perfmagic.timeline import Timeline
@@ -142,7 +143,7 @@ def user_frame(frame: FrameType | None) -> FrameType | None:
     return None
 
 
-def call_site(frame: FrameType | None) -> dict[str, object] | None:
+def call_site(frame: FrameType | None) -> CallSite | None:
     """The user's line at or above ``frame``: ``{"file", "line", "function"}`` as compiled (to read its
     source), and ``place``, as its user knows it (None: only library code)."""
     f = user_frame(frame)

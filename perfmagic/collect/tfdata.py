@@ -16,13 +16,14 @@ from typing import Any
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.tracebacks import drop_own_frame
+from perfmagic.contract.marks import PipelineMark
 from perfmagic.schema import TF_DATA_MARK
 
 _MAX_DEPTH = 64
 """Datasets walked at most (a pipeline longer than this is described by its last ones)."""
 
 
-def describe_pipeline(dataset: Any) -> dict[str, Any]:
+def describe_pipeline(dataset: Any) -> PipelineMark:
     """The ops of a tf.data pipeline, last first, and what the advice reads of them.
 
     ``ops``: the datasets' kinds (``map``, ``parallel_map``, ``batch``, ``cache``, ``prefetch``, ...);

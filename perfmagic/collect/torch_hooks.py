@@ -51,6 +51,7 @@ from perfmagic.collect.torch_logging import install_logging
 from perfmagic.collect.torch_memory import MemoryProbe
 from perfmagic.collect.torch_optimizer import install_grad_scaler, install_optimizer
 from perfmagic.collect.torch_tensors import install_tensor_methods
+from perfmagic.contract.marks import no_counters
 
 
 class TorchStages:
@@ -73,19 +74,7 @@ class TorchStages:
         self._device_clock_failed = False
         self._dynamo_import: PostImportHook | None = None  # skips the hooks' frames once dynamo is imported
         self.cuda_available = False  # asked once, at install: the hooks that start the clock run every step
-        self.stats: dict[str, Any] = {
-            "forwards": 0,
-            "autocast_forwards": 0,
-            "autocast_dtypes": {},
-            "grad_enabled_forwards": 0,
-            "h2d_copies": 0,
-            "h2d_bytes": 0,
-            "h2d_pinned_bytes": 0,
-            "h2d_non_blocking": 0,
-            "syncs": 0,
-            "optimizer_steps": 0,
-            "batches": 0,
-        }
+        self.stats = no_counters()
 
     def install(self) -> None:
         import torch

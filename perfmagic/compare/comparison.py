@@ -17,6 +17,7 @@ from perfmagic.compare.kernels import GPU_FIGURES, KernelChange, kernel_changes
 from perfmagic.compare.problems import STATUSES, ProblemMatch, match_problems
 from perfmagic.compare.words import said, speed_words
 from perfmagic.contract import ReportData
+from perfmagic.contract.comparison import ComparisonData, KernelChangeData, ProblemData
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class Comparison:
         lead = words or "speed not compared (a report has no steady steps)"
         return f"{lead[0].upper()}{lead[1:]}; after the change: {headline(self.after)}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ComparisonData:
         return {
             "headline": self.headline,
             "step": {"before_s": self.step_before_s, "after_s": self.step_after_s, "speedup": self.speedup},
@@ -87,7 +88,18 @@ class Comparison:
                 for k, (a, b) in self.gpu.items()
             }
             or None,
-            "kernels": [{**vars(k), "delta_s": k.delta_s} for k in self.kernels],
+            "kernels": [
+                KernelChangeData(
+                    name=k.name,
+                    kind=k.kind,
+                    count_before=k.count_before,
+                    count_after=k.count_after,
+                    before_s=k.before_s,
+                    after_s=k.after_s,
+                    delta_s=k.delta_s,
+                )
+                for k in self.kernels
+            ],
             "problems": {
                 status: [_problem_dict(m) for m in self.problems if m.status == status] for status in STATUSES
             },
@@ -117,7 +129,7 @@ def _per_step(report: ReportData) -> tuple[float | None, dict[str, float]]:
     }
 
 
-def _problem_dict(m: ProblemMatch) -> dict[str, Any]:
+def _problem_dict(m: ProblemMatch) -> ProblemData:
     """A match as JSON: its words (``said``, as the text and HTML show it) and its figures."""
     now = m.now
     return {

@@ -30,13 +30,17 @@ class HostMeta(TypedDict, total=False):
     root_pid: int
 
 
-class NvmlMeta(TypedDict, total=False):
-    """``meta["nvml"]``: whether NVML answered, and its versions."""
-
+class _NvmlMeta(TypedDict):
     available: bool
     reason: str | None  # why not
     driver_version: str | None
     cuda_driver_version: str | None
+
+
+class NvmlMeta(_NvmlMeta, total=False):
+    """``meta["nvml"]``: whether NVML answered, and its versions (the source writes all but ``gpm`` as it
+    opens, before it knows whether NVML answers)."""
+
     gpm: list[int]  # GPUs whose GPM counters (SM activity, occupancy, …) were started
 
 

@@ -6,7 +6,7 @@ fractions are in [0, 1]. Numbers that were not finite (NaN, infinity) are writte
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, final
 
 from perfmagic.contract.code import FixSite
 from perfmagic.contract.energy import Energy
@@ -92,6 +92,7 @@ class Card(TypedDict):
     replaces: FixSite | None  # the user's statement the fix takes the place of (their call, rewritten)
 
 
+@final  # no card kind extends it: `"metrics" in card` tells a Card from it
 class MinorCard(TypedDict):
     """``advice_minor[i]``: a rule that fired with a saving too small for a card."""
 

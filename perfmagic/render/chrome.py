@@ -53,9 +53,9 @@ def chrome_trace(report: ReportData, timelines: Sequence[Timeline] = ()) -> dict
         _meta("thread_name", {"name": "steps"}, _STEPS_TID),
         _meta("thread_name", {"name": "stages"}, _STAGES_TID),
     ]
-    table = report.get("step_table") or {}
-    names = list((table.get("stages") or {}).keys())
-    for i, (start, end) in enumerate(zip(table.get("start") or [], table.get("end") or [], strict=True)):
+    table = report["step_table"]
+    names = list(table["stages"])
+    for i, (start, end) in enumerate(zip(table["start"], table["end"], strict=True)):
         events.append(_span(f"step {i + 1}", start, end - start, _STEPS_TID, {"step": i + 1}))
         t = start
         for name in names:
@@ -63,7 +63,7 @@ def chrome_trace(report: ReportData, timelines: Sequence[Timeline] = ()) -> dict
             if s > 0:
                 events.append(_span(name, t, s, _STAGES_TID, {"step": i + 1, "seconds": s}))
                 t += s
-    for metric, series in sorted(((report.get("timeseries") or {}).get("metrics") or {}).items()):
+    for metric, series in sorted(report["timeseries"]["metrics"].items()):
         label = _counter_label(metric)
         if label is None:
             continue
@@ -73,14 +73,14 @@ def chrome_trace(report: ReportData, timelines: Sequence[Timeline] = ()) -> dict
                 events.append(
                     {"ph": "C", "name": title, "pid": PID, "ts": t * 1e6, "args": {"value": v * factor}}
                 )
-    for trace in report.get("torch_traces") or []:
+    for trace in report["torch_traces"]:
         events += torch_events(trace)
     for k, timeline in enumerate(t for t in timelines if t.span_count):
         events += timeline_events(timeline, PID + 1 + k)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
-        "otherData": {"generator": "perfmagic", "schema": report.get("schema")},
+        "otherData": {"generator": "perfmagic", "schema": report["schema"]},
     }
 
 
@@ -105,8 +105,8 @@ def torch_events(trace: TorchTrace) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = json.loads(raw)["traceEvents"]
     except (OSError, ValueError, KeyError):
         return []
-    marker = next((e for e in events if e.get("name") == trace.get("clock_name") and "ts" in e), None)
-    if marker is None or trace.get("clock_t") is None:
+    marker = next((e for e in events if e.get("name") == trace["clock_name"] and "ts" in e), None)
+    if marker is None:
         return []
     shift = float(marker["ts"]) - float(trace["clock_t"]) * 1e6
     for e in events:
@@ -118,8 +118,9 @@ def torch_events(trace: TorchTrace) -> list[dict[str, Any]]:
 def timeline_events(timeline: Timeline, pid: int) -> list[dict[str, Any]]:
     """Every stage interval of one process's timeline, as recorded (nested spans on one thread)."""
     spans = timeline.spans
-    rank = timeline.meta.get("rank")
-    label = f"perfmagic stages (pid {timeline.meta.get('pid')}" + (
+    meta = timeline.meta
+    rank = meta["rank"] if "rank" in meta else None
+    label = f"perfmagic stages (pid {meta['pid'] if 'pid' in meta else None}" + (
         f", rank {rank})" if rank is not None else ")"
     )
     events = [

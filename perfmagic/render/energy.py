@@ -27,8 +27,8 @@ def fmt_money(x: float | None) -> str:
 
 
 def energy_of(report: ReportData) -> Energy | None:
-    """The report's energy section (a report saved before it existed has none)."""
-    return report.get("energy")
+    """The report's energy section (None: no GPU energy sampled over steady steps)."""
+    return report["energy"]
 
 
 def energy_kpi(report: ReportData) -> tuple[str, str] | None:
@@ -111,7 +111,7 @@ def _cap_lines(e: Energy) -> list[str]:
 
 def energy_saving_words(card: Card) -> str | None:
     """What a card's change saves in energy (and money) per hour of training: an estimate."""
-    metrics = card.get("metrics") or {}
+    metrics = card["metrics"]
     joules = metrics.get("saving_j_per_hour")
     if not joules:
         return None

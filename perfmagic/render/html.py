@@ -112,9 +112,7 @@ def report_fragment(
     for line in hotspot_lines(report):
         parts.append(f'<p class="pm-hotspot">{html.escape(line[0].upper() + line[1:])}</p>')
     no_steps = "No advice: most rules weigh stages within steps, and no step was seen."
-    parts.append(
-        cards_html(report.get("advice") or [], note="" if report["steps"].get("count") else no_steps)
-    )
+    parts.append(cards_html(report["advice"], note="" if report["steps"]["count"] else no_steps))
     for said in (plan_line(report), minor_line(report)):
         if said:
             parts.append(f'<p class="pm-minor">{html.escape(said[0].upper() + said[1:])}.</p>')
@@ -127,7 +125,7 @@ def report_fragment(
             + (f"<ul>{details}</ul>" if details else "")
             + "</div>"
         )
-    if report.get("warnings"):
+    if report["warnings"]:
         items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
         parts.append(
             f'<details class="pm-warn"><summary>Not measured ({len(report["warnings"])})</summary><ul>{items}</ul></details>'
@@ -184,42 +182,42 @@ _NO_STEPS = (
 def _header(report: ReportData) -> str:
     steps = report["steps"]
     busy = gpu_busy(report)
-    gpu_note = fmt_fraction(busy) if busy is not None else ("n/a" if report.get("devices") else "no GPU")
-    if steps.get("count"):
+    gpu_note = fmt_fraction(busy) if busy is not None else ("n/a" if report["devices"] else "no GPU")
+    if steps["count"]:
         kpis = [
-            ("step time (median)", fmt_seconds(steps.get("median_s"))),
-            ("p90 step", fmt_seconds(steps.get("p90_s"))),
-            ("steps/s", fmt_rate(steps.get("per_s") or None)),
-            *([("samples/s", fmt_rate(steps["samples_per_s"]))] if steps.get("samples_per_s") else []),
-            *([("tokens/s", fmt_rate(steps["tokens_per_s"]))] if steps.get("tokens_per_s") else []),
-            ("steps", str(steps.get("count", 0))),
+            ("step time (median)", fmt_seconds(steps["median_s"])),
+            ("p90 step", fmt_seconds(steps["p90_s"])),
+            ("steps/s", fmt_rate(steps["per_s"] or None)),
+            *([("samples/s", fmt_rate(steps["samples_per_s"]))] if steps["samples_per_s"] else []),
+            *([("tokens/s", fmt_rate(steps["tokens_per_s"]))] if steps["tokens_per_s"] else []),
+            ("steps", str(steps["count"])),
             ("GPU busy", gpu_note),
             *([kpi] if (kpi := energy_kpi(report)) else []),
         ]
     else:  # step figures would all read n/a: show what was measured instead
-        host = report.get("host") or {}
+        host = report["host"]
         kind, peak = memory_peak(host)
         kpis = [
             ("steps", "0"),
-            ("profiled", fmt_seconds(report.get("wall_s"))),
-            ("host CPU (mean)", fmt_fraction(host.get("cpu_util_mean"))),
+            ("profiled", fmt_seconds(report["wall_s"])),
+            ("host CPU (mean)", fmt_fraction(host["cpu_util_mean"])),
             (f"{MEMORY_NAME} peak ({kind})", fmt_bytes(peak)),
             ("GPU busy", gpu_note),
         ]
-    sub = f"{origin_words({'source': 'live', **report})}, {fmt_seconds(report.get('wall_s'))} profiled"
+    sub = f"{origin_words({'source': 'live', **report})}, {fmt_seconds(report['wall_s'])} profiled"
     evaluation = evaluation_line(report)
     if evaluation:
         sub += f"; {evaluation}"
     boxes = "".join(f'<div class="pm-kpi"><span>{k}</span><b>{html.escape(v)}</b></div>' for k, v in kpis)
     color = _bottleneck_color(report)
-    if steps.get("count"):
+    if steps["count"]:
         verdict = f"<b>Bottleneck:</b> {html.escape(headline(report))}"
         gain = most_to_gain(report)
         if gain:
             verdict += f'<br><span class="pm-gain">{html.escape(gain[0].upper() + gain[1:])}</span>'
 
     else:
-        hint = html.escape(steps.get("hint") or "call perfmagic.step() at the end of each step")
+        hint = html.escape(steps["hint"] or "call perfmagic.step() at the end of each step")
         verdict = "<b>No training steps were seen.</b> " + _NO_STEPS.format(
             hint=hint.replace("perfmagic.step()", "<code>perfmagic.step()</code>")
         )
@@ -231,7 +229,7 @@ def _header(report: ReportData) -> str:
 
 
 def _bottleneck_color(report: ReportData) -> str:
-    return stage_color(report.get("bottleneck") or "other")
+    return stage_color(report["bottleneck"] or "other")
 
 
 _TRIED, _BASELINE, _BEST = "#9ecae9", "#bab0ac", "#59a14f"
@@ -241,10 +239,10 @@ def tuning_html(report: ReportData) -> str:
     """Each knob tuning compared as bars, one per setting tried (the baseline grey, the best green),
     the predicted step against the observed one; a knob not compared says why. Empty without tuning."""
     blocks = []
-    for knob in report.get("tuning") or []:
-        base, best = knob.get("baseline"), knob.get("best")
+    for knob in report["tuning"]:
+        base, best = knob["baseline"], knob["best"]
         if not (base and best):
-            why = "; ".join(knob.get("notes") or [])
+            why = "; ".join(knob["notes"])
             blocks.append(f"<p>{html.escape(knob['knob'])}: not compared ({html.escape(why)})</p>")
             continue
         if knob["knob"] == "step":
@@ -284,14 +282,14 @@ def cards_html(cards: Sequence[Card], note: str = "") -> str:
     target = f"pm-{uuid.uuid4().hex}"
     out = [f'<div class="pm-cards" id="{target}">']
     for card in cards:
-        color = SEVERITY_COLORS.get(card.get("severity", "info"), "#4e79a7")
+        color = SEVERITY_COLORS.get(card["severity"], "#4e79a7")
         saving = saving_words(card)
-        fix = card.get("fix") or ""
+        fix = card["fix"]
         out.append(
-            f'<div class="pm-card" style="border-left-color:{color}" data-advice-id="{html.escape(str(card.get("id")))}">'
-            f'<div class="pm-sev" style="color:{color}">{html.escape(str(card.get("severity")))}</div>'
-            f'<div class="pm-title">{html.escape(str(card.get("title")))}</div>'
-            f"<div>{html.escape(str(card.get('evidence', '')))}</div>"
+            f'<div class="pm-card" style="border-left-color:{color}" data-advice-id="{html.escape(card["id"])}">'
+            f'<div class="pm-sev" style="color:{color}">{html.escape(card["severity"])}</div>'
+            f'<div class="pm-title">{html.escape(card["title"])}</div>'
+            f"<div>{html.escape(card['evidence'])}</div>"
             + (f'<div class="pm-saving">{html.escape(saving)}</div>' if saving else "")
             + (
                 '<div class="pm-fix"><div class="pm-fix-head"><span>fix</span></div>'
@@ -302,6 +300,6 @@ def cards_html(cards: Sequence[Card], note: str = "") -> str:
             + "</div>"
         )
     out.append("</div>")
-    if any(card.get("fix") for card in cards):
+    if any(card["fix"] for card in cards):
         out.append(f"<script>{_COPY_JS.replace('TARGET', target, 1)}</script>")
     return "".join(out)

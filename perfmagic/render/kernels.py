@@ -39,28 +39,28 @@ _QUALIFIER = re.compile(r"\(anonymous namespace\)::|\b[A-Za-z_]\w*::")
 def gpu_time_shares(gpu: GpuSection) -> dict[str, float]:
     """The GPU window's parts (``GPU_TIME``) as fractions of it: busy split into compute and the rest,
     idle split by why (``idle_breakdown``, fractions of idle time)."""
-    idle = gpu.get("idle_fraction") or 0.0
-    why = gpu.get("idle_breakdown") or {}
+    idle = gpu["idle_fraction"] or 0.0
+    why = gpu["idle_breakdown"]
     return {
-        "compute": gpu.get("compute_fraction") or 0.0,
-        "non-compute": gpu.get("non_compute_fraction") or 0.0,
-        "idle: host wait": idle * (why.get("host_wait") or 0.0),
-        "idle: kernel wait": idle * (why.get("kernel_wait") or 0.0),
-        "idle: other": idle * (why.get("other") or 0.0),
+        "compute": gpu["compute_fraction"] or 0.0,
+        "non-compute": gpu["non_compute_fraction"] or 0.0,
+        "idle: host wait": idle * (why["host_wait"] or 0.0),
+        "idle: kernel wait": idle * (why["kernel_wait"] or 0.0),
+        "idle: other": idle * (why["other"] or 0.0),
     }
 
 
 def gpu_html(report: ReportData) -> str:
     """The GPU idle breakdown chart and the top-kernels table; empty without a ``gpu`` section."""
-    gpu = report.get("gpu")
-    if not gpu or gpu.get("busy_fraction") is None:
+    gpu = report["gpu"]
+    if not gpu or gpu["busy_fraction"] is None:
         return ""
     return f'<style>{CSS}</style><div class="pm-gpu">{idle_chart(gpu)}{top_kernels_table(gpu)}</div>'
 
 
 def idle_chart(gpu: GpuSection) -> str:
     """One bar for the GPU's window, split into busy (compute, non-compute) and idle by why."""
-    window = gpu.get("window_s") or 0.0
+    window = gpu["window_s"] or 0.0
     shares = gpu_time_shares(gpu)
     colors = dict(GPU_TIME)
     bar = "".join(
@@ -75,7 +75,7 @@ def idle_chart(gpu: GpuSection) -> str:
     )
     return (
         f"<div><b>GPU time</b> over {fmt_seconds(window)} of the trace: busy "
-        f"{fmt_fraction(gpu.get('busy_fraction'))}, idle {fmt_fraction(gpu.get('idle_fraction'))}</div>"
+        f"{fmt_fraction(gpu['busy_fraction'])}, idle {fmt_fraction(gpu['idle_fraction'])}</div>"
         f'<div class="pm-gpu-bar">{bar}</div><div class="pm-gpu-keys">{keys}</div>'
     )
 
@@ -83,14 +83,14 @@ def idle_chart(gpu: GpuSection) -> str:
 def top_kernels_table(gpu: GpuSection) -> str:
     """The kernels with most GPU time: share of the window, count, mean time, tensor cores."""
     rows = []
-    for k in gpu.get("top_kernels") or []:
+    for k in gpu["top_kernels"]:
         name = str(k["name"])
         short = short_name(name)
         tensor = {True: "yes", False: "no", None: "–"}[k["tensor_cores"]]
         rows.append(
             f'<tr><td title="{html.escape(name)}">{html.escape(short)}</td>'
-            f"<td>{_share(k.get('fraction'))}</td><td>{k['count']}</td>"
-            f"<td>{fmt_seconds(k.get('mean_s'))}</td><td>{tensor}</td></tr>"
+            f"<td>{_share(k['fraction'])}</td><td>{k['count']}</td>"
+            f"<td>{fmt_seconds(k['mean_s'])}</td><td>{tensor}</td></tr>"
         )
     if not rows:
         return ""

@@ -201,18 +201,18 @@ class LivePanel:
     # -- parts -------------------------------------------------------------
 
     def _update_gpus(self, tl: Timeline) -> list[float]:
-        nvml = tl.meta.get("nvml")
-        if nvml is None:
+        if "nvml" not in tl.meta:
             return []
-        if not nvml.get("available"):
+        nvml = tl.meta["nvml"]
+        if not nvml["available"]:
             if not self._gpu_rows:
                 import ipywidgets as w
 
-                reason = html.escape(str(nvml.get("reason") or "NVML is not available"))
+                reason = html.escape(str(nvml["reason"] or "NVML is not available"))
                 _replace_children(self._gpus, [w.HTML(f"<b>No GPU</b>: {reason}. Showing the host only.")])
                 self._gpu_rows[-1] = (None, None, None, None, None)
             return []
-        devices = tl.meta.get("devices") or []
+        devices = tl.meta["devices"] if "devices" in tl.meta else []
         if not self._gpu_rows and devices:
             _replace_children(self._gpus, [self._gpu_row(d) for d in devices])
         utils = []
@@ -229,7 +229,7 @@ class LivePanel:
                 utils.append(util)
             util_bar.value = 0.0 if util is None else util * 100
             util_text.value = f"&nbsp;{fmt_fraction(util)}"
-            total = d.get("mem_total_bytes")
+            total = d["mem_total_bytes"] if "mem_total_bytes" in d else None
             mem_bar.value = 0.0 if mem is None or not total else 100 * mem / total
             mem_text.value = f"&nbsp;{fmt_bytes(mem)} / {fmt_bytes(total)}"
             power.value = "" if watts is None else f"&nbsp;·&nbsp;{watts:.0f} W"
@@ -254,7 +254,7 @@ class LivePanel:
         util_text, mem_text, power = w.HTML(), w.HTML(), w.HTML()
         util_text.add_class("pm-live-gpu-util")
         self._gpu_rows[i] = (util_bar, util_text, mem_bar, mem_text, power)
-        name = html.escape(str(device.get("name") or ""))
+        name = html.escape(device["name"] or "" if "name" in device else "")
         label = w.HTML(f"<b>GPU {i}</b>&nbsp;<small>{name}</small>", layout={"width": "220px"})
         return w.HBox([label, util_bar, util_text, w.HTML("&nbsp;mem"), mem_bar, mem_text, power])
 

@@ -48,7 +48,7 @@ class MemoryBar:
 
 def memory_bars(report: ReportData) -> list[MemoryBar]:
     """The bars to draw, one per device with bytes; [] without a ``memory`` section."""
-    memory = report.get("memory")
+    memory = report["memory"]
     bars = []
     for d in memory["devices"] if memory else []:
         bar = parts(d)
@@ -81,7 +81,7 @@ def device_words(d: MemoryDevice) -> str:
 
 def memory_lines(report: ReportData) -> list[str]:
     """The text report's memory section."""
-    memory = report.get("memory")
+    memory = report["memory"]
     if not memory:
         return []
     head = f"Memory on step {memory['step']} (sampled)"

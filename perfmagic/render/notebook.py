@@ -9,12 +9,11 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Sequence
-from typing import Any
 
 from perfmagic.advise.headline import headline
 from perfmagic.analyze.monitoring import GpuFigures, MonitorSummary
 from perfmagic.compare import SECTIONS, speed_words
-from perfmagic.contract import ReportData
+from perfmagic.contract import ComparisonData, ProblemData, ReportData
 from perfmagic.render.colors import SEVERITY_COLORS
 from perfmagic.render.embed import charts_html
 from perfmagic.render.html import CSS, report_fragment
@@ -44,9 +43,9 @@ def finished_bundle(report: ReportData | None, error: str | None = None) -> Bund
         text = f"perfmagic: profiling failed ({error})" if error else "perfmagic: no report"
     else:
         steps = report["steps"]
-        text = f"perfmagic: profiled {fmt_seconds(report.get('wall_s'))}"
-        if steps.get("count"):
-            text += f", {steps['count']} steps, median step {fmt_seconds(steps.get('median_s'))}"
+        text = f"perfmagic: profiled {fmt_seconds(report['wall_s'])}"
+        if steps["count"]:
+            text += f", {steps['count']} steps, median step {fmt_seconds(steps['median_s'])}"
         text += f" — {headline(report)}"
         if error:
             text += f" (the cell ended with {error})"
@@ -70,45 +69,43 @@ def note_bundle(text: str) -> Bundle:
 
 
 def comparison_bundle(
-    comparison: dict[str, Any], text: str, labels: tuple[str, str] = ("before", "after")
+    comparison: ComparisonData, text: str, labels: tuple[str, str] = ("before", "after")
 ) -> Bundle:
     """Two runs side by side (``Comparison.to_dict()``): the headline, stage times, speed-up, and the
     problems resolved, still open and new, each in the words the text says (``said``)."""
     from perfmagic.render.png import comparison_png
     from perfmagic.render.waterfall import comparison_figure
 
-    stages = comparison.get("stages") or []
-    before = {s["name"]: float(s.get("before_s") or 0.0) for s in stages}
-    after = {s["name"]: float(s.get("after_s") or 0.0) for s in stages}
-    step = comparison.get("step") or {}
-    speedup = step.get("speedup")
+    stages = comparison["stages"]
+    before = {s["name"]: s["before_s"] for s in stages}
+    after = {s["name"]: s["after_s"] for s in stages}
+    step = comparison["step"]
+    speedup = step["speedup"]
     a, b = (html.escape(x) for x in labels)
     kpis = (
-        (f"mean step, {labels[0]}", fmt_seconds(step.get("before_s"))),
-        (f"mean step, {labels[1]}", fmt_seconds(step.get("after_s"))),
+        (f"mean step, {labels[0]}", fmt_seconds(step["before_s"])),
+        (f"mean step, {labels[1]}", fmt_seconds(step["after_s"])),
         ("change", speed_words(speedup) or "n/a"),
     )
     boxes = "".join(
         f'<div class="pm-kpi"><span>{html.escape(k)}</span><b>{html.escape(v)}</b></div>' for k, v in kpis
     )
     rows = "".join(
-        f"<tr><td>{html.escape(s['name'])}</td><td>{fmt_seconds(s.get('before_s'))}</td>"
-        f"<td>{fmt_seconds(s.get('after_s'))}</td><td>{_change(s.get('before_s'), s.get('after_s'))}</td></tr>"
-        for s in sorted(stages, key=lambda s: -max(s.get("before_s") or 0.0, s.get("after_s") or 0.0))
+        f"<tr><td>{html.escape(s['name'])}</td><td>{fmt_seconds(s['before_s'])}</td>"
+        f"<td>{fmt_seconds(s['after_s'])}</td><td>{_change(s['before_s'], s['after_s'])}</td></tr>"
+        for s in sorted(stages, key=lambda s: -max(s["before_s"], s["after_s"]))
     )
     table = (
         f'<table class="pm-cmp"><tr><th>stage (mean per step)</th><th>{a}</th><th>{b}</th><th>change</th></tr>'
         f"{rows}</table>"
     )
-    problems = comparison.get("problems") or {}
-    sections = "".join(
-        _problems_html(title, problems.get(status) or []) for status, title in SECTIONS.items()
-    )
+    problems = comparison["problems"]
+    sections = "".join(_problems_html(title, problems[status]) for status, title in SECTIONS.items())
     png = comparison_png(before, after, labels)  # what shows where no script runs, as for a report
     charts = charts_html(comparison_figure(before, after, labels), png)
     body = (
         f'<style>{CSS}</style><div class="pm-report"><h3>perfmagic comparison: {a} → {b}</h3>'
-        f'<div class="pm-bottleneck">{html.escape(comparison.get("headline") or "")}</div>'
+        f'<div class="pm-bottleneck">{html.escape(comparison["headline"])}</div>'
         f'<div class="pm-kpis">{boxes}</div>{charts}{table}{sections}</div>'
     )
     bundle = {"text/plain": text, "text/html": body}
@@ -117,11 +114,11 @@ def comparison_bundle(
     return bundle
 
 
-def _problems_html(title: str, matches: list[dict[str, Any]]) -> str:
+def _problems_html(title: str, matches: list[ProblemData]) -> str:
     """One status's problems: each the line the text says, colored by its severity."""
     items = "".join(
-        f'<li class="pm-problem" style="border-left-color:{SEVERITY_COLORS.get(m.get("severity") or "", "#bab0ac")}">'
-        f"{html.escape(str(m.get('said')))}</li>"
+        f'<li class="pm-problem" style="border-left-color:{SEVERITY_COLORS.get(m["severity"] or "", "#bab0ac")}">'
+        f"{html.escape(m['said'])}</li>"
         for m in matches
     )
     return f"<h4>{title} ({len(matches)})</h4>" + (f'<ul class="pm-problems">{items}</ul>' if items else "")

@@ -63,7 +63,7 @@ class ComparisonChart:
 
 def waterfall_chart(table: StepTable) -> Waterfall | None:
     """The waterfall to draw for a step table; None when it has no step."""
-    if not table.get("start"):
+    if not table["start"]:
         return None
     start = np.asarray(table["start"], dtype=float)
     end = np.asarray(table["end"], dtype=float)
@@ -101,8 +101,8 @@ def comparison_chart(
 
 def charts_png(report: ReportData) -> bytes | None:
     """The waterfall and the stage shares as PNG bytes; None when the report has no steps to draw."""
-    chart = waterfall_chart(report.get("step_table") or {})
-    stages = report.get("stages") or {}
+    chart = waterfall_chart(report["step_table"])
+    stages = report["stages"]
     if chart is None or not stages:
         return None
     bars = memory_bars(report)
@@ -209,11 +209,11 @@ def _legend(
 
 def _draw_shares(draw: Any, stages: dict[str, Stage], font: Any, title: Any) -> None:
     draw.text((_SIDE, 6), "Share of step time", fill=_INK, font=title)
-    order = sorted(stages, key=lambda n: -(stages[n].get("fraction") or 0.0))
+    order = sorted(stages, key=lambda n: -(stages[n]["fraction"] or 0.0))
     row = min(24, (HEIGHT - 40) // max(1, len(order)))
     bar_left, bar_right = _SIDE + 80, WIDTH - 44
     for k, name in enumerate(order):
-        share = float(stages[name].get("fraction") or 0.0)
+        share = float(stages[name]["fraction"] or 0.0)
         y = 34 + k * row
         draw.text((bar_left - 6, y + row / 2), name, fill=_INK, font=font, anchor="rm")
         x1 = bar_left + (bar_right - bar_left) * share

@@ -47,10 +47,10 @@ def ranks_html(report: ReportData, *, inline_bokehjs: bool = False) -> str:
 
     ``inline_bokehjs``: as :func:`perfmagic.render.embed.charts_html`.
     """
-    ranks = sorted(report.get("ranks") or [], key=lambda r: r["rank"])
+    ranks = sorted(report["ranks"], key=lambda r: r["rank"])
     if len(ranks) < 2:
         return ""
-    straggler = report.get("straggler")
+    straggler = report["straggler"]
     return (
         f'<style>{CSS}</style><div class="pm-ranks"><b>Ranks</b>{_straggler_line(straggler)}'
         f"{charts_html(rank_waterfall_figure(ranks, straggler), inline_bokehjs=inline_bokehjs)}"
@@ -76,7 +76,7 @@ def _label(rank: Rank, straggler: Straggler | None) -> str:
 
 def _mean(rank: Rank, stage: str) -> float | None:
     s = rank["stages"].get(stage)
-    return None if s is None else float(s.get("mean_s", s["median_s"]))
+    return None if s is None else float(s["mean_s"])
 
 
 def heat_table(ranks: list[Rank], straggler: Straggler | None) -> str:
@@ -107,7 +107,7 @@ def heat_table(ranks: list[Rank], straggler: Straggler | None) -> str:
         tag = '<span class="pm-straggler-tag">straggler</span>' if slow else ""
         rows.append(
             f'<tr class="pm-rank{" pm-straggler" if slow else ""}" data-rank="{rank["rank"]}">'
-            f"<th>{rank['rank']}{tag}</th><td>{html.escape(str(rank.get('node') or '-'))}</td>"
+            f"<th>{rank['rank']}{tag}</th><td>{html.escape(str(rank['node'] or '-'))}</td>"
             f"<td>{fmt_seconds(step)}</td>{''.join(cells)}</tr>"
         )
     return (
@@ -123,7 +123,7 @@ def rank_waterfall_figure(ranks: list[Rank], straggler: Straggler | None) -> Fig
     from bokeh.models.renderers import DataRenderer
     from bokeh.plotting import figure
 
-    tables = [(r, t) for r in ranks if (t := r.get("step_table")) and t["start"]]
+    tables = [(r, r["step_table"]) for r in ranks if "step_table" in r and r["step_table"]["start"]]
     if not tables:
         return None
     per_rank = max(1, RANK_BARS // len(tables))
@@ -178,7 +178,7 @@ def _bars(table: StepTable, label: str, max_bars: int) -> dict[str, dict[str, li
     # the stages fill the step's time in proportion: the step table holds how long, not when
     scale = np.divide(end - start, totals, out=np.zeros_like(totals), where=totals > 0)
     left = start[:, None] + (np.cumsum(seconds, axis=1) - seconds) * scale[:, None]
-    per = int(table.get("steps_per_row") or 1)
+    per = int(table["steps_per_row"] or 1)
     labels = [
         f"{f * per + 1}" if f == g and per == 1 else f"{f * per + 1}–{(g + 1) * per} (mean)"
         for f, g in zip(first, last, strict=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfmagic.analyze.devices import gpu_indices
+from perfmagic.contract import DeviceInfo
 from perfmagic.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -57,16 +58,17 @@ def write_nvidia_smi_csv(timeline: Timeline, path: str | os.PathLike[str]) -> in
     Wall-clock times come from ``meta["epoch"]``; without it the window is taken
     to have ended now.
     """
-    devices = {int(d["index"]): d for d in timeline.meta.get("devices") or []}
+    meta = timeline.meta
+    devices = {int(d["index"]): d for d in (meta["devices"] if "devices" in meta else [])}
     rows: list[tuple[float, int, list[str]]] = []
     for i in gpu_indices(timeline):
         columns = {key: _by_time(timeline, f"gpu{i}.{key}") for key in _SMI_KEYS}
-        static = devices.get(i, {})
-        total = static.get("mem_total_bytes")
+        static = devices.get(i, DeviceInfo())
+        total = static["mem_total_bytes"] if "mem_total_bytes" in static else None
         for tick in sorted(set().union(*columns.values())):
             util, mem_util, used, power, temp, pstate = (columns[key].get(tick) for key in _SMI_KEYS)
             fields = [
-                static.get("name") or _NA,
+                (static["name"] if "name" in static else None) or _NA,
                 _NA if pstate is None else f"P{int(pstate)}",
                 _NA if temp is None else f"{round(temp)}",
                 _NA if util is None else f"{round(util * 100)} %",
@@ -77,9 +79,7 @@ def write_nvidia_smi_csv(timeline: Timeline, path: str | os.PathLike[str]) -> in
             ]
             rows.append((tick, i, fields))
     rows.sort(key=lambda row: row[:2])
-    epoch = timeline.meta.get("epoch")
-    if epoch is None:
-        epoch = time.time() - max((row[0] for row in rows), default=0.0)
+    epoch = meta["epoch"] if "epoch" in meta else time.time() - max((row[0] for row in rows), default=0.0)
     with open(path, "w", encoding="utf-8", newline="") as f:
         f.write(NVIDIA_SMI_HEADER + "\n")
         for tick, _, fields in rows:

@@ -19,20 +19,19 @@ def write_tensorboard(report: ReportData, logdir: str | os.PathLike[str]) -> Pat
     """Write the report's scalars as a new event file in ``logdir`` (created if needed); returns ``logdir``."""
     from tensorboardX import SummaryWriter
 
-    table = report.get("step_table") or {}
-    ts = report.get("timeseries") or {}
-    epoch = float(ts.get("epoch") or 0.0)
+    table, ts = report["step_table"], report["timeseries"]
+    epoch = float(ts["epoch"] or 0.0)
     writer = SummaryWriter(logdir=str(logdir))
     try:
-        stages = table.get("stages") or {}
-        k = int(table.get("steps_per_row") or 1)  # a long run's rows are blocks of k steps
-        for i, (start, end) in enumerate(zip(table.get("start") or [], table.get("end") or [], strict=True)):
+        stages = table["stages"]
+        k = int(table["steps_per_row"] or 1)  # a long run's rows are blocks of k steps
+        for i, (start, end) in enumerate(zip(table["start"], table["end"], strict=True)):
             wall, step = epoch + end, i * k + 1
             writer.add_scalar("perfmagic/step_time_s", (end - start) / k, global_step=step, walltime=wall)
             for name, column in stages.items():
                 if column[i] is not None:
                     writer.add_scalar(f"perfmagic/stage/{name}_s", column[i], global_step=step, walltime=wall)
-        for metric, series in sorted((ts.get("metrics") or {}).items()):
+        for metric, series in sorted(ts["metrics"].items()):
             for t, v in zip(series["t"], series["v"], strict=True):
                 if v is not None:
                     writer.add_scalar(

@@ -35,8 +35,8 @@ def throughput_words(steps: Steps) -> str:
 def tuning_lines(report: ReportData) -> list[str]:
     """One line per knob tuning tried: its settings' measured times, and the best against the baseline."""
     lines = []
-    for knob in report.get("tuning") or []:
-        base, best = knob.get("baseline"), knob.get("best")
+    for knob in report["tuning"]:
+        base, best = knob["baseline"], knob["best"]
         if knob["knob"] == "step" and best and base:
             settings = ", ".join(f"{k}={v}" for k, v in best["value"].items())
             lines.append(
@@ -50,7 +50,7 @@ def tuning_lines(report: ReportData) -> list[str]:
                 f"(~{knob['speedup']:.2g}× against {base['value']})"
             )
         else:
-            lines.append(f"{knob['knob']}: not compared ({'; '.join(knob.get('notes') or [])})")
+            lines.append(f"{knob['knob']}: not compared ({'; '.join(knob['notes'])})")
     return lines
 
 
@@ -98,27 +98,27 @@ def _summary_lines(report: ReportData) -> list[str]:
 
 def _steps_lines(steps: Steps) -> list[str]:
     """How many steps, how long and how fast; or that none was seen, and where to mark them."""
-    if not steps.get("count"):
-        return ["steps: none seen" + (f" ({steps['hint']})" if steps.get("hint") else "")]
+    if not steps["count"]:
+        return ["steps: none seen" + (f" ({steps['hint']})" if steps["hint"] else "")]
     lines = [
         f"steps: {steps['count']}, median {fmt_seconds(steps['median_s'])}, "
         f"p90 {fmt_seconds(steps['p90_s'])}, {fmt_rate(steps['per_s'])} steps/s{throughput_words(steps)}, "
         f"first step done after {fmt_seconds(steps['first_s'])}"
     ]
-    if steps.get("warmup"):
+    if steps["warmup"]:
         lines.append(f"figures below: the {steps['count'] - steps['warmup']} steps after the first (warm-up)")
     return lines
 
 
 def _bottleneck_lines(report: ReportData) -> list[str]:
     """The straggler rank, else the bottleneck stage with its cause, and where more is to gain."""
-    straggler = report.get("straggler")
+    straggler = report["straggler"]
     if straggler:
         return [
             f"bottleneck: {straggler['stage']} on rank {straggler['rank']}, a straggler: "
             f"+{fmt_seconds(straggler['excess_s'])} per step that the other ranks wait for in comm"
         ]
-    if not report.get("bottleneck"):
+    if not report["bottleneck"]:
         return []
     stage = report["stages"].get(report["bottleneck"] or "")
     share = stage["fraction"] if stage else None
@@ -139,7 +139,7 @@ def _stage_lines(report: ReportData) -> list[str]:
         bar = "█" * round(s["fraction"] * _BAR_WIDTH)
         lines.append(
             f"  {name:<{width}}  {fmt_fraction(s['fraction']):>4}  {bar:<{_BAR_WIDTH}}  "
-            f"{fmt_seconds(s.get('mean_s', s['median_s']))}"
+            f"{fmt_seconds(s['mean_s'])}"
         )
     return lines
 
@@ -148,13 +148,11 @@ def _gpu_trace_lines(report: ReportData) -> list[str]:
     """How busy the GPU was in its trace, and the allocator's peaks where the trace has them."""
     g = report["gpu"]
     lines = (
-        [
-            f"GPU (trace): busy {fmt_fraction(g.get('busy_fraction'))}, idle {fmt_fraction(g.get('idle_fraction'))}"
-        ]
+        [f"GPU (trace): busy {fmt_fraction(g['busy_fraction'])}, idle {fmt_fraction(g['idle_fraction'])}"]
         if g
         else []
     )
-    for peak in report.get("gpu_memory") or []:
+    for peak in report["gpu_memory"] or []:
         lines.append(
             f"GPU {peak['device']} memory (trace): tensors peaked at {fmt_bytes(peak['allocated_peak_bytes'])}"
             + (
@@ -173,9 +171,9 @@ def _device_lines(report: ReportData) -> list[str]:
     return [
         "GPUs:",
         *(
-            f"  [{d.get('index')}] {d.get('name', '?')}: util {fmt_fraction(d.get('util_mean'))} "
-            f"(p95 {fmt_fraction(d.get('util_p95'))}), memory peak {fmt_bytes(d.get('mem_used_peak_bytes'))}"
-            f" / {fmt_bytes(d.get('mem_total_bytes'))}, power {_watts(d.get('power_mean_w'))}"
+            f"  [{d['index']}] {d['name'] or '?'}: util {fmt_fraction(d['util_mean'])} "
+            f"(p95 {fmt_fraction(d['util_p95'])}), memory peak {fmt_bytes(d['mem_used_peak_bytes'])}"
+            f" / {fmt_bytes(d['mem_total_bytes'])}, power {_watts(d['power_mean_w'])}"
             for d in report["devices"]
         ),
     ]
@@ -183,20 +181,19 @@ def _device_lines(report: ReportData) -> list[str]:
 
 def _host_lines(report: ReportData) -> list[str]:
     """The host's CPUs, their use, and the process tree's memory peak."""
-    host = report.get("host") or {}
-    if host.get("cpu_count") is None:
+    host = report["host"]
+    if host["cpu_count"] is None:
         return []
     return [
-        f"host: {host.get('cpu_count', '?')} CPUs, CPU {fmt_fraction(host.get('cpu_util_mean'))}, "
-        f"{memory_words(host)}"
+        f"host: {host['cpu_count']} CPUs, CPU {fmt_fraction(host['cpu_util_mean'])}, {memory_words(host)}"
     ]
 
 
 def _rank_lines(report: ReportData) -> list[str]:
     """The ranks side by side, and who reaches the collectives last; none for a single rank."""
-    if len(report.get("ranks", [])) <= 1:
+    if len(report["ranks"]) <= 1:
         return []
-    return [*rank_table(report), *_skew_lines(report.get("collective_skew"))]
+    return [*rank_table(report), *_skew_lines(report["collective_skew"])]
 
 
 def _skew_lines(skew: CollectiveSkew | None) -> list[str]:
@@ -262,7 +259,7 @@ def rank_table(report: ReportData) -> list[str]:
         rows.append(
             [
                 f"{r['rank']}{'*' if r['rank'] == straggler else ''}",
-                str(r.get("node") or "-"),
+                str(r["node"] or "-"),
                 str(r["steps"]["count"]),
                 fmt_seconds(step) if step is not None else "-",
                 *(fmt_seconds(r["stages"][n]["mean_s"]) if n in r["stages"] else "-" for n in stages),
@@ -280,5 +277,4 @@ def rank_table(report: ReportData) -> list[str]:
 
 
 def _busy(rank: Rank) -> float | None:
-    gpu = rank.get("gpu")
-    return gpu["busy_fraction"] if gpu else None
+    return rank["gpu"]["busy_fraction"] if "gpu" in rank else None

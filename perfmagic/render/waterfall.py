@@ -38,16 +38,15 @@ def report_layout(report: ReportData) -> LayoutDOM | None:
     """Stage waterfall, aggregate breakdown and utilization over time; None when there is nothing to draw."""
     from bokeh.layouts import column, row
 
-    table = report.get("step_table") or {}
+    table = report["step_table"]
     time_figs: list[Figure] = []
-    waterfall = waterfall_figure(table) if table.get("start") else None
+    waterfall = waterfall_figure(table) if table["start"] else None
     if waterfall is not None:
         time_figs.append(waterfall)
     x_range = waterfall.x_range if waterfall is not None else None
-    host = report.get("host") or {}
-    memory = memory_kind(host.get("pss_peak_bytes")) if host else None
-    time_figs += utilization_figures(report.get("timeseries") or {}, x_range, memory)
-    side = breakdown_figure(report.get("stages") or {})
+    memory = memory_kind(report["host"]["pss_peak_bytes"])
+    time_figs += utilization_figures(report["timeseries"], x_range, memory)
+    side = breakdown_figure(report["stages"])
     if not time_figs and side is None:
         return None
     left = column(*time_figs, sizing_mode="stretch_width") if time_figs else None
@@ -161,16 +160,16 @@ def breakdown_figure(stages: dict[str, Stage]) -> Figure | None:
     from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d
     from bokeh.plotting import figure
 
-    order = sorted(stages, key=lambda n: _num(stages[n].get("fraction")))
-    frac = [_num(stages[n].get("fraction")) for n in order]
+    order = sorted(stages, key=lambda n: _num(stages[n]["fraction"]))
+    frac = [_num(stages[n]["fraction"]) for n in order]
     src = ColumnDataSource(
         {
             "stage": order,
             "pct": [f * 100 for f in frac],
             "label": [f"{f:.0%}" for f in frac],
             "color": [stage_color(n) for n in order],
-            "total": [fmt_seconds(stages[n].get("total_s")) for n in order],
-            "mean": [fmt_seconds(stages[n].get("mean_s", stages[n].get("median_s"))) for n in order],
+            "total": [fmt_seconds(stages[n]["total_s"]) for n in order],
+            "mean": [fmt_seconds(stages[n]["mean_s"]) for n in order],
         }
     )
     fig = figure(
@@ -212,7 +211,7 @@ def utilization_figures(
     out (a single point draws nothing), and so is a chart left with no line.
     """
     metrics: dict[str, Series] = {
-        m: s for m, s in (ts.get("metrics") or {}).items() if sum(v is not None for v in s["v"]) >= 2
+        m: s for m, s in ts["metrics"].items() if sum(v is not None for v in s["v"]) >= 2
     }
     gpus = [(m, g) for m in sorted(metrics) if (g := gpu_metric(m)) is not None]
     util = [(f"GPU {i}", m, 100.0) for m, (i, quantity) in gpus if quantity == "util"]

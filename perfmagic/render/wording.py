@@ -14,36 +14,36 @@ def most_to_gain(report: ReportData) -> str | None:
     """Why the first card is not about the largest stage, when it is not: it saves the most."""
     from perfmagic.advise.catalog import STAGE_OF
 
-    advice, bottleneck = report.get("advice") or [], report.get("bottleneck")
-    if not advice or not bottleneck or not advice[0].get("saving_s"):
+    advice, bottleneck = report["advice"], report["bottleneck"]
+    if not advice or not bottleneck or not advice[0]["saving_s"]:
         return None
     top = advice[0]
     if (
-        bottleneck in STAGE_OF.get(str(top.get("id")), "").split()
+        bottleneck in STAGE_OF.get(top["id"], "").split()
         or cause_card_title(report, bottleneck) == top["title"]
     ):
         return None  # about the bottleneck, or the bottleneck's cause the headline names
-    return f"most to gain elsewhere: {top.get('title')} (saves ~{fmt_seconds(top['saving_s'])} per step)"
+    return f"most to gain elsewhere: {top['title']} (saves ~{fmt_seconds(top['saving_s'])} per step)"
 
 
 def saving_words(card: Card) -> str:
     """What fixing a card gains, in words: per step and as a speed-up, or once."""
-    once = (card.get("metrics") or {}).get("one_time_s")
+    metrics = card["metrics"]
+    once = metrics.get("one_time_s")
     if once:
         return f"one-time cost ~{fmt_seconds(once)}"
     parts = []
-    if card.get("saving_s"):
+    if card["saving_s"]:
         parts.append(f"saves ~{fmt_seconds(card['saving_s'])} per step")
-    speedup = card.get("speedup")
+    speedup = card["speedup"]
     if speedup:
         parts.append(f"~{speedup:.2g}× faster" if speedup >= 1.1 else f"~{(speedup - 1) * 100:.0f}% faster")
-    metrics = card.get("metrics") or {}
     interval = metrics.get("saving_interval_s")
     if metrics.get("uncertain") and interval:
         parts.append(
             f"uncertain: {fmt_seconds(interval[0])}–{fmt_seconds(interval[1])} (p10–p90 of the steps)"
         )
-    alone, saving = metrics.get("saving_alone_s"), card.get("saving_s")
+    alone, saving = metrics.get("saving_alone_s"), card["saving_s"]
     if alone and saving is not None and alone > 1.05 * saving:
         parts.append(f"{fmt_seconds(alone)} on its own, less after the changes above")
     energy = energy_saving_words(card)
@@ -54,7 +54,7 @@ def saving_words(card: Card) -> str:
 
 def plan_line(report: ReportData) -> str | None:
     """The plan's predicted step, where more than one change makes it."""
-    plan = report.get("plan")
+    plan = report["plan"]
     if not plan or len(plan["changes"]) < 2 or plan["predicted_step_s"] >= plan["step_s"]:
         return None
     return (
@@ -73,8 +73,7 @@ def hotspot_lines(report: ReportData) -> list[str]:
     """The lines a large ``other`` or ``data`` was sampled in: the training thread's, or in ``data`` the
     DataLoader workers' (where they sampled themselves)."""
     lines: list[str] = []
-    stages, spots = report.get("stages") or {}, report.get("hotspots") or {}
-    loading = report.get("loading")
+    stages, spots, loading = report["stages"], report["hotspots"], report["loading"]
     for stage in EXPLAINED_STAGES:
         share = stages[stage]["fraction"] if stage in stages else 0.0
         places = spots.get(stage) or []
@@ -83,7 +82,7 @@ def hotspot_lines(report: ReportData) -> list[str]:
         first = places[0]
         samples = round(first["samples"] / first["share"]) if first["share"] else first["samples"]
         listed = ", ".join(f"{p['where']} {fmt_fraction(p['share'])}" for p in places[:3])
-        if first.get("sampled") == "workers":
+        if first["sampled"] == "workers":
             lines.append(
                 f"{stage} ({fmt_fraction(share)} of the step) waits for the DataLoader workers, mostly in: "
                 f"{listed} (of {samples} samples of the workers' stacks while they built batches)"
@@ -105,20 +104,20 @@ def hotspot_lines(report: ReportData) -> list[str]:
 
 def evaluation_line(report: ReportData) -> str | None:
     """Evaluation passes, kept out of the steps: "evaluation: 8% of wall time, every 10 steps (3 passes, 0.25 s)"."""
-    ev = report.get("evaluation") or {}
-    if not ev.get("passes"):
+    ev = report["evaluation"]
+    if not ev["passes"]:
         return None
-    every = f", every {ev['every_steps']:g} steps" if ev.get("every_steps") else ""
+    every = f", every {ev['every_steps']:g} steps" if ev["every_steps"] else ""
     passes = f"{ev['passes']} pass{'es' if ev['passes'] != 1 else ''}"
     return (
-        f"evaluation: {fmt_fraction(ev.get('fraction_of_wall'))} of wall time{every} "
-        f"({passes}, {fmt_seconds(ev.get('total_s'))}; not in the steps)"
+        f"evaluation: {fmt_fraction(ev['fraction_of_wall'])} of wall time{every} "
+        f"({passes}, {fmt_seconds(ev['total_s'])}; not in the steps)"
     )
 
 
 def minor_line(report: ReportData) -> str | None:
     """The rules that fired with too little to gain for a card, on one line."""
-    minor = report.get("advice_minor") or []
+    minor = report["advice_minor"]
     if not minor:
         return None
     parts = [
@@ -132,9 +131,9 @@ def minor_line(report: ReportData) -> str | None:
 
 def memory_peak(host: Host) -> tuple[str, int | None]:
     """The process tree's memory peak in its one measure (``schema.memory_kind``): ``("PSS", bytes)``."""
-    pss = host.get("pss_peak_bytes")
+    pss = host["pss_peak_bytes"]
     kind = memory_kind(pss)
-    return kind, pss if kind == "PSS" else host.get("rss_peak_bytes")
+    return kind, pss if kind == "PSS" else host["rss_peak_bytes"]
 
 
 def memory_words(host: Host) -> str:
@@ -145,7 +144,7 @@ def memory_words(host: Host) -> str:
 
 def origin_words(report: ReportData) -> str:
     """Where the report comes from: its source, framework and trainer (``live, pytorch, hf_trainer``)."""
-    return ", ".join(str(report[k]) for k in ("source", "framework", "trainer") if report.get(k))
+    return ", ".join(str(v) for v in (report["source"], report["framework"], report["trainer"]) if v)
 
 
 def rank_stages(ranks: list[Rank]) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from analysis_builder import whole_report
 from torch.utils.data import DataLoader, TensorDataset
 
 import perfmagic
@@ -84,19 +85,22 @@ def test_html_survives_json_round_trip(report: perfmagic.Report, tmp_path: Path)
 
 
 def test_advice_cards_render_with_severity_saving_and_copyable_fix() -> None:
+    from perfmagic.advise.card import make_card
     from perfmagic.render.colors import SEVERITY_COLORS
     from perfmagic.render.html import cards_html
 
-    card = {
-        "id": "input_bound",
-        "severity": "high",
-        "title": "Input-bound <fast>",
-        "evidence": "data takes 62% of each step",
-        "fix": "DataLoader(ds, num_workers=4)",
-        "saving_s": 0.012,
-        "speedup": 1.8,
-    }
-    out = cards_html([card])
+    card = make_card(
+        "input_bound",
+        "Input-bound <fast>",
+        "data takes 62% of each step",
+        "DataLoader(ds, num_workers=4)",
+        {},
+        saving_s=0.012,
+        step_s=0.027,  # 1.8× faster without the 12 ms
+        model=None,
+        severity="high",
+    )
+    out = cards_html([card.to_dict()])
     assert SEVERITY_COLORS["high"] in out and 'data-advice-id="input_bound"' in out
     assert "Input-bound &lt;fast&gt;" in out  # escaped
     assert "saves ~12.0 ms per step" in out and "1.8× faster" in out
@@ -109,10 +113,11 @@ def test_advice_cards_render_with_severity_saving_and_copyable_fix() -> None:
 def test_fix_is_text_everywhere_and_copy_only_where_scripts_run(tmp_path: Path) -> None:
     from browser import chromium
 
+    from perfmagic.advise.card import make_card
     from perfmagic.render.html import CSS, cards_html, document
 
     fix = "loader = DataLoader(ds,\n    num_workers=4)"
-    card = {"id": "dataloader_workers", "severity": "high", "title": "t", "evidence": "e", "fix": fix}
+    card = make_card("dataloader_workers", "t", "e", fix, {}, saving_s=0.5, step_s=1.0, model=None).to_dict()
     path = tmp_path / "fixes.html"
     path.write_text(
         document("fixes", f'<style>{CSS}</style><div class="pm-report">{cards_html([card])}</div>')
@@ -366,19 +371,27 @@ def test_thousands_of_steps_stay_small_and_fast() -> None:
     stages = {name: (rng.random(n) * 0.01).tolist() for name in ("data", "forward", "backward", "optimizer")}
     total = np.sum(list(stages.values()), axis=0)
     start = np.concatenate([[0.0], np.cumsum(total)[:-1]])
-    report = {
-        "schema": "perfmagic.report/1",
-        "source": "live",
-        "wall_s": float(total.sum()),
-        "steps": {"count": n, "median_s": 0.02, "p90_s": 0.03, "first_s": 0.02, "per_s": 50.0},
-        "stages": {k: {"total_s": sum(v), "fraction": 0.25, "median_s": 0.005} for k, v in stages.items()},
-        "bottleneck": "data",
-        "step_table": {"start": start.tolist(), "end": (start + total).tolist(), "stages": stages},
-        "advice": [],
-        "warnings": [],
-        "gpu": None,
-        "devices": [],
-    }
+    whole = whole_report()
+    report = whole_report(
+        wall_s=float(total.sum()),
+        steps={**whole["steps"], "count": n, "median_s": 0.02, "p90_s": 0.03, "first_s": 0.02, "per_s": 50.0},
+        stages={
+            k: {"total_s": sum(v), "fraction": 0.25, "median_s": 0.005, "mean_s": sum(v) / n}
+            for k, v in stages.items()
+        },
+        bottleneck="data",
+        step_table={
+            "boundary": None,
+            "steps_per_row": 1,
+            "start": start.tolist(),
+            "end": (start + total).tolist(),
+            "stages": stages,
+        },
+        advice=[],
+        warnings=[],
+        gpu=None,
+        devices=[],
+    )
     begin = time.perf_counter()
     page = report_fragment(report, png=charts_png(report))
     assert time.perf_counter() - begin < 5
@@ -404,7 +417,7 @@ def test_gpu_metrics_are_labelled_by_index_in_charts_and_trace() -> None:
     util, mem = utilization_figures(ts)
     assert [item.label["value"] for item in util.legend[0].items] == ["GPU 0", "GPU 12", "host CPU"]
     assert [item.label["value"] for item in mem.legend[0].items] == ["GPU 12 memory"]
-    trace = chrome_trace({"timeseries": ts})
+    trace = chrome_trace(whole_report(timeseries={"epoch": None, **ts}))
     counters = {e["name"] for e in trace["traceEvents"] if e["ph"] == "C"}
     assert counters == {
         "GPU 0 utilization (%)",

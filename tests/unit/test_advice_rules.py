@@ -342,7 +342,13 @@ def test_cpu_contention() -> None:
 
 
 def test_a_complete_tf_data_pipeline_on_a_crowded_machine_is_left_to_cpu_contention() -> None:
-    complete = {"ops": ["batch", "cache", "prefetch"], "serial_maps": 0, "cache": True, "prefetch": True}
+    complete = {
+        "ops": ["batch", "cache", "prefetch"],
+        "serial_maps": 0,
+        "parallel_maps": 0,
+        "cache": True,
+        "prefetch": True,
+    }
     busy = {**HOST_SAMPLES, "host.cpu_util": 0.98, "host.proc_cpu_cores": 2.0}
     crowded = build(stages=stages(data=0.01), loader=None, samples=busy)
     crowded = dataclasses.replace(crowded, config=dataclasses.replace(crowded.config, pipelines=[complete]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,16 +13,22 @@ from analysis_builder import CUDA_TORCH, GiB, gpu_static, timeline
 from contract_checks import mismatches
 from trace_data import real
 
-from perfmagic.analyze import StageStats, StepStats
+import perfmagic
+from perfmagic.analyze import StageStats, StepStats, training_config
 from perfmagic.analyze.evaluation import EvaluationStats
 from perfmagic.analyze.ranks import Straggler as StragglerStats
 from perfmagic.contract import (
+    CheckpointMark,
+    ComparisonData,
     Evaluation,
+    ModelMark,
+    OptimizerMark,
     ReportData,
     Stage,
     Steps,
     Straggler,
     TimelineMeta,
+    TorchCounters,
 )
 from perfmagic.report import Report, report_from_timelines
 from perfmagic.trace_report import report_from_traces
@@ -64,6 +71,41 @@ def test_a_report_from_traces_has_the_declared_keys_and_types(names: list[str]) 
         assert len(data["ranks"]) == 2 and all("step_table" in r for r in data["ranks"])
     conforms(data, ReportData)
     conforms(json.loads(report.to_json()), ReportData)
+
+
+def test_a_comparison_of_two_traced_reports_has_the_declared_keys_and_types() -> None:
+    before, after = (report_from_traces([real(n)]) for n in ("h200_train.json.gz", "sampled_rank-0.json.gz"))
+    data = before.compare(after).to_dict()
+    assert data["gpu"] and data["kernels"]  # both traced: the GPU figures and kernels are compared too
+    conforms(data, ComparisonData)
+    conforms(json.loads(json.dumps(data)), ComparisonData)
+
+
+def test_the_hooks_marks_of_a_real_loop_have_the_declared_keys_and_types(tmp_path: Path) -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 2)), batch_size=4)
+    with perfmagic.profile(outdir=tmp_path, sample=False, children=False) as session:
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        torch.save(model.state_dict(), tmp_path / "weights.pt")
+        torch.save({"model": model.state_dict(), "step": 4}, tmp_path / "checkpoint.pt")
+    config = training_config(session.timeline)
+    assert len(config.models) == len(config.optimizers) == 1 and len(config.checkpoints) == 2
+    assert config.counters["optimizer_steps"] == 4 and "num_threads" in config.counters
+    for model_mark in config.models:
+        conforms(model_mark, ModelMark)
+    for optimizer_mark in config.optimizers:
+        conforms(optimizer_mark, OptimizerMark)
+    for checkpoint in config.checkpoints:
+        conforms(checkpoint, CheckpointMark)
+    conforms(config.counters, TorchCounters)
 
 
 def test_a_report_of_no_steps_has_the_declared_keys_and_types() -> None:

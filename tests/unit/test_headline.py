@@ -13,7 +13,13 @@ from perfmagic.render.html import report_fragment
 from perfmagic.render.text import render_text
 from perfmagic.report import build_report
 
-COMPLETE = {"ops": ["batch", "cache", "prefetch"], "serial_maps": 0, "cache": True, "prefetch": True}
+COMPLETE = {
+    "ops": ["batch", "cache", "prefetch"],
+    "serial_maps": 0,
+    "parallel_maps": 0,
+    "cache": True,
+    "prefetch": True,
+}
 """A tf.data pipeline with nothing left to add: its wait on a crowded machine is left to cpu_contention."""
 
 

@@ -7,13 +7,13 @@ import re
 from typing import Any
 
 import pytest
-from analysis_builder import GiB, plain
+from analysis_builder import GiB, whole_report
 
+from perfmagic.advise.card import make_card
 from perfmagic.render.html import cards_html, report_fragment
 from perfmagic.render.live import memory_now
 from perfmagic.render.text import render_text
 from perfmagic.render.waterfall import utilization_figures
-from perfmagic.report import build_report
 from perfmagic.schema import memory_kind
 from perfmagic.timeline import Timeline
 
@@ -21,8 +21,8 @@ FIX = "loader = DataLoader(ds, num_workers=4)  # was 0"
 
 
 def test_a_fix_is_text_to_select_and_its_copy_button_is_made_only_by_a_script() -> None:
-    card = {"id": "dataloader_workers", "severity": "high", "title": "t", "evidence": "e", "fix": FIX}
-    page = cards_html([card])
+    card = make_card("dataloader_workers", "t", "e", FIX, {}, saving_s=0.5, step_s=1.0, model=None)
+    page = cards_html([card.to_dict()])
     assert "<pre><code>loader = DataLoader(ds, num_workers=4)  # was 0</code></pre>" in page
     markup = re.sub(r"<script>.*?</script>", "", page, flags=re.S)  # what a page without scripts has
     assert "<button" not in markup and "onclick" not in markup and "Copy" not in markup
@@ -33,13 +33,14 @@ def test_a_fix_is_text_to_select_and_its_copy_button_is_made_only_by_a_script() 
 
 
 def test_cards_without_a_fix_carry_no_script() -> None:
-    page = cards_html([{"id": "x", "severity": "info", "title": "t", "evidence": "e", "fix": ""}])
+    card = make_card("x", "t", "e", "", {}, saving_s=None, step_s=None, model=None)
+    page = cards_html([card.to_dict()])
     assert "<script" not in page and "pm-fix" not in page
 
 
 def one_report(pss: bool, steps: bool = True) -> dict[str, Any]:
     """A report whose process tree peaked at 2 GiB RSS, and 1.5 GiB PSS where ``pss``."""
-    report: dict[str, Any] = dict(build_report(plain()).to_dict())
+    report = whole_report()
     host = {**report["host"], "rss_peak_bytes": 2 * GiB, "pss_peak_bytes": int(1.5 * GiB) if pss else None}
     series = {"t": [0.0, 1.0, 2.0], "v": [GiB, 1.5 * GiB, 1.4 * GiB]}
     metrics = {"host.cpu_util": {"t": [0.0, 1.0, 2.0], "v": [0.3, 0.4, 0.3]}, "host.rss_bytes": series}

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from analysis_builder import whole_report
 from PIL import Image
 
 from perfmagic.render.axes import FIT, Axis, seconds_axis, time_axis
@@ -39,14 +40,24 @@ def report() -> dict[str, Any]:
     stages["forward"][7] = stages["backward"][7] = 0.2
     total = np.sum(list(stages.values()), axis=0)
     start = 0.0763 + np.concatenate([[0.0], np.cumsum(total)[:-1]])
-    return {
-        "step_table": {
-            "start": start.tolist(),
-            "end": (start + total).tolist(),
-            "stages": {k: v.tolist() for k, v in stages.items()},
-        },
-        "stages": {k: {"fraction": float(v.sum() / total.sum())} for k, v in stages.items()},
+    whole = whole_report()  # every other section as the report builder writes it
+    whole["step_table"] = {
+        "boundary": None,
+        "steps_per_row": 1,
+        "start": start.tolist(),
+        "end": (start + total).tolist(),
+        "stages": {k: v.tolist() for k, v in stages.items()},
     }
+    whole["stages"] = {
+        k: {
+            "total_s": float(v.sum()),
+            "fraction": float(v.sum() / total.sum()),
+            "median_s": float(np.median(v)),
+            "mean_s": float(v.mean()),
+        }
+        for k, v in stages.items()
+    }
+    return whole
 
 
 def is_round(step: float) -> bool:
