@@ -12,7 +12,7 @@ from typing import Any
 
 from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.contract import AllocatorMeta
-from perfmagic.schema import ALLOCATOR
+from perfmagic.schema import ALLOCATOR, PINNED_BYTES
 from perfmagic.timeline import Timeline
 
 DEVICES_EVERY_S = 1.0
@@ -103,7 +103,8 @@ class AllocatorSource:
     and over the window its peaks, the cudaMalloc retries (it freed its cache to find memory: slow)
     and the out-of-memory errors.
 
-    Metrics ``gpu{i}.torch_allocated_bytes`` and ``gpu{i}.torch_reserved_bytes``; the window's
+    Metrics ``gpu{i}.torch_allocated_bytes`` and ``gpu{i}.torch_reserved_bytes``, and ``host.pinned_bytes``:
+    the page-locked host memory its host allocator holds (``pin_memory``'s buffers; torch >= 2.6); the window's
     figures go to ``meta[ALLOCATOR]``. It reads host-side counters only (no device call), and
     only once the profiled code has initialized CUDA; the peaks are the allocator's own where they
     were reached inside the window (its peak counters are never reset: they are the user's).
@@ -139,6 +140,9 @@ class AllocatorSource:
             self._sampled_peak[d] = (max(allocated, stats["allocated"]), max(reserved, stats["reserved"]))
             timeline.add_sample(f"gpu{d}.torch_allocated_bytes", now, float(stats["allocated"]))
             timeline.add_sample(f"gpu{d}.torch_reserved_bytes", now, float(stats["reserved"]))
+        host_stats = getattr(cuda, "host_memory_stats", None)
+        if host_stats is not None:
+            timeline.add_sample(PINNED_BYTES, now, float(host_stats().get("allocated_bytes.current") or 0))
 
     def close(self, timeline: Timeline) -> None:
         cuda = self._cuda()

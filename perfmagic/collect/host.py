@@ -4,7 +4,7 @@
 
 - ``host.cpu_util`` and ``host.cpu{k}_util`` (busy fraction of all cores / of core k),
   ``host.iowait`` (fraction of CPU time spent waiting for I/O);
-- ``host.mem_available_bytes``;
+- ``host.mem_available_bytes``, ``host.swap_used_bytes`` (the machine's swap in use);
 - ``host.proc_cpu_cores``: CPU used by the profiled process and all its descendants
   (DataLoader workers), in cores; ``host.children_cpu_cores``: the descendants' part;
   ``host.children_wait_cores``: the time the descendants were runnable but waited for
@@ -46,7 +46,7 @@ from typing import Any
 import psutil
 
 from perfmagic.collect.sampler import SourceUnavailable
-from perfmagic.schema import CHILDREN_DISK
+from perfmagic.schema import CHILDREN_DISK, SWAP_USED
 from perfmagic.timeline import Timeline
 
 
@@ -194,6 +194,7 @@ class HostSource:
             self._next_slow = now + self._slow_interval
             self._poll_cores(now, timeline)
             add("host.mem_available_bytes", now, float(psutil.virtual_memory().available))
+            add(SWAP_USED, now, float(psutil.swap_memory().used))
             for metric, value in self._counters().items():
                 add(metric, now, value - self._base.get(metric, 0.0))
         self._last_tick = now

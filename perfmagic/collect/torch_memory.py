@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from perfmagic.collect.memory_readers import DeviceReader, readers_for
-from perfmagic.contract.memory import MemoryBlock, MemoryDeviceMeta, MemoryMeta
+from perfmagic.contract.memory import HostEmbedding, MemoryBlock, MemoryDeviceMeta, MemoryMeta
 
 if TYPE_CHECKING:
     from perfmagic.collect.torch_hooks import TorchStages
@@ -30,6 +30,9 @@ SAMPLE_FORWARD = 3
 
 READ_EVERY_S = 0.001
 """How often the reading thread reads the memory in use through the sampled step."""
+
+HOST_EMBEDDING_SHARE = 0.25
+"""Share of the model's parameter bytes from which an embedding table left on the host is noted."""
 
 MEMORY: Final = "memory"
 """The timeline's meta key the probe writes (``MemoryMeta``)."""
@@ -243,6 +246,7 @@ class MemoryProbe:
             "blocks_path": m["blocks_path"],
             "blocks": m.get("blocks", []),
             "devices": devices,
+            "host_embeddings": host_embeddings(self._module, params, self._stages.torch),
         }
 
     def close(self) -> None:
@@ -317,6 +321,22 @@ class _Blocks:
 
     def finished(self) -> list[MemoryBlock]:
         return list(self.figures.values())
+
+
+def host_embeddings(model: Any, params: dict[str, int], torch: Any) -> list[HostEmbedding]:
+    """The model's embedding tables held on the CPU while other parameters are on a GPU, each of
+    ``HOST_EMBEDDING_SHARE`` or more of its parameter bytes (``params``: bytes by device)."""
+    whole = sum(params.values())
+    if model is None or not whole or not any(d.startswith("cuda") for d in params):
+        return []
+    out: list[HostEmbedding] = []
+    for name, m in model.named_modules():
+        weight = getattr(m, "weight", None)
+        if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag) and weight is not None:
+            size = weight.numel() * weight.element_size()
+            if weight.device.type == "cpu" and size >= HOST_EMBEDDING_SHARE * whole:
+                out.append({"path": attribute_path(name), "bytes": size, "parameter_share": size / whole})
+    return out
 
 
 def _compiled(module: Any) -> bool:
