@@ -408,3 +408,57 @@ def with_memory(a: Analysis, **options: Any) -> Analysis:
     from perfmagic.analyze.memory import memory_section
 
     return dataclasses.replace(a, memory=memory_section(memory_meta(**options), a.devices))  # type: ignore[arg-type]
+
+
+MiB = 2**20
+ROWS_CONTAINER: dict[str, Any] = {
+    "attribute": "rows",
+    "kind": "list of dict",
+    "length": 1_000_000,
+    "bytes": 400 * MiB,
+}
+"""A dataset's list of a million dicts, as ``collect.dataset_memory`` notes it."""
+
+
+def with_host_memory(
+    *,
+    growth: int | None = None,
+    workers: int = 2,
+    start_method: str = "fork",
+    containers: Sequence[dict[str, Any]] = (ROWS_CONTAINER,),
+    **host: Any,
+) -> Analysis:
+    """A CPU run whose DataLoader ``train_set`` has ``workers`` workers, each of which grew by ``growth``
+    bytes (None: none measured, as under spawn), and the memory section of that alone (``host``: other
+    ``memory.host`` fields)."""
+    from perfmagic.analyze.memory import memory_section
+
+    loader = {**LOADER, "num_workers": workers, "start_method": start_method, "dataset_name": "train_set"}
+    a = plain(loader={**loader, "containers": list(containers)})
+    measured = (
+        []
+        if growth is None
+        else [
+            {
+                "pid": 100 + k,
+                "first_uss_bytes": 10 * MiB,
+                "last_uss_bytes": 10 * MiB + growth,
+                "samples": 5000,
+                "growth_bytes": growth,
+            }
+            for k in range(workers)
+        ]
+    )
+    section: Any = {
+        "start_method": start_method,
+        "dataset_name": "train_set",
+        "containers": list(containers),
+        "workers": measured,
+        "worker_growth_bytes": growth,
+        "pinned_bytes": None,
+        "swap_start_bytes": None,
+        "swap_growth_bytes": None,
+        "embeddings": [],
+        **host,
+    }
+    return dataclasses.replace(a, memory=memory_section(None, a.devices, section))

@@ -54,6 +54,7 @@ ABOUT: dict[str, About] = {
     "optimizer_memory": About("device memory", None),
     "weight_memory": About("device memory", None),
     "allocator_fragmentation": About("device memory", None),
+    "dataloader_copy_on_read": About("host memory", None),
     "low_gpu_util": About("idle GPU", None),
     "gpu_gaps": About("GPU starvation gaps", None),
     "sync_copies": About("synchronous copies", None),

@@ -5,7 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from perfmagic.advise import data, distributed, gpu, gpu_checks, host, loop, memory, pace, startup, storage
+from perfmagic.advise import (
+    data,
+    distributed,
+    gpu,
+    gpu_checks,
+    host,
+    host_memory,
+    loop,
+    memory,
+    pace,
+    startup,
+    storage,
+)
 from perfmagic.advise.card import SEVERITIES, Card
 from perfmagic.advise.energy import with_energy_savings
 from perfmagic.advise.plan import Plan, plan_of
@@ -30,6 +42,7 @@ RULES: list[Rule] = [
     memory.optimizer_memory,
     memory.weight_memory,
     memory.allocator_fragmentation,
+    host_memory.dataloader_copy_on_read,
     gpu.low_gpu_util,
     gpu.launch_bound,
     gpu_checks.gpu_gaps,

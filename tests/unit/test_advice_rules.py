@@ -31,6 +31,7 @@ IDS = [
     "optimizer_memory",
     "weight_memory",
     "allocator_fragmentation",
+    "dataloader_copy_on_read",
     "low_gpu_util",
     "launch_bound",
     "gpu_gaps",

@@ -24,6 +24,7 @@ from analysis_builder import (
     GiB,
     build,
     plain,
+    with_host_memory,
     with_memory,
 )
 from report_checks import assert_consistent
@@ -37,6 +38,7 @@ from perfmagic.advise import (
     gpu,
     gpu_checks,
     host,
+    host_memory,
     loop,
     memory,
     pace,
@@ -176,6 +178,12 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
         lambda: with_memory(
             on_gpu(), acts=2 * GiB, reserved=30 * GiB, retries=3, alloc_conf="expandable_segments:True"
         ),
+    ),
+    # forked workers that each grew 300 MiB reading a list of dicts; 4 MiB is a worker's own buffers
+    "dataloader_copy_on_read": (
+        host_memory.dataloader_copy_on_read,
+        lambda: with_host_memory(growth=300 * 2**20),
+        lambda: with_host_memory(growth=4 * 2**20),
     ),
     "low_gpu_util": (gpu.low_gpu_util, lambda: on_gpu(util=0.2), lambda: on_gpu(util=0.6)),
     "launch_bound": (

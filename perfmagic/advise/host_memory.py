@@ -1,0 +1,137 @@
+"""Host memory rules (report key ``memory.host``): DataLoader workers that copy the dataset they read,
+swap that grows while the training runs, and embedding tables left in host memory.
+
+Each card says the bytes its fix frees and the step time it costs, as the device memory cards do
+(:mod:`perfmagic.advise.memory`).
+"""
+
+from __future__ import annotations
+
+from perfmagic.advise.card import Card, make_card
+from perfmagic.analyze import Analysis
+from perfmagic.contract.memory import DatasetContainer, HostMemory
+from perfmagic.units import fmt_bytes, fmt_fraction
+
+MiB = 2**20
+COPY_MIN_BYTES = 8 * MiB
+"""A forked worker's USS growth worth a card: a worker reading numpy arrays grows well under it (its own
+buffers), one reading a list of dicts by a page per few dozen samples."""
+PICKLED_MIN_BYTES = 64 * MiB
+"""A dataset's Python objects worth a card where each spawned worker unpickles its own copy of them."""
+MACHINE_SHARE = 0.05
+"""All workers' copies at this share of the machine's memory or more: a medium card; else a low one."""
+NUMPY_ITEMS = ("tuple", "list", "int", "float", "str", "bool")
+"""Items ``np.array`` turns into one array (a list of tuples of numbers: a 2-D array)."""
+
+
+def _host(a: Analysis) -> HostMemory | None:
+    return a.memory["host"] if a.memory is not None else None
+
+
+def dataloader_copy_on_read(a: Analysis) -> Card | None:
+    """Forked workers copy the dataset's Python objects as they read them; spawned ones each unpickle a copy."""
+    host, ld = _host(a), a.config.loader
+    if host is None or ld is None or not ld.num_workers or not host["containers"]:
+        return None
+    c = host["containers"][0]
+    target = f"{host['dataset_name'] or 'dataset'}.{c['attribute']}"
+    held = f"{target} is a {c['kind']} of {c['length']:,} items (about {fmt_bytes(c['bytes'])})"
+    pickled = host["start_method"] in ("spawn", "forkserver")
+    if pickled:
+        if c["bytes"] < PICKLED_MIN_BYTES:
+            return None
+        each = c["bytes"]
+        evidence = (
+            f"The DataLoader's {ld.num_workers} workers start by {host['start_method']}: each holds a pickled "
+            f"copy of the dataset. {held}, so each worker holds about {fmt_bytes(each)} of it (an estimate from its "
+            "first items), in Python objects it then reads one by one."
+        )
+    else:
+        growth = host["worker_growth_bytes"]
+        if growth is None or growth < COPY_MIN_BYTES:
+            return None
+        each = growth
+        samples = sum(w["samples"] for w in host["workers"]) // max(1, len(host["workers"]))
+        evidence = (
+            f"The {len(host['workers'])} forked DataLoader workers' unique memory (USS) grew by "
+            f"{fmt_bytes(growth)} each on average while each read {samples:,} samples (measured). {held}: "
+            "reading an item writes its reference count, which copies the page it lies on into the worker "
+            f"(copy-on-read). A worker that reads all of it copies up to {fmt_bytes(c['bytes'])}; numpy arrays "
+            "or tensors are one object over one buffer, read without a write."
+        )
+    freed = each * ld.num_workers
+    evidence += f" All {ld.num_workers} workers: {fmt_bytes(freed)}{_fraction_of_machine(a, freed)}."
+    total = a.host["mem_total_bytes"]
+    return make_card(
+        "dataloader_copy_on_read",
+        f"Each DataLoader worker {'holds a copy of' if pickled else 'copies'} {target} ({c['kind']})",
+        evidence,
+        "\n".join(_columns_fix(target, c, pickled, ld.num_workers)),
+        {
+            "attribute": c["attribute"],
+            "kind": c["kind"],
+            "items": c["length"],
+            "dataset_bytes": c["bytes"],
+            "start_method": host["start_method"],
+            "workers": ld.num_workers,
+            "growth_per_worker_bytes": None if pickled else each,
+            "freed_bytes": int(freed),
+            "step_cost_s": 0.0,  # the conversion runs once, before training
+        },
+        saving_s=None,  # it frees memory: no step time saved
+        step_s=a.steady.step_s if a.steady else None,
+        model=None,
+        severity="medium" if total and freed >= MACHINE_SHARE * total else "low",
+    )
+
+
+def _columns_fix(target: str, c: DatasetContainer, pickled: bool, workers: int) -> list[str]:
+    """The container as arrays, under the user's name: workers then read buffers, not objects."""
+    item = c["kind"].partition(" of ")[2]
+    # spawned workers unpickle arrays too; a tensor in shared memory is passed by handle instead
+    wrap = "torch.from_numpy({}).share_memory_()" if pickled else "{}"
+    imports = ["import numpy as np", *(["import torch"] if pickled else [])]
+    if c["kind"].startswith("dict"):
+        return [
+            f"# {target} is keyed: keep its values in arrays and its keys' positions in a dict of ints,",
+            "# or read it in fewer workers (each copies what it reads):",
+            f"# DataLoader(..., num_workers={max(1, workers // 2)})  # was {workers}",
+        ]
+    if item == "dict":
+        return [
+            *imports,
+            "",
+            "",
+            "class Columns:",
+            '    """Rows as one array per key: no Python object per sample for the workers to copy."""',
+            "",
+            "    def __init__(self, rows):",
+            "        self.keys = list(rows[0])",
+            f"        self.columns = {{k: {wrap.format('np.array([row[k] for row in rows])')} for k in self.keys}}",
+            "",
+            "    def __len__(self):",
+            "        return len(self.columns[self.keys[0]])",
+            "",
+            "    def __getitem__(self, i):",
+            "        return {k: self.columns[k][i] for k in self.keys}",
+            "",
+            "",
+            f"{target} = Columns({target})  # before the DataLoader's workers start",
+        ]
+    if item in NUMPY_ITEMS:
+        return [*imports, f"{target} = {wrap.format(f'np.array({target})')}  # one array, no object per item"]
+    if item in ("Tensor", "ndarray"):
+        stack = "torch.stack" if item == "Tensor" else "np.stack"
+        lines = [*imports, *(["import torch"] if item == "Tensor" and not pickled else [])]
+        share = ".share_memory_()" if pickled and item == "Tensor" else ""
+        return [*lines, f"{target} = {stack}({target}){share}  # one buffer: items are views into it"]
+    return [
+        f"# {target} holds {item} objects: store their fields in numpy arrays (or an Arrow table,",
+        "# datasets.Dataset), or read them in fewer workers (each copies what it reads):",
+        f"# DataLoader(..., num_workers={max(1, workers // 2)})  # was {workers}",
+    ]
+
+
+def _fraction_of_machine(a: Analysis, n: int) -> str:
+    total = a.host["mem_total_bytes"]
+    return f" ({fmt_fraction(n / total)} of the machine)" if total else ""

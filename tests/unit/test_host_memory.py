@@ -1,0 +1,136 @@
+"""Host memory: what a dataset holds in Python objects, the workers' USS readings, the section built
+from them, and the copy-on-read card's fixes run as pasted."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from analysis_builder import ROWS_CONTAINER, with_host_memory
+
+from perfmagic.advise.host_memory import dataloader_copy_on_read
+from perfmagic.analyze.memory import host_memory
+from perfmagic.collect.dataset_memory import MIN_ITEMS, python_containers, start_method
+from perfmagic.collect.worker_load import COLUMNS, PID, SAMPLES, USS_FIRST, USS_LAST, worker_memory
+from perfmagic.contract.loader import LoaderConfig
+from perfmagic.schema import PINNED_BYTES, SWAP_USED
+from perfmagic.timeline import Timeline
+
+MiB = 2**20
+
+
+class Rows:
+    def __init__(self, rows: Any, labels: Any = None) -> None:
+        self.rows = rows
+        self.labels = labels if labels is not None else np.zeros(len(rows))
+        self.names = ["a", "b"]  # too short to cost a worker anything
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.rows[i]
+
+
+class Wrapper:  # a Subset: the rows are one attribute down
+    def __init__(self, dataset: Rows) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, i: int) -> Any:
+        return self.dataset[i]
+
+
+def test_the_largest_lists_and_dicts_are_noted_with_their_item_kind_and_size() -> None:
+    n = 2 * MIN_ITEMS
+    found = python_containers(Wrapper(Rows([{"x": float(i), "y": i} for i in range(n)])))
+    (rows,) = found  # the numpy labels and the short list are not Python objects worth noting
+    assert rows["attribute"] == "dataset.rows" and rows["kind"] == "list of dict" and rows["length"] == n
+    one = {"x": 1.5, "y": 7}
+    each = sys.getsizeof(one) + sys.getsizeof(1.5) + sys.getsizeof(7)
+    assert abs(rows["bytes"] - n * each) < 0.05 * n * each  # the list's own pointers on top
+    by_id = python_containers(Rows([(1, 1)] * 10, labels={i: str(i) for i in range(n)}))
+    assert [c["kind"] for c in by_id] == ["dict of str"]
+
+
+def test_the_start_method_is_the_loaders_context_else_the_default_unfixed() -> None:
+    class Loader:
+        multiprocessing_context: Any = None
+
+    loader = Loader()
+    before = multiprocessing.get_start_method(allow_none=True)
+    assert start_method(loader) == (before or multiprocessing.get_all_start_methods()[0])
+    assert multiprocessing.get_start_method(allow_none=True) == before  # asking did not fix it
+    loader.multiprocessing_context = multiprocessing.get_context("spawn")
+    assert start_method(loader) == "spawn"
+
+
+def test_each_workers_row_gives_its_first_and_last_reading() -> None:
+    rows = np.zeros((8, COLUMNS))
+    rows[3, [PID, USS_FIRST, USS_LAST, SAMPLES]] = [4003, 10 * MiB, 30 * MiB, 5000]
+    rows[5, PID] = 4005  # a worker that could not read its USS
+    assert worker_memory(rows) == [
+        {"pid": 4003, "first_uss_bytes": 10 * MiB, "last_uss_bytes": 30 * MiB, "samples": 5000}
+    ]
+
+
+def test_the_host_section_reads_workers_swap_and_pinned_memory() -> None:
+    tl, sampled = Timeline(), Timeline()
+    tl.meta["worker_memory"] = [
+        {"pid": 1, "first_uss_bytes": 10 * MiB, "last_uss_bytes": 40 * MiB, "samples": 100},
+        {"pid": 2, "first_uss_bytes": 10 * MiB, "last_uss_bytes": 20 * MiB, "samples": 100},
+    ]
+    for t, swap, pinned in [(1.0, 100 * MiB, 0), (2.0, 700 * MiB, 64 * MiB), (3.0, 400 * MiB, 32 * MiB)]:
+        sampled.add_sample(SWAP_USED, t, float(swap))
+        sampled.add_sample(PINNED_BYTES, t, float(pinned))
+    loader = LoaderConfig(num_workers=2, start_method="fork", dataset_name="ds", containers=(ROWS_CONTAINER,))  # type: ignore[arg-type]
+    host = host_memory(tl, sampled, loader)
+    assert host is not None
+    assert [w["growth_bytes"] for w in host["workers"]] == [30 * MiB, 10 * MiB]
+    assert host["worker_growth_bytes"] == 20 * MiB
+    assert host["swap_start_bytes"] == 100 * MiB and host["swap_growth_bytes"] == 600 * MiB
+    assert host["pinned_bytes"] == 64 * MiB
+    assert host_memory(Timeline(), Timeline(), None) is None  # nothing read: no section
+
+
+def rows_of(n: int) -> Rows:
+    return Rows([{"x": float(i), "label": i % 3} for i in range(n)])
+
+
+def test_the_forked_card_says_the_measured_growth_and_its_fix_keeps_the_samples() -> None:
+    card = dataloader_copy_on_read(with_host_memory(growth=300 * MiB, workers=4))
+    assert card is not None
+    assert "300.0 MiB" in card.evidence and "list of dict" in card.title
+    assert card.metrics["freed_bytes"] == 4 * 300 * MiB and card.metrics["step_cost_s"] == 0.0
+    train_set = rows_of(50)
+    before = [train_set[i] for i in range(50)]
+    exec(card.fix, {"train_set": train_set})
+    assert isinstance(train_set.rows.columns["x"], np.ndarray)  # type: ignore[attr-defined]
+    assert [dict(train_set[i]) for i in range(50)] == before and len(train_set) == 50
+
+
+def test_under_spawn_each_worker_holds_a_pickled_copy_in_shared_tensors_after_the_fix() -> None:
+    torch = pytest.importorskip("torch")
+    card = dataloader_copy_on_read(with_host_memory(start_method="spawn", workers=3))
+    assert card is not None
+    assert "pickled copy" in card.evidence and card.metrics["growth_per_worker_bytes"] is None
+    assert card.metrics["freed_bytes"] == 3 * ROWS_CONTAINER["bytes"]  # an estimate: the rows' own size
+    train_set = rows_of(20)
+    exec(card.fix, {"train_set": train_set})
+    column = train_set.rows.columns["label"]  # type: ignore[attr-defined]
+    assert isinstance(column, torch.Tensor) and column.is_shared()
+    assert int(train_set[7]["label"]) == 7 % 3
+    small = {**ROWS_CONTAINER, "bytes": 10 * MiB}
+    assert dataloader_copy_on_read(with_host_memory(start_method="spawn", containers=[small])) is None
+
+
+def test_a_list_of_tuples_becomes_one_array() -> None:
+    kind = {**ROWS_CONTAINER, "kind": "list of tuple"}
+    card = dataloader_copy_on_read(with_host_memory(growth=100 * MiB, containers=[kind]))
+    assert card is not None
+    train_set = Rows([(i, 2 * i) for i in range(10)])
+    exec(card.fix, {"train_set": train_set})
+    assert isinstance(train_set.rows, np.ndarray) and train_set.rows.shape == (10, 2)
+    assert dataloader_copy_on_read(with_host_memory(growth=100 * MiB, containers=[])) is None
