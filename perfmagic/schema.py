@@ -146,6 +146,8 @@ WORKER_STACKS: Final = "worker_stacks"
 batches, ``{"workers", "samples", "places": [{"count", "function", "file", ...}, ...]}``
 (``collect.worker_stacks``)."""
 
+MAJOR_FAULTS: Final = "host.major_faults_per_s"
+"""The process tree's major page faults per second: pages read back from swap or from a file (Linux)."""
 SWAP_USED: Final = "host.swap_used_bytes"
 """The machine's swap in use (``collect.host``, every slow tick)."""
 PINNED_BYTES: Final = "host.pinned_bytes"

@@ -426,15 +426,18 @@ def with_host_memory(
     workers: int = 2,
     start_method: str = "fork",
     containers: Sequence[dict[str, Any]] = (ROWS_CONTAINER,),
+    means: dict[str, float] | None = None,
     **host: Any,
 ) -> Analysis:
     """A CPU run whose DataLoader ``train_set`` has ``workers`` workers, each of which grew by ``growth``
     bytes (None: none measured, as under spawn), and the memory section of that alone (``host``: other
-    ``memory.host`` fields)."""
+    ``memory.host`` fields; ``means``: steady means of sampled metrics beside the defaults)."""
     from perfmagic.analyze.memory import memory_section
 
     loader = {**LOADER, "num_workers": workers, "start_method": start_method, "dataset_name": "train_set"}
-    a = plain(loader={**loader, "containers": list(containers)})
+    a = plain(
+        loader={**loader, "containers": list(containers)}, steady_means={**STEADY_MEANS, **(means or {})}
+    )
     measured = (
         []
         if growth is None

@@ -55,6 +55,7 @@ ABOUT: dict[str, About] = {
     "weight_memory": About("device memory", None),
     "allocator_fragmentation": About("device memory", None),
     "dataloader_copy_on_read": About("host memory", None),
+    "swap_growth": About("swapping", None),
     "low_gpu_util": About("idle GPU", None),
     "gpu_gaps": About("GPU starvation gaps", None),
     "sync_copies": About("synchronous copies", None),

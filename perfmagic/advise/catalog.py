@@ -43,6 +43,7 @@ RULES: list[Rule] = [
     memory.weight_memory,
     memory.allocator_fragmentation,
     host_memory.dataloader_copy_on_read,
+    host_memory.swap_growth,
     gpu.low_gpu_util,
     gpu.launch_bound,
     gpu_checks.gpu_gaps,

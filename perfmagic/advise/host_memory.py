@@ -10,7 +10,8 @@ from __future__ import annotations
 from perfmagic.advise.card import Card, make_card
 from perfmagic.analyze import Analysis
 from perfmagic.contract.memory import DatasetContainer, HostMemory
-from perfmagic.units import fmt_bytes, fmt_fraction
+from perfmagic.schema import MAJOR_FAULTS, memory_kind, memory_name
+from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 MiB = 2**20
 COPY_MIN_BYTES = 8 * MiB
@@ -20,6 +21,10 @@ PICKLED_MIN_BYTES = 64 * MiB
 """A dataset's Python objects worth a card where each spawned worker unpickles its own copy of them."""
 MACHINE_SHARE = 0.05
 """All workers' copies at this share of the machine's memory or more: a medium card; else a low one."""
+SWAP_MIN_BYTES = 256 * MiB
+"""Swap growth during the run worth a card: the kernel moved that much out of memory while training ran."""
+FAULT_S = 1e-4
+"""Assumed seconds per major fault (a 4 KiB page read back from SSD-backed swap): the saving model."""
 NUMPY_ITEMS = ("tuple", "list", "int", "float", "str", "bool")
 """Items ``np.array`` turns into one array (a list of tuples of numbers: a 2-D array)."""
 
@@ -130,6 +135,55 @@ def _columns_fix(target: str, c: DatasetContainer, pickled: bool, workers: int) 
         "# datasets.Dataset), or read them in fewer workers (each copies what it reads):",
         f"# DataLoader(..., num_workers={max(1, workers // 2)})  # was {workers}",
     ]
+
+
+def swap_growth(a: Analysis) -> Card | None:
+    """Swap grew while the training ran and its processes read pages back through the steady steps."""
+    host, s = _host(a), a.steady
+    grown = host["swap_growth_bytes"] if host is not None else None
+    if host is None or s is None or grown is None or grown < SWAP_MIN_BYTES:
+        return None
+    faults = a.steady_mean(MAJOR_FAULTS)
+    if not faults:
+        return None  # what was swapped out was not read back by the training: no step paid for it
+    per_step = faults * s.step_s
+    saving = min(per_step * FAULT_S, 0.5 * s.step_s)
+    rss, pss = a.host["rss_peak_bytes"], a.host["pss_peak_bytes"]
+    kind = memory_kind(pss)
+    held = pss if kind == "PSS" else rss
+    evidence = (
+        f"The machine's swap grew by {fmt_bytes(grown)} while the training ran (from "
+        f"{fmt_bytes(host['swap_start_bytes'] or 0)}), and its processes took {per_step:,.0f} major page faults "
+        f"per {fmt_seconds(s.step_s)} step (measured: pages read back from swap or from files); at "
+        f"{fmt_seconds(FAULT_S)} each they cost about {fmt_seconds(saving)} per step (an estimate)."
+        + (f" The training's processes peaked at {fmt_bytes(held)} of {memory_name(kind)}." if held else "")
+    )
+    fix = [
+        "import psutil",
+        "",
+        "# what holds the memory: the 5 largest processes (the training's workers among them)",
+        "print(psutil.swap_memory())",
+        "for p in sorted(psutil.process_iter(['pid', 'name', 'memory_info']),",
+        "                key=lambda p: -(p.info['memory_info'].rss if p.info['memory_info'] else 0))[:5]:",
+        "    print(p.info['pid'], p.info['name'], (p.info['memory_info'].rss if p.info['memory_info'] else 0) >> 20, 'MiB')",
+        "# then hold less: fewer DataLoader workers or a smaller prefetch_factor (each holds batches),",
+        "# datasets in numpy arrays (workers copy Python objects they read), or stop what else runs",
+    ]
+    return make_card(
+        "swap_growth",
+        f"Swap grew {fmt_bytes(grown)} and the training read pages back every step",
+        evidence,
+        "\n".join(fix),
+        {
+            "swap_growth_bytes": grown,
+            "swap_start_bytes": host["swap_start_bytes"],
+            "major_faults_per_step": per_step,
+            "fault_s": FAULT_S,
+        },
+        saving_s=saving,
+        step_s=s.step_s,
+        model=f"each major fault a {fmt_seconds(FAULT_S)} read, all of them gone once nothing swaps",
+    )
 
 
 def _fraction_of_machine(a: Analysis, n: int) -> str:

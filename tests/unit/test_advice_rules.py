@@ -32,6 +32,7 @@ IDS = [
     "weight_memory",
     "allocator_fragmentation",
     "dataloader_copy_on_read",
+    "swap_growth",
     "low_gpu_util",
     "launch_bound",
     "gpu_gaps",

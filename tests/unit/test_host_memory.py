@@ -16,7 +16,7 @@ from perfmagic.analyze.memory import host_memory
 from perfmagic.collect.dataset_memory import MIN_ITEMS, python_containers, start_method
 from perfmagic.collect.worker_load import COLUMNS, PID, SAMPLES, USS_FIRST, USS_LAST, worker_memory
 from perfmagic.contract.loader import LoaderConfig
-from perfmagic.schema import PINNED_BYTES, SWAP_USED
+from perfmagic.schema import MAJOR_FAULTS, PINNED_BYTES, SWAP_USED
 from perfmagic.timeline import Timeline
 
 MiB = 2**20
@@ -134,3 +134,31 @@ def test_a_list_of_tuples_becomes_one_array() -> None:
     exec(card.fix, {"train_set": train_set})
     assert isinstance(train_set.rows, np.ndarray) and train_set.rows.shape == (10, 2)
     assert dataloader_copy_on_read(with_host_memory(growth=100 * MiB, containers=[])) is None
+
+
+def test_the_host_source_counts_the_trees_major_faults(tmp_path: Any) -> None:
+    import mmap
+    import os
+
+    from perfmagic.collect.host import HostSource
+
+    path = tmp_path / "pages"
+    with open(path, "wb") as f:
+        f.write(os.urandom(8 * MiB))
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache: the reads below fault
+    source, tl = HostSource(), Timeline()
+    source.open(tl)
+    source.poll(1.0, tl)
+    with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as pages:
+        pages.madvise(mmap.MADV_RANDOM)  # no readahead: each page read is its own fault
+        assert sum(pages[i] for i in range(0, len(pages), 4096)) >= 0
+    source.poll(2.0, tl)
+    source.close(tl)
+    os.close(fd)
+    _, faults = tl.series(MAJOR_FAULTS)
+    if not len(faults) or faults[-1] == 0:
+        pytest.skip("this file system keeps the file in memory (tmpfs): no read faults")
+    assert faults[-1] >= 1024  # per second of the fake clock: most of the file's 2048 pages, each read back

@@ -47,6 +47,7 @@ from perfmagic.advise import (
 )
 from perfmagic.advise.catalog import RULES
 from perfmagic.analyze import Analysis
+from perfmagic.schema import MAJOR_FAULTS
 
 CUDA_MODEL = {**MODEL, "device": "cuda:0"}
 H100 = {
@@ -184,6 +185,12 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
         host_memory.dataloader_copy_on_read,
         lambda: with_host_memory(growth=300 * 2**20),
         lambda: with_host_memory(growth=4 * 2**20),
+    ),
+    # swap grew 2 GiB and the training read 500 pages back a second; without faults no step paid
+    "swap_growth": (
+        host_memory.swap_growth,
+        lambda: with_host_memory(swap_start_bytes=0, swap_growth_bytes=2 * GiB, means={MAJOR_FAULTS: 500.0}),
+        lambda: with_host_memory(swap_start_bytes=0, swap_growth_bytes=2 * GiB, means={MAJOR_FAULTS: 0.0}),
     ),
     "low_gpu_util": (gpu.low_gpu_util, lambda: on_gpu(util=0.2), lambda: on_gpu(util=0.6)),
     "launch_bound": (
