@@ -7,6 +7,7 @@ numpy columns, measured the same way in the same test.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,32 @@ def test_forked_workers_copy_a_list_of_dicts_and_the_pasted_fix_stops_it(tmp_pat
     assert not [c for c in fixed["advice"] if c["id"] == "dataloader_copy_on_read"]
     # the workers read as many samples; the arrays' pages stay shared
     assert fixed_host["worker_growth_bytes"] * 2 < growth, (fixed_host["worker_growth_bytes"], growth)
+
+
+def test_pinned_memory_held_is_read_from_the_simulated_host_allocator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfmagic.collect.cuda import AllocatorSource
+    from tests.sim_cuda import SimCuda, install
+
+    sim = install(monkeypatch, SimCuda())
+    sim.alloc(64 * 2**20)  # the device is in use: the allocator source reads it
+    pinned = [0, 96 * 2**20, 32 * 2**20]  # buffers pinned, then some given back
+    with perfmagic.profile(sources=[AllocatorSource()], outdir=tmp_path, interval=0.02) as session:
+        for held in pinned:
+            sim.pinned_bytes = held
+            time.sleep(0.2)  # several of the sampler's ticks
+    host = session.report.to_dict()["memory"]["host"]
+    assert host["pinned_bytes"] == max(pinned)
+    assert host["workers"] == [] and host["swap_growth_bytes"] is None  # neither was sampled
+
+
+def test_a_cpu_only_run_reads_no_pinned_memory(tmp_path: Path) -> None:
+    from perfmagic.collect.cuda import AllocatorSource
+
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA is in use in this process: its host allocator would be read")
+    with perfmagic.profile(sources=[AllocatorSource()], outdir=tmp_path, interval=0.02) as session:
+        time.sleep(0.1)
+    memory = session.report.to_dict()["memory"]
+    assert memory is None or memory["host"] is None or memory["host"]["pinned_bytes"] is None

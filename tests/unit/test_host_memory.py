@@ -162,3 +162,25 @@ def test_the_host_source_counts_the_trees_major_faults(tmp_path: Any) -> None:
     if not len(faults) or faults[-1] == 0:
         pytest.skip("this file system keeps the file in memory (tmpfs): no read faults")
     assert faults[-1] >= 1024  # per second of the fake clock: most of the file's 2048 pages, each read back
+
+
+def test_an_embedding_table_left_on_the_host_of_a_gpu_model_is_noted() -> None:
+    torch = pytest.importorskip("torch")
+    from perfmagic.collect.torch_memory import host_embeddings
+
+    class Recommender(torch.nn.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.users = torch.nn.Embedding(10_000, 16)
+            self.towers = torch.nn.ModuleList([torch.nn.EmbeddingBag(100, 16), torch.nn.Linear(16, 1)])
+
+    model = Recommender()
+    table = 10_000 * 16 * 4
+    # the towers on the GPU (bytes as the probe counts them by device), the user table on the CPU
+    on_gpu = {"cuda:0": table // 2, "cpu": table + 100 * 16 * 4}
+    (found,) = host_embeddings(model, on_gpu, torch)
+    assert found["path"] == "users" and found["bytes"] == table
+    assert abs(found["parameter_share"] - table / sum(on_gpu.values())) < 1e-12
+    assert host_embeddings(model, {"cpu": sum(on_gpu.values())}, torch) == []  # training on the CPU
+    big_gpu = {"cuda:0": 4 * table, "cpu": table}  # 20% of the parameters: not worth noting
+    assert host_embeddings(model, big_gpu, torch) == []
