@@ -465,3 +465,22 @@ def with_host_memory(
         **host,
     }
     return dataclasses.replace(a, memory=memory_section(None, a.devices, section))
+
+
+def with_host_table(a: Analysis, forward_s: float, table: int = 10 * GiB, **memory: Any) -> Analysis:
+    """``a`` with :func:`with_memory`'s section (``memory``) and a host embedding table ``emb`` of ``table``
+    bytes whose lookups took ``forward_s`` on the sampled forward."""
+    a = with_memory(a, **memory)
+    assert a.memory is not None
+    host: Any = {
+        "start_method": None,
+        "dataset_name": None,
+        "containers": [],
+        "workers": [],
+        "worker_growth_bytes": None,
+        "pinned_bytes": None,
+        "swap_start_bytes": None,
+        "swap_growth_bytes": None,
+        "embeddings": [{"path": "emb", "bytes": table, "parameter_share": 0.8, "forward_s": forward_s}],
+    }
+    return dataclasses.replace(a, memory={**a.memory, "host": host})

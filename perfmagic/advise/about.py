@@ -56,6 +56,7 @@ ABOUT: dict[str, About] = {
     "allocator_fragmentation": About("device memory", None),
     "dataloader_copy_on_read": About("host memory", None),
     "swap_growth": About("swapping", None),
+    "host_embedding": About("embedding lookups on the host", None),
     "low_gpu_util": About("idle GPU", None),
     "gpu_gaps": About("GPU starvation gaps", None),
     "sync_copies": About("synchronous copies", None),

@@ -44,6 +44,7 @@ RULES: list[Rule] = [
     memory.allocator_fragmentation,
     host_memory.dataloader_copy_on_read,
     host_memory.swap_growth,
+    host_memory.host_embedding,
     gpu.low_gpu_util,
     gpu.launch_bound,
     gpu_checks.gpu_gaps,
@@ -79,6 +80,7 @@ STAGE_OF = {
     "amp": "forward backward",
     "tf32": "forward backward",
     "jit_compile": "forward backward",
+    "host_embedding": "forward",
 }
 """The stages an advice id is about (the others are about the machine or the whole step)."""
 

@@ -25,6 +25,10 @@ SWAP_MIN_BYTES = 256 * MiB
 """Swap growth during the run worth a card: the kernel moved that much out of memory while training ran."""
 FAULT_S = 1e-4
 """Assumed seconds per major fault (a 4 KiB page read back from SSD-backed swap): the saving model."""
+EMBEDDING_SHARE = 0.05
+"""Share of the step a host embedding table's lookups take (measured on the sampled forward) worth a card."""
+ROOM = 0.85
+"""The device's memory the table may bring it to, with its gradient: the device memory cards' ``PRESSED``."""
 NUMPY_ITEMS = ("tuple", "list", "int", "float", "str", "bool")
 """Items ``np.array`` turns into one array (a list of tuples of numbers: a 2-D array)."""
 
@@ -183,6 +187,52 @@ def swap_growth(a: Analysis) -> Card | None:
         saving_s=saving,
         step_s=s.step_s,
         model=f"each major fault a {fmt_seconds(FAULT_S)} read, all of them gone once nothing swaps",
+    )
+
+
+def host_embedding(a: Analysis) -> Card | None:
+    """An embedding table held in host memory costs the step its CPU lookups, where the GPU has room for it."""
+    host, s, memory = _host(a), a.steady, a.memory
+    if host is None or s is None or memory is None or not host["embeddings"]:
+        return None
+    e = max(host["embeddings"], key=lambda e: e["forward_s"])
+    gpu = next((d for d in memory["devices"] if d["device"].startswith("cuda")), None)
+    if e["forward_s"] < EMBEDDING_SHARE * s.step_s or gpu is None or not gpu["total_bytes"]:
+        return None
+    held = (gpu["peak_bytes"] or 0) + (gpu["fragmentation_bytes"] or 0)  # reserved at the peak
+    needs = 2 * e["bytes"]  # the table and its gradient (an optimizer's state on top of that)
+    if held + needs > ROOM * gpu["total_bytes"]:
+        return None  # no room: on the host is the trade that keeps the model on the device
+    model = memory["model_name"] or "model"
+    table = f"{model}.{e['path']}"
+    device = gpu["device"]
+    evidence = (
+        f"{table} ({fmt_bytes(e['bytes'])}, {fmt_fraction(e['parameter_share'])} of the parameters) is in host "
+        f"memory while the model trains on {device}: its lookups took {fmt_seconds(e['forward_s'])} of the "
+        f"{fmt_seconds(s.step_s)} step on the CPU (measured on the sampled forward; its backward and update run "
+        f"there too). {device} peaked at {fmt_bytes(held)} of {fmt_bytes(gpu['total_bytes'])}: the table and its "
+        f"gradient ({fmt_bytes(needs)}) fit under {fmt_fraction(ROOM)}."
+    )
+    fix = [
+        f"{table}.to('{device}')  # its lookups, backward and update on the GPU",
+        f"# the indices passed to {table} must then be on {device} too",
+    ]
+    return make_card(
+        "host_embedding",
+        f"{table} in host memory costs {fmt_seconds(e['forward_s'])} a step",
+        evidence,
+        "\n".join(fix),
+        {
+            "path": e["path"],
+            "table_bytes": e["bytes"],
+            "parameter_share": e["parameter_share"],
+            "device": device,
+            "device_bytes_needed": needs,
+        },
+        saving_s=e["forward_s"],
+        step_s=s.step_s,
+        model="the lookups' measured CPU time on the sampled forward, gone on the GPU (its backward and update "
+        "on the CPU are not counted: at least that)",
     )
 
 

@@ -55,6 +55,8 @@ class MemoryProbe:
         self._saved: dict[tuple[str, int], int] = {}  # (device, data_ptr): nbytes
         self._hooks: list[Any] = []
         self._blocks: _Blocks | None = None
+        self._tables: list[tuple[str, Any]] = []  # embedding tables on the host of a model on a GPU
+        self._embeddings: _Blocks | None = None  # ...timed on the sampled forward
         self._module: Any = None
         self._optimizer: Any = None
         self._grads: dict[str, int] | None = None
@@ -79,8 +81,9 @@ class MemoryProbe:
         except Exception as e:  # never break the training: this step is just not sampled
             self._stages.warnings.append(f"memory breakdown not measured ({e!r})")
             self._stop.set()
-            if self._blocks is not None:
-                self._blocks.unwrap()
+            for wrapped in (self._blocks, self._embeddings):
+                if wrapped is not None:
+                    wrapped.unwrap()
             self._module = None
             return call(module, *args, **kwargs)
         try:
@@ -88,6 +91,8 @@ class MemoryProbe:
                 result = call(module, *args, **kwargs)
         finally:
             blocks.unwrap()
+            if self._embeddings is not None:
+                self._embeddings.unwrap()
         self._meta["blocks"] = blocks.finished()
         self._read("forward")
         self._after_forward(result)
@@ -104,6 +109,9 @@ class MemoryProbe:
         self._readers = readers_for(devices, torch)
         self._read("forward", mark="forward_start")
         blocks = self._blocks = _Blocks(found, self._stages.now)
+        # timed apart from the blocks: a table on the host is no block to checkpoint
+        self._tables = host_tables(module, any(p.device.type == "cuda" for p in params), torch)
+        self._embeddings = _Blocks(self._tables, self._stages.now)
         self._meta.update(
             model=type(module).__name__,
             model_name=name_in_caller(module, sys._getframe(2)),
@@ -201,7 +209,7 @@ class MemoryProbe:
         except Exception as e:
             self._stages.warnings.append(f"memory breakdown not recorded ({e!r})")
         self._module = self._optimizer = None  # the user's objects are not held past the step
-        self._param_list = []
+        self._param_list, self._tables = [], []
 
     def _build(self) -> MemoryMeta:
         grads = self._grads if self._grads is not None else _grad_bytes(self._param_list)
@@ -246,7 +254,11 @@ class MemoryProbe:
             "blocks_path": m["blocks_path"],
             "blocks": m.get("blocks", []),
             "devices": devices,
-            "host_embeddings": host_embeddings(self._module, params, self._stages.torch),
+            "host_embeddings": host_embeddings(
+                self._tables,
+                params,
+                {p: b["forward_s"] for p, b in self._embeddings.figures.items()} if self._embeddings else {},
+            ),
         }
 
     def close(self) -> None:
@@ -323,19 +335,35 @@ class _Blocks:
         return list(self.figures.values())
 
 
-def host_embeddings(model: Any, params: dict[str, int], torch: Any) -> list[HostEmbedding]:
-    """The model's embedding tables held on the CPU while other parameters are on a GPU, each of
-    ``HOST_EMBEDDING_SHARE`` or more of its parameter bytes (``params``: bytes by device)."""
-    whole = sum(params.values())
-    if model is None or not whole or not any(d.startswith("cuda") for d in params):
+def host_tables(model: Any, on_gpu: bool, torch: Any) -> list[tuple[str, Any]]:
+    """The model's embedding modules whose table is on the CPU, where the model trains on a GPU
+    (``on_gpu``: a parameter is there), by attribute path."""
+    if not on_gpu:
         return []
-    out: list[HostEmbedding] = []
+    out: list[tuple[str, Any]] = []
     for name, m in model.named_modules():
         weight = getattr(m, "weight", None)
-        if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag) and weight is not None:
-            size = weight.numel() * weight.element_size()
-            if weight.device.type == "cpu" and size >= HOST_EMBEDDING_SHARE * whole:
-                out.append({"path": attribute_path(name), "bytes": size, "parameter_share": size / whole})
+        on_cpu = weight is not None and weight.device.type == "cpu"
+        if on_cpu and isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag):
+            out.append((attribute_path(name), m))
+    return out
+
+
+def host_embeddings(
+    tables: list[tuple[str, Any]], params: dict[str, int], forward_s: dict[str, float]
+) -> list[HostEmbedding]:
+    """Of ``tables`` (:func:`host_tables`), those of ``HOST_EMBEDDING_SHARE`` or more of the model's
+    parameter bytes (``params``: bytes by device), with their lookups' time on the sampled forward
+    (``forward_s``, by path; 0 where not timed)."""
+    whole = sum(params.values())
+    out: list[HostEmbedding] = []
+    for path, m in tables:
+        size = m.weight.numel() * m.weight.element_size()
+        if whole and size >= HOST_EMBEDDING_SHARE * whole:
+            share = size / whole
+            out.append(
+                {"path": path, "bytes": size, "parameter_share": share, "forward_s": forward_s.get(path, 0.0)}
+            )
     return out
 
 

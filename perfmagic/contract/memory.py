@@ -114,6 +114,7 @@ class HostEmbedding(TypedDict):
     path: str  # its attribute path from the model ("user_emb", "tables[0]")
     bytes: int
     parameter_share: float  # of all the model's parameter bytes
+    forward_s: float  # its lookups on the CPU in the sampled forward (0: not timed)
 
 
 class HostMemory(TypedDict):

@@ -33,6 +33,7 @@ IDS = [
     "allocator_fragmentation",
     "dataloader_copy_on_read",
     "swap_growth",
+    "host_embedding",
     "low_gpu_util",
     "launch_bound",
     "gpu_gaps",

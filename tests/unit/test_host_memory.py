@@ -166,7 +166,7 @@ def test_the_host_source_counts_the_trees_major_faults(tmp_path: Any) -> None:
 
 def test_an_embedding_table_left_on_the_host_of_a_gpu_model_is_noted() -> None:
     torch = pytest.importorskip("torch")
-    from perfmagic.collect.torch_memory import host_embeddings
+    from perfmagic.collect.torch_memory import host_embeddings, host_tables
 
     class Recommender(torch.nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -178,9 +178,15 @@ def test_an_embedding_table_left_on_the_host_of_a_gpu_model_is_noted() -> None:
     table = 10_000 * 16 * 4
     # the towers on the GPU (bytes as the probe counts them by device), the user table on the CPU
     on_gpu = {"cuda:0": table // 2, "cpu": table + 100 * 16 * 4}
-    (found,) = host_embeddings(model, on_gpu, torch)
-    assert found["path"] == "users" and found["bytes"] == table
-    assert abs(found["parameter_share"] - table / sum(on_gpu.values())) < 1e-12
-    assert host_embeddings(model, {"cpu": sum(on_gpu.values())}, torch) == []  # training on the CPU
+    tables = host_tables(model, True, torch)
+    assert [path for path, _ in tables] == ["users", "towers[0]"]
+    assert host_tables(model, False, torch) == []  # training on the CPU: every table is where it trains
+    (found,) = host_embeddings(tables, on_gpu, {"users": 0.003})  # the bag: under 25% of the parameters
+    assert found == {
+        "path": "users",
+        "bytes": table,
+        "parameter_share": table / sum(on_gpu.values()),
+        "forward_s": 0.003,
+    }
     big_gpu = {"cuda:0": 4 * table, "cpu": table}  # 20% of the parameters: not worth noting
-    assert host_embeddings(model, big_gpu, torch) == []
+    assert host_embeddings(tables, big_gpu, {}) == []

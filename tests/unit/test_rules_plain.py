@@ -25,6 +25,7 @@ from analysis_builder import (
     build,
     plain,
     with_host_memory,
+    with_host_table,
     with_memory,
 )
 from report_checks import assert_consistent
@@ -191,6 +192,13 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
         host_memory.swap_growth,
         lambda: with_host_memory(swap_start_bytes=0, swap_growth_bytes=2 * GiB, means={MAJOR_FAULTS: 500.0}),
         lambda: with_host_memory(swap_start_bytes=0, swap_growth_bytes=2 * GiB, means={MAJOR_FAULTS: 0.0}),
+    ),
+    # a 10 GiB table on the host whose lookups take 3 ms of a 13.5 ms step, room for it on the GPU;
+    # where the GPU has no room, the table on the host is the trade that keeps the model there
+    "host_embedding": (
+        host_memory.host_embedding,
+        lambda: with_host_table(on_gpu(), forward_s=0.003),
+        lambda: with_host_table(on_gpu(), forward_s=0.003, total=40 * GiB),
     ),
     "low_gpu_util": (gpu.low_gpu_util, lambda: on_gpu(util=0.2), lambda: on_gpu(util=0.6)),
     "launch_bound": (
