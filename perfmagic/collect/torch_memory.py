@@ -105,13 +105,15 @@ class MemoryProbe:
         path, found, params = find_blocks(module, torch)
         self._param_list = params
         self._params = {(str(p.device), p.untyped_storage().data_ptr()) for p in params}
-        devices = sorted(({str(p.device) for p in params} or {"cpu"}) | _cuda_in_use(torch.cuda))
+        param_devices = {str(p.device) for p in params}
+        devices = sorted((param_devices or {"cpu"}) | _cuda_in_use(torch.cuda))
         self._readers = readers_for(devices, torch)
         self._read("forward", mark="forward_start")
         blocks = self._blocks = _Blocks(found, self._stages.now)
         # timed apart from the blocks: a table on the host is no block to checkpoint
-        self._tables = host_tables(module, any(p.device.type == "cuda" for p in params), torch)
-        self._embeddings = _Blocks(self._tables, self._stages.now)
+        # a model on a GPU only (one walk of its modules more): a table on the host is no block to checkpoint
+        self._tables = host_tables(module, torch) if any(d.startswith("cuda") for d in param_devices) else []
+        self._embeddings = _Blocks(self._tables, self._stages.now) if self._tables else None
         self._meta.update(
             model=type(module).__name__,
             model_name=name_in_caller(module, sys._getframe(2)),
@@ -254,11 +256,9 @@ class MemoryProbe:
             "blocks_path": m["blocks_path"],
             "blocks": m.get("blocks", []),
             "devices": devices,
-            "host_embeddings": host_embeddings(
-                self._tables,
-                params,
-                {p: b["forward_s"] for p, b in self._embeddings.figures.items()} if self._embeddings else {},
-            ),
+            "host_embeddings": host_embeddings(self._tables, params, self._embeddings.figures)
+            if self._embeddings is not None
+            else [],
         }
 
     def close(self) -> None:
@@ -335,11 +335,9 @@ class _Blocks:
         return list(self.figures.values())
 
 
-def host_tables(model: Any, on_gpu: bool, torch: Any) -> list[tuple[str, Any]]:
-    """The model's embedding modules whose table is on the CPU, where the model trains on a GPU
-    (``on_gpu``: a parameter is there), by attribute path."""
-    if not on_gpu:
-        return []
+def host_tables(model: Any, torch: Any) -> list[tuple[str, Any]]:
+    """The model's embedding modules whose table is on the CPU, by attribute path (asked where the model
+    trains on a GPU)."""
     out: list[tuple[str, Any]] = []
     for name, m in model.named_modules():
         weight = getattr(m, "weight", None)
@@ -350,11 +348,11 @@ def host_tables(model: Any, on_gpu: bool, torch: Any) -> list[tuple[str, Any]]:
 
 
 def host_embeddings(
-    tables: list[tuple[str, Any]], params: dict[str, int], forward_s: dict[str, float]
+    tables: list[tuple[str, Any]], params: dict[str, int], timed: dict[str, MemoryBlock]
 ) -> list[HostEmbedding]:
     """Of ``tables`` (:func:`host_tables`), those of ``HOST_EMBEDDING_SHARE`` or more of the model's
     parameter bytes (``params``: bytes by device), with their lookups' time on the sampled forward
-    (``forward_s``, by path; 0 where not timed)."""
+    (``timed``, by path; 0 where not called)."""
     whole = sum(params.values())
     out: list[HostEmbedding] = []
     for path, m in tables:
@@ -362,7 +360,12 @@ def host_embeddings(
         if whole and size >= HOST_EMBEDDING_SHARE * whole:
             share = size / whole
             out.append(
-                {"path": path, "bytes": size, "parameter_share": share, "forward_s": forward_s.get(path, 0.0)}
+                {
+                    "path": path,
+                    "bytes": size,
+                    "parameter_share": share,
+                    "forward_s": timed[path]["forward_s"] if path in timed else 0.0,
+                }
             )
     return out
 
