@@ -99,9 +99,9 @@ def plan_of(
         if card.saving_s is None and card.metrics.get("freed_bytes") is not None:
             cost = float(card.metrics.get("step_cost_s") or 0.0)
             step += cost
-            changes.append(
-                Change(card.id, -cost, -cost, -cost, -cost, step, False, int(card.metrics["freed_bytes"]))
-            )
+            saving = 0.0 - cost  # 0.0 where it costs nothing, not -0.0
+            freed = int(card.metrics["freed_bytes"])
+            changes.append(Change(card.id, saving, saving, saving, saving, step, False, freed))
             out.append(card)
             continue
         if card.saving_s is None or "one_time_s" in card.metrics:

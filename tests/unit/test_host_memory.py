@@ -190,3 +190,18 @@ def test_an_embedding_table_left_on_the_host_of_a_gpu_model_is_noted() -> None:
     }
     big_gpu = {"cuda:0": 4 * table, "cpu": table}  # 20% of the parameters: not worth noting
     assert host_embeddings(tables, big_gpu, {}) == []
+
+
+def test_the_copy_on_read_card_is_a_change_of_the_plan_that_costs_no_step_time() -> None:
+    import math
+
+    from perfmagic.advise import advise
+    from perfmagic.render.wording import plan_line
+    from perfmagic.report import plan_section
+
+    advice = advise(with_host_memory(growth=300 * MiB))
+    assert advice.plan is not None
+    (change,) = [c for c in advice.plan.changes if c.id == "dataloader_copy_on_read"]
+    assert change.freed_bytes == 2 * 300 * MiB and math.copysign(1.0, change.saving_s) == 1.0  # 0.0, not -0.0
+    line = plan_line({"plan": plan_section(advice.plan)})  # type: ignore[typeddict-item]
+    assert line is not None and "the memory changes free 600.0 MiB and cost 0 µs per step" in line, line
