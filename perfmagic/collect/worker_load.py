@@ -61,7 +61,10 @@ METRICS = (LOADER_BATCHES, LOADER_BUSY, LOADER_BUSY_CPU, LOADER_BUSY_QUEUED)
 """The samples, in the order of the row's first columns (the others: the worker's PID and its USS readings)."""
 
 USS_EVERY_S = 0.5
-"""How often a worker reads its own USS after a fetch (a ``smaps_rollup`` read: a millisecond or so)."""
+"""How often a worker reads its own USS after a fetch (a ``smaps_rollup`` read: a millisecond or so)..."""
+USS_COST = 0.02
+"""...or less often: the reading's time grows with the pages the worker maps (its parent's, all of
+them), and the readings may take at most this share of the worker's time."""
 
 
 class WorkerLoadSource:
@@ -112,8 +115,9 @@ class WorkerLoadSource:
         global _open_source
         if _open_source is self:
             _open_source = None
-        if self._rows is not None and self._fetchers:
-            timeline.meta[WORKER_MEMORY] = worker_memory(self._rows)
+        if self._fetchers and (rows := self._view()) is not None:  # written to, maybe with no tick since
+            timeline.meta[WORKER_MEMORY] = worker_memory(rows)
+            del rows  # no view may outlive the mapping
         self._rows = None  # the view goes before the mapping it points into
         if self._map is not None:
             self._map.close()
@@ -259,8 +263,7 @@ class _WorkerRow:
         """The worker's USS as its first fetch begins: what it holds before reading any sample."""
         if self._next_uss is not None:
             return
-        self._next_uss = time.perf_counter() + USS_EVERY_S
-        uss = own_uss()
+        uss = self._uss()
         row = self._row
         row[PID] = os.getpid()  # a row another worker used before: its readings start over
         row[USS_FIRST] = row[USS_LAST] = float(uss or 0)
@@ -271,8 +274,15 @@ class _WorkerRow:
         self._samples += samples
         if self._next_uss is None or time.perf_counter() < self._next_uss or not self._row[USS_FIRST]:
             return
-        self._next_uss = time.perf_counter() + USS_EVERY_S
-        uss = own_uss()
+        uss = self._uss()
         if uss is not None:
             self._row[USS_LAST] = float(uss)
             self._row[SAMPLES] = float(self._samples)
+
+    def _uss(self) -> int | None:
+        """The worker's USS, the next reading set so that readings take at most ``USS_COST`` of its time."""
+        began = time.perf_counter()
+        uss = own_uss()
+        now = time.perf_counter()
+        self._next_uss = now + max(USS_EVERY_S, (now - began) / USS_COST)
+        return uss
