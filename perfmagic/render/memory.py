@@ -117,11 +117,14 @@ def host_words(host: HostMemory) -> list[str]:
 
 
 def memory_html(report: ReportData) -> str:
-    """The stacked bars as HTML (no script: it shows wherever the report is read)."""
+    """The stacked bars as HTML (no script: it shows wherever the report is read), and the host's figures."""
     bars = memory_bars(report)
+    memory = report.get("memory")
+    host = host_words(memory["host"]) if memory and memory["host"] is not None else []
+    said = "".join(f'<div class="pm-sub">{html.escape(line)}</div>' for line in host)
+    host_html = f'<div class="pm-memory"><h3>Host memory</h3>{said}</div>' if host else ""
     if not bars:
-        return ""
-    memory = report["memory"]
+        return host_html
     rows = []
     for bar in bars:
         spans = "".join(
@@ -141,7 +144,7 @@ def memory_html(report: ReportData) -> str:
     step = memory["step"] if memory else ""
     return (
         f'<div class="pm-memory"><h3>Where the memory goes <span class="pm-sub">step {step}, '
-        f'sampled</span></h3>{"".join(rows)}<div class="pm-sub">{legend}</div></div>'
+        f'sampled</span></h3>{"".join(rows)}<div class="pm-sub">{legend}</div></div>' + host_html
     )
 
 

@@ -205,3 +205,22 @@ def test_the_copy_on_read_card_is_a_change_of_the_plan_that_costs_no_step_time()
     assert change.freed_bytes == 2 * 300 * MiB and math.copysign(1.0, change.saving_s) == 1.0  # 0.0, not -0.0
     line = plan_line({"plan": plan_section(advice.plan)})  # type: ignore[typeddict-item]
     assert line is not None and "the memory changes free 600.0 MiB and cost 0 µs per step" in line, line
+
+
+def test_the_text_and_html_reports_say_the_host_figures_without_a_sampled_step() -> None:
+    from perfmagic.render.memory import memory_html, memory_lines
+
+    a = with_host_memory(growth=300 * MiB, pinned_bytes=64 * MiB, swap_start_bytes=0, swap_growth_bytes=MiB)
+    report: Any = {"memory": a.memory}
+    lines = memory_lines(report)
+    assert lines[0] == "Host memory"  # no step was sampled: no device lines above it
+    assert "  DataLoader workers (fork): unique memory grew 300.0 MiB each on average (2 measured)" in lines
+    assert "  dataset train_set.rows: list of dict, 1,000,000 items, about 400.0 MiB" in lines
+    assert "  pinned (page-locked) memory held: 64.0 MiB at most" in lines
+    assert "  swap grew 1.0 MiB during the run" in lines
+    page = memory_html(report)
+    assert (
+        "<h3>Host memory</h3>" in page
+        and "grew 300.0 MiB each" in page
+        and "Where the memory goes" not in page
+    )
