@@ -99,3 +99,21 @@ def test_a_cpu_only_run_reads_no_pinned_memory(tmp_path: Path) -> None:
         time.sleep(0.1)
     memory = session.report.to_dict()["memory"]
     assert memory is None or memory["host"] is None or memory["host"]["pinned_bytes"] is None
+
+
+def test_spawned_workers_each_hold_a_pickled_copy(tmp_path: Path) -> None:
+    """Spawned workers are not measured (they run no forked code of perfmagic's): the card says each
+    unpickles the dataset, from its estimated size."""
+    train_set = Rows([{"x": i, "y": i * 0.5, "label": i % 2} for i in range(2 * ROWS)])
+    loader = DataLoader(train_set, batch_size=4096, num_workers=2, multiprocessing_context="spawn")
+    model = torch.nn.Linear(2, 2)
+    with perfmagic.profile(sources=[WorkerLoadSource()], outdir=tmp_path) as session:
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+    report = session.report.to_dict()
+    host = report["memory"]["host"]
+    assert host["start_method"] == "spawn" and host["workers"] == []
+    (card,) = [c for c in report["advice"] if c["id"] == "dataloader_copy_on_read"]
+    assert "each holds a pickled copy" in card["evidence"]
+    assert card["metrics"]["freed_bytes"] == 2 * host["containers"][0]["bytes"]
+    assert "share_memory_()" in card["fix"]
