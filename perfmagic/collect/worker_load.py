@@ -190,10 +190,10 @@ def _timed(fetch: Callable[[Any, Any], Any], child: _Child) -> Callable[[Any, An
         try:
             if child.window_closed():
                 return fetch(fetcher, index)
+            row.first_memory()  # before the stack sampler starts: its reading is no part of the fetch
             stacks = child.stacks
             if stacks is not None:
                 stacks.begin()
-            row.first_memory()
             began, cpu, queued = time.perf_counter(), time.thread_time(), row.queued()
             try:
                 return fetch(fetcher, index)
