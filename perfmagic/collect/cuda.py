@@ -117,6 +117,7 @@ class AllocatorSource:
         self._first: dict[int, dict[str, int]] = {}
         self._last: dict[int, dict[str, int]] = {}
         self._sampled_peak: dict[int, tuple[int, int]] = {}
+        self._pinned_ok = True
 
     def open(self, timeline: Timeline) -> None:
         return None
@@ -140,9 +141,13 @@ class AllocatorSource:
             self._sampled_peak[d] = (max(allocated, stats["allocated"]), max(reserved, stats["reserved"]))
             timeline.add_sample(f"gpu{d}.torch_allocated_bytes", now, float(stats["allocated"]))
             timeline.add_sample(f"gpu{d}.torch_reserved_bytes", now, float(stats["reserved"]))
-        host_stats = getattr(cuda, "host_memory_stats", None)
-        if host_stats is not None:
-            timeline.add_sample(PINNED_BYTES, now, float(host_stats().get("allocated_bytes.current") or 0))
+        if self._pinned_ok and hasattr(cuda, "host_memory_stats"):
+            try:
+                pinned = float(cuda.host_memory_stats().get("allocated_bytes.current") or 0)
+            except Exception:  # a host allocator that cannot say: not asked again
+                self._pinned_ok = False
+            else:
+                timeline.add_sample(PINNED_BYTES, now, pinned)
 
     def close(self, timeline: Timeline) -> None:
         cuda = self._cuda()

@@ -131,9 +131,7 @@ class HostSource:
         self._cores_prev: list[CpuTimes] = []
         self._tree_cpu: float | None = None
         self._children_cpu: float | None = None
-        self._faults: float | None = (
-            None  # the tree's major faults (own plus reaped children's) at the last tick
-        )
+        self._faults: float | None = None  # the tree's major faults (own and reaped) at the last tick
         self._tree_t = 0.0
         self._io_ok = True
         self._uss_ok = True
