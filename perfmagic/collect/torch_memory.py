@@ -110,8 +110,8 @@ class MemoryProbe:
         self._readers = readers_for(devices, torch)
         self._read("forward", mark="forward_start")
         blocks = self._blocks = _Blocks(found, self._stages.now)
-        # timed apart from the blocks: a table on the host is no block to checkpoint
-        # a model on a GPU only (one walk of its modules more): a table on the host is no block to checkpoint
+        # host tables of a model on a GPU (one more walk of its modules, there only), timed apart from the
+        # blocks: a table on the host is no block to checkpoint
         self._tables = host_tables(module, torch) if any(d.startswith("cuda") for d in param_devices) else []
         self._embeddings = _Blocks(self._tables, self._stages.now) if self._tables else None
         self._meta.update(
