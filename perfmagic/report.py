@@ -303,6 +303,7 @@ def plan_section(p: Plan) -> PlanSection:
                 "interval_s": [c.low_s, c.high_s],
                 "step_s": c.step_s,
                 "uncertain": c.uncertain,
+                "freed_bytes": c.freed_bytes,
             }
             for c in p.changes
         ],

@@ -146,6 +146,18 @@ WORKER_STACKS: Final = "worker_stacks"
 batches, ``{"workers", "samples", "places": [{"count", "function", "file", ...}, ...]}``
 (``collect.worker_stacks``)."""
 
+MAJOR_FAULTS: Final = "host.major_faults_per_s"
+"""The process tree's major page faults per second: pages read back from swap or from a file (Linux)."""
+SWAP_USED: Final = "host.swap_used_bytes"
+"""The machine's swap in use (``collect.host``, every slow tick)."""
+PINNED_BYTES: Final = "host.pinned_bytes"
+"""Page-locked host memory PyTorch's CUDA host allocator holds (``collect.cuda``; torch >= 2.6)."""
+
+WORKER_MEMORY: Final = "worker_memory"
+"""``timeline.meta`` key: each DataLoader worker forked in the window, its USS as its first fetch began
+and at its last reading, and the samples it read between them, ``[{"pid", "first_uss_bytes",
+"last_uss_bytes", "samples"}, ...]`` (``collect.worker_load``)."""
+
 THREAD_STATES: Final = "thread_states"
 """``timeline.meta`` key: the training thread's scheduler state at each sampler tick, by stage,
 ``[{"stage", "state", "count"}, ...]`` (``state``: ``/proc``'s letter, ``R``, ``S``, ``D``, ...)."""

@@ -463,3 +463,79 @@ def whole_report(**sections: Any) -> dict[str, Any]:
     from perfmagic.report import build_report
 
     return {**build_report(plain()).to_dict(), **sections}
+
+
+MiB = 2**20
+ROWS_CONTAINER: dict[str, Any] = {
+    "attribute": "rows",
+    "kind": "list of dict",
+    "length": 1_000_000,
+    "bytes": 400 * MiB,
+}
+"""A dataset's list of a million dicts, as ``collect.dataset_memory`` notes it."""
+
+
+def with_host_memory(
+    *,
+    growth: int | None = None,
+    workers: int = 2,
+    start_method: str = "fork",
+    containers: Sequence[dict[str, Any]] = (ROWS_CONTAINER,),
+    means: dict[str, float] | None = None,
+    **host: Any,
+) -> Analysis:
+    """A CPU run whose DataLoader ``train_set`` has ``workers`` workers, each of which grew by ``growth``
+    bytes (None: none measured, as under spawn), and the memory section of that alone (``host``: other
+    ``memory.host`` fields; ``means``: steady means of sampled metrics beside the defaults)."""
+    from perfmagic.analyze.memory import memory_section
+
+    loader = {**LOADER, "num_workers": workers, "start_method": start_method, "dataset_name": "train_set"}
+    a = plain(
+        loader={**loader, "containers": list(containers)}, steady_means={**STEADY_MEANS, **(means or {})}
+    )
+    measured = (
+        []
+        if growth is None
+        else [
+            {
+                "pid": 100 + k,
+                "first_uss_bytes": 10 * MiB,
+                "last_uss_bytes": 10 * MiB + growth,
+                "samples": 5000,
+                "growth_bytes": growth,
+            }
+            for k in range(workers)
+        ]
+    )
+    section: Any = {
+        "start_method": start_method,
+        "dataset_name": "train_set",
+        "containers": list(containers),
+        "workers": measured,
+        "worker_growth_bytes": growth,
+        "pinned_bytes": None,
+        "swap_start_bytes": None,
+        "swap_growth_bytes": None,
+        "embeddings": [],
+        **host,
+    }
+    return dataclasses.replace(a, memory=memory_section(None, a.devices, section))
+
+
+def with_host_table(a: Analysis, forward_s: float, table: int = 10 * GiB, **memory: Any) -> Analysis:
+    """``a`` with :func:`with_memory`'s section (``memory``) and a host embedding table ``emb`` of ``table``
+    bytes whose lookups took ``forward_s`` on the sampled forward."""
+    a = with_memory(a, **memory)
+    assert a.memory is not None
+    host: Any = {
+        "start_method": None,
+        "dataset_name": None,
+        "containers": [],
+        "workers": [],
+        "worker_growth_bytes": None,
+        "pinned_bytes": None,
+        "swap_start_bytes": None,
+        "swap_growth_bytes": None,
+        "embeddings": [{"path": "emb", "bytes": table, "parameter_share": 0.8, "forward_s": forward_s}],
+    }
+    return dataclasses.replace(a, memory={**a.memory, "host": host})

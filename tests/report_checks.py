@@ -40,8 +40,12 @@ def assert_plan_adds_up(report: dict[str, Any]) -> None:
     aside = {a["id"] for a in plan["set_aside"]}
     for card in [*(report.get("advice") or []), *(report.get("advice_minor") or [])]:
         assert card["id"] not in aside, f"{card['id']}: set aside from the plan, yet shown"
-        if card["id"] in changes:  # a symptom the fixes before it saved wholly says no saving (None)
-            assert (card["saving_s"] or 0.0) == changes[card["id"]]["saving_s"], (card, changes[card["id"]])
+        change = changes.get(card["id"])
+        if change is not None and change["freed_bytes"] is not None:  # memory: frees bytes, costs step time
+            assert card["saving_s"] is None and change["freed_bytes"] == card["metrics"]["freed_bytes"]
+            assert change["saving_s"] == -card["metrics"]["step_cost_s"], (card, change)
+        elif change is not None:  # a symptom the fixes before it saved wholly says no saving (None)
+            assert (card["saving_s"] or 0.0) == change["saving_s"], (card, change)
 
 
 def assert_consistent(report: dict[str, Any]) -> None:

@@ -61,6 +61,7 @@ class SimCuda:
     events_recorded: int = 0
     fail_records: bool = False  # the next event records raise, as after a device-side assert
     total_bytes: int = 80 * 2**30  # each device's memory
+    pinned_bytes: int = 0  # page-locked host memory the host allocator holds (pin_memory's buffers)
 
     def __post_init__(self) -> None:
         self.streams = [Stream(d) for d in range(self.devices)]
@@ -140,6 +141,9 @@ class SimCuda:
             "num_ooms": a.ooms,
         }
 
+    def host_memory_stats(self) -> dict[str, Any]:
+        return {"allocated_bytes.current": self.pinned_bytes, "num_host_alloc": int(self.pinned_bytes > 0)}
+
     def memory_reserved(self, device: int | None = None) -> int:
         return int(self.memory_stats(device)["reserved_bytes.all.current"])
 
@@ -212,6 +216,7 @@ SURFACE = (
     "memory_stats",
     "memory_reserved",
     "mem_get_info",
+    "host_memory_stats",
 )
 
 

@@ -5,7 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from perfmagic.advise import data, distributed, gpu, gpu_checks, host, loop, memory, pace, startup, storage
+from perfmagic.advise import (
+    data,
+    distributed,
+    gpu,
+    gpu_checks,
+    host,
+    host_memory,
+    loop,
+    memory,
+    pace,
+    startup,
+    storage,
+)
 from perfmagic.advise.card import SEVERITIES, Card
 from perfmagic.advise.energy import with_energy_savings
 from perfmagic.advise.plan import Plan, plan_of
@@ -30,6 +42,9 @@ RULES: list[Rule] = [
     memory.optimizer_memory,
     memory.weight_memory,
     memory.allocator_fragmentation,
+    host_memory.dataloader_copy_on_read,
+    host_memory.swap_growth,
+    host_memory.host_embedding,
     gpu.low_gpu_util,
     gpu.launch_bound,
     gpu_checks.gpu_gaps,
@@ -65,6 +80,7 @@ STAGE_OF = {
     "amp": "forward backward",
     "tf32": "forward backward",
     "jit_compile": "forward backward",
+    "host_embedding": "forward",
 }
 """The stages an advice id is about (the others are about the machine or the whole step)."""
 

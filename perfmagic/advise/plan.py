@@ -8,6 +8,10 @@ most what its stages still hold (the whole step, for a fix of the machine or a s
 its stages, measured on the device), and the cards' savings
 become those marginal ones, so they add up to the observed step less the plan's predicted step.
 
+A card that frees memory instead (``metrics["freed_bytes"]``: the memory cards) is a change too: it
+saves no time and costs its ``metrics["step_cost_s"]`` (checkpointing's forward run again), so its
+saving is that cost, negative, and the predicted step grows by it; it keeps the bytes it frees.
+
 A saving's interval is the spread of the steps: the marginal saving as a share of its stages,
 times their 10th and 90th percentile per step (a tuning measurement brings its own interval).
 A saving is uncertain where that interval is wider than ±25% of it.
@@ -48,6 +52,7 @@ class Change:
     high_s: float  # p90
     step_s: float  # the step predicted once it and every change before it are made
     uncertain: bool
+    freed_bytes: int | None = None  # a memory card's: the memory it frees (its saving: minus its step cost)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,14 @@ def plan_of(
     out: list[Card] = []
     step = steady.step_s
     for card in cards:
+        if card.saving_s is None and card.metrics.get("freed_bytes") is not None:
+            cost = float(card.metrics.get("step_cost_s") or 0.0)
+            step += cost
+            saving = 0.0 - cost  # 0.0 where it costs nothing, not -0.0
+            freed = int(card.metrics["freed_bytes"])
+            changes.append(Change(card.id, saving, saving, saving, saving, step, False, freed))
+            out.append(card)
+            continue
         if card.saving_s is None or "one_time_s" in card.metrics:
             out.append(card)
             continue

@@ -21,7 +21,7 @@ from perfmagic.analyze.hotspots import hotspots
 from perfmagic.analyze.job_energy import energy_of_job
 from perfmagic.analyze.loading import LoadingAccount, loading_account
 from perfmagic.analyze.loop import LoopFacts, loop_facts
-from perfmagic.analyze.memory import memory_section
+from perfmagic.analyze.memory import host_memory, memory_section
 from perfmagic.analyze.ranks import Straggler, find_straggler
 from perfmagic.analyze.samples import window_means
 from perfmagic.analyze.steady import Steady, steady_of
@@ -290,7 +290,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         torch_traces=profiler_traces(timelines),
         tuning=list(tl.meta.get("tuning") or []),
         straggler=straggler,
-        memory=memory_section(tl.meta.get("memory"), devices),
+        memory=memory_section(tl.meta.get("memory"), devices, host_memory(tl, sampled, config.loader)),
         gpu_memory=tl.meta.get("gpu_memory"),
     )
 

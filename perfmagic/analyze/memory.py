@@ -10,7 +10,19 @@ before activations were made, say), ``other`` is 0.
 from __future__ import annotations
 
 from perfmagic.contract import Device
-from perfmagic.contract.memory import Category, MemoryDevice, MemoryDeviceMeta, MemoryMeta, MemorySection
+from perfmagic.contract.loader import LoaderConfig
+from perfmagic.contract.memory import (
+    Category,
+    HostMemory,
+    MemoryDevice,
+    MemoryDeviceMeta,
+    MemoryMeta,
+    MemorySection,
+    WorkerMemory,
+    WorkerMemoryMeta,
+)
+from perfmagic.schema import PINNED_BYTES, SWAP_USED
+from perfmagic.timeline import Timeline
 
 CATEGORIES: tuple[Category, ...] = (
     "parameters",
@@ -23,10 +35,29 @@ CATEGORIES: tuple[Category, ...] = (
 """The parts of a device's bar, bottom first (``MemoryDevice.largest`` names one)."""
 
 
-def memory_section(meta: MemoryMeta | None, devices: list[Device]) -> MemorySection | None:
-    """The ``memory`` section of the probe's record; None where no step was sampled."""
+def memory_section(
+    meta: MemoryMeta | None, devices: list[Device], host: HostMemory | None = None
+) -> MemorySection | None:
+    """The ``memory`` section of the probe's record and the host's figures; None where neither was
+    measured (without a sampled step its per-device fields are empty)."""
     if not meta or not meta.get("devices"):
-        return None
+        if host is None:
+            return None
+        return {
+            "step": None,
+            "model": None,
+            "model_name": None,
+            "hf_checkpointing": False,
+            "param_dtype": None,
+            "alloc_conf": None,
+            "optimizer": None,
+            "optimizer_name": None,
+            "batch_size": None,
+            "blocks_path": None,
+            "blocks": [],
+            "devices": [],
+            "host": host,
+        }
     totals = {f"cuda:{d.get('index')}": d.get("mem_total_bytes") for d in devices}
     return {
         "step": meta["step"],
@@ -41,7 +72,35 @@ def memory_section(meta: MemoryMeta | None, devices: list[Device]) -> MemorySect
         "blocks_path": meta["blocks_path"],
         "blocks": meta["blocks"],
         "devices": [_device(d, meta["batch_size"], totals.get(d["device"])) for d in meta["devices"]],
+        "host": host,
     }
+
+
+def host_memory(tl: Timeline, sampled: Timeline, loader: LoaderConfig | None) -> HostMemory | None:
+    """The host side: the DataLoader workers' own memory and what their dataset holds, the pinned memory
+    held and the swap's growth; None where none of it was read."""
+    workers = [_worker(w) for w in tl.meta.get("worker_memory") or []]
+    _, pinned = sampled.series(PINNED_BYTES)
+    _, swap = sampled.series(SWAP_USED)
+    probe = tl.meta.get("memory")
+    embeddings = (probe.get("host_embeddings") or []) if probe else []
+    if not (workers or len(pinned) or len(swap) or embeddings or (loader is not None and loader.containers)):
+        return None
+    return {
+        "start_method": loader.start_method if loader else None,
+        "dataset_name": loader.dataset_name if loader else None,
+        "containers": list(loader.containers) if loader else [],
+        "workers": workers,
+        "worker_growth_bytes": sum(w["growth_bytes"] for w in workers) // len(workers) if workers else None,
+        "pinned_bytes": int(pinned.max()) if len(pinned) else None,
+        "swap_start_bytes": int(swap[0]) if len(swap) else None,
+        "swap_growth_bytes": max(0, int(swap.max() - swap[0])) if len(swap) else None,
+        "embeddings": embeddings,
+    }
+
+
+def _worker(m: WorkerMemoryMeta) -> WorkerMemory:
+    return {**m, "growth_bytes": max(0, m["last_uss_bytes"] - m["first_uss_bytes"])}
 
 
 def parts(d: MemoryDevice) -> dict[Category, int]:

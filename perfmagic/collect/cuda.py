@@ -12,7 +12,7 @@ from typing import Any
 
 from perfmagic.clock import REAL_CLOCK, Clock
 from perfmagic.contract import AllocatorMeta
-from perfmagic.schema import ALLOCATOR
+from perfmagic.schema import ALLOCATOR, PINNED_BYTES
 from perfmagic.timeline import Timeline
 
 DEVICES_EVERY_S = 1.0
@@ -103,7 +103,8 @@ class AllocatorSource:
     and over the window its peaks, the cudaMalloc retries (it freed its cache to find memory: slow)
     and the out-of-memory errors.
 
-    Metrics ``gpu{i}.torch_allocated_bytes`` and ``gpu{i}.torch_reserved_bytes``; the window's
+    Metrics ``gpu{i}.torch_allocated_bytes`` and ``gpu{i}.torch_reserved_bytes``, and ``host.pinned_bytes``:
+    the page-locked host memory its host allocator holds (``pin_memory``'s buffers; torch >= 2.6); the window's
     figures go to ``meta[ALLOCATOR]``. It reads host-side counters only (no device call), and
     only once the profiled code has initialized CUDA; the peaks are the allocator's own where they
     were reached inside the window (its peak counters are never reset: they are the user's).
@@ -116,6 +117,7 @@ class AllocatorSource:
         self._first: dict[int, dict[str, int]] = {}
         self._last: dict[int, dict[str, int]] = {}
         self._sampled_peak: dict[int, tuple[int, int]] = {}
+        self._pinned_ok = True
 
     def open(self, timeline: Timeline) -> None:
         return None
@@ -139,6 +141,13 @@ class AllocatorSource:
             self._sampled_peak[d] = (max(allocated, stats["allocated"]), max(reserved, stats["reserved"]))
             timeline.add_sample(f"gpu{d}.torch_allocated_bytes", now, float(stats["allocated"]))
             timeline.add_sample(f"gpu{d}.torch_reserved_bytes", now, float(stats["reserved"]))
+        if self._pinned_ok and hasattr(cuda, "host_memory_stats"):
+            try:
+                pinned = float(cuda.host_memory_stats().get("allocated_bytes.current") or 0)
+            except Exception:  # a host allocator that cannot say: not asked again
+                self._pinned_ok = False
+            else:
+                timeline.add_sample(PINNED_BYTES, now, pinned)
 
     def close(self, timeline: Timeline) -> None:
         cuda = self._cuda()

@@ -4,12 +4,14 @@
 
 - ``host.cpu_util`` and ``host.cpu{k}_util`` (busy fraction of all cores / of core k),
   ``host.iowait`` (fraction of CPU time spent waiting for I/O);
-- ``host.mem_available_bytes``;
+- ``host.mem_available_bytes``, ``host.swap_used_bytes`` (the machine's swap in use);
 - ``host.proc_cpu_cores``: CPU used by the profiled process and all its descendants
   (DataLoader workers), in cores; ``host.children_cpu_cores``: the descendants' part;
   ``host.children_wait_cores``: the time the descendants were runnable but waited for
   a CPU, in cores (Linux schedstat run delay; a worker starved of CPU, not waiting on I/O);
   ``host.children_disk``: descendants in uninterruptible sleep (``D``: mostly disk I/O) at the tick;
+  ``host.major_faults_per_s``: the tree's major page faults (a page read back from swap or a file),
+  per second (Linux);
   ``host.rss_bytes``, ``host.uss_bytes`` and ``host.pss_bytes`` summed over that tree: RSS counts
   a page shared between processes once per process (forked DataLoader workers reading the
   parent's dataset count it once each), USS not at all, PSS in equal parts among its sharers,
@@ -46,7 +48,7 @@ from typing import Any
 import psutil
 
 from perfmagic.collect.sampler import SourceUnavailable
-from perfmagic.schema import CHILDREN_DISK
+from perfmagic.schema import CHILDREN_DISK, MAJOR_FAULTS, SWAP_USED
 from perfmagic.timeline import Timeline
 
 
@@ -129,6 +131,7 @@ class HostSource:
         self._cores_prev: list[CpuTimes] = []
         self._tree_cpu: float | None = None
         self._children_cpu: float | None = None
+        self._faults: float | None = None  # the tree's major faults (own and reaped) at the last tick
         self._tree_t = 0.0
         self._io_ok = True
         self._uss_ok = True
@@ -178,7 +181,7 @@ class HostSource:
             add("host.cpu_util", now, fractions[0])
             add("host.iowait", now, fractions[1])
         self._grow_tree()
-        cpu, root_cpu, rss, disk = self._tree_cpu_rss()
+        cpu, root_cpu, rss, disk, faults = self._tree_cpu_rss()
         children = cpu - root_cpu
         if self._tree_cpu is not None and self._children_cpu is not None and now > self._tree_t:
             # a reparented orphan leaves the tree with its CPU: never report a negative rate
@@ -188,12 +191,15 @@ class HostSource:
             if self._sched_fds:
                 add("host.children_wait_cores", now, self._children_wait() / dt)
                 add(CHILDREN_DISK, now, float(disk))
-        self._tree_cpu, self._children_cpu, self._tree_t = cpu, children, now
+            if self._faults is not None and self._stat_fds:
+                add(MAJOR_FAULTS, now, max(0.0, faults - self._faults) / dt)
+        self._tree_cpu, self._children_cpu, self._tree_t, self._faults = cpu, children, now, faults
         add("host.rss_bytes", now, float(rss))
         if now >= self._next_slow:  # the tick's time: on the session's clock, fake in tests
             self._next_slow = now + self._slow_interval
             self._poll_cores(now, timeline)
             add("host.mem_available_bytes", now, float(psutil.virtual_memory().available))
+            add(SWAP_USED, now, float(psutil.swap_memory().used))
             for metric, value in self._counters().items():
                 add(metric, now, value - self._base.get(metric, 0.0))
         self._last_tick = now
@@ -298,35 +304,43 @@ class HostSource:
             except psutil.Error:
                 continue
 
-    def _tree_cpu_rss(self) -> tuple[float, float, int, int]:
+    def _tree_cpu_rss(self) -> tuple[float, float, int, int, float]:
         """CPU seconds of the tree (own plus reaped children), the root's own part of them, RSS bytes,
-        and the descendants in uninterruptible sleep now."""
-        cpu = root = 0.0
+        the descendants in uninterruptible sleep now, and the tree's major faults (own plus reaped)."""
+        cpu = root = faults = 0.0
         rss = disk = 0
         for pid in list(self._tree):
             try:
-                own, reaped, proc_rss, state = self._proc_cpu_rss(pid)
+                own, reaped, proc_rss, state, proc_faults = self._proc_cpu_rss(pid)
             except (OSError, ValueError, IndexError, psutil.Error):
                 self._drop(pid)  # gone: its CPU is in its parent's children_*
                 continue
             cpu += own + reaped
             rss += proc_rss
+            faults += proc_faults
             if pid == self._root_pid:
                 root = own
             else:
                 disk += state == "D"
-        return cpu, root, rss, disk
+        return cpu, root, rss, disk, faults
 
-    def _proc_cpu_rss(self, pid: int) -> tuple[float, float, int, str]:
-        """(own CPU seconds, reaped children's CPU seconds, RSS bytes, state letter) of one process."""
+    def _proc_cpu_rss(self, pid: int) -> tuple[float, float, int, str, float]:
+        """(own CPU seconds, reaped children's CPU seconds, RSS bytes, state letter, major faults: own and
+        reaped children's; 0 off Linux) of one process."""
         fd = self._stat_fds.get(pid)
         if fd is None:
             proc = self._tree[pid]
             with proc.oneshot():
                 t = proc.cpu_times()
                 state = "D" if proc.status() == psutil.STATUS_DISK_SLEEP else "?"
-                return t.user + t.system, t.children_user + t.children_system, proc.memory_info().rss, state
-        # fields after "(comm)": state ppid ... utime(11) stime cutime cstime ... rss(21), in ticks / pages
+                return (
+                    t.user + t.system,
+                    t.children_user + t.children_system,
+                    proc.memory_info().rss,
+                    state,
+                    0.0,
+                )
+        # fields after "(comm)": state ppid ... majflt(9) cmajflt(10) utime(11) stime cutime cstime ... rss(21)
         data = _pread(fd)
         rest = data[data.rindex(b")") + 2 :].split()
         return (
@@ -334,6 +348,7 @@ class HostSource:
             (int(rest[13]) + int(rest[14])) / _HZ,
             int(rest[21]) * _PAGE,
             rest[0].decode(),
+            float(int(rest[9]) + int(rest[10])),
         )
 
     def _tree_uss_pss(self) -> tuple[int, int | None] | None:

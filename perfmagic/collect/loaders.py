@@ -7,6 +7,8 @@ from types import FrameType
 from typing import Any
 
 from perfmagic.collect.call_hints import call_hint
+from perfmagic.collect.dataset_memory import python_containers, start_method
+from perfmagic.collect.torch_memory import name_in_caller
 
 
 def loader_settings(loader: Any, torch: Any, frame: FrameType | None) -> dict[str, Any]:
@@ -27,4 +29,8 @@ def loader_settings(loader: Any, torch: Any, frame: FrameType | None) -> dict[st
         "iterable": isinstance(loader.dataset, torch.utils.data.IterableDataset),
         "cpu_count": os.cpu_count(),
         "call": call_hint(loader, frame),  # where fixes find the user's DataLoader(...) statement
+        # what its workers copy: only workers copy, so a loader without them is not looked into
+        "start_method": start_method(loader) if loader.num_workers else None,
+        "dataset_name": name_in_caller(loader.dataset, frame) if loader.num_workers else None,
+        "containers": python_containers(loader.dataset) if loader.num_workers else [],
     }

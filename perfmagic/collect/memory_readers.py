@@ -66,7 +66,7 @@ class ProcessReader:
     def __init__(self) -> None:
         self._page = os.sysconf("SC_PAGE_SIZE")
         self._rss0 = self._rss()
-        uss = _uss()
+        uss = own_uss()
         self._uss0 = uss if uss is not None else self._rss0  # no smaps: RSS stands in
 
     def _rss(self) -> int:
@@ -86,7 +86,7 @@ class ProcessReader:
         return None, None
 
 
-def _uss() -> int | None:
+def own_uss() -> int | None:
     """This process's USS: its private pages, from ``smaps_rollup`` (one read), else psutil."""
     try:
         with open("/proc/self/smaps_rollup", "rb") as f:

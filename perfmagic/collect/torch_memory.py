@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from perfmagic.collect.memory_readers import DeviceReader, readers_for
-from perfmagic.contract.memory import MemoryBlock, MemoryDeviceMeta, MemoryMeta
+from perfmagic.contract.memory import HostEmbedding, MemoryBlock, MemoryDeviceMeta, MemoryMeta
 
 if TYPE_CHECKING:
     from perfmagic.collect.torch_hooks import TorchStages
@@ -30,6 +30,9 @@ SAMPLE_FORWARD = 3
 
 READ_EVERY_S = 0.001
 """How often the reading thread reads the memory in use through the sampled step."""
+
+HOST_EMBEDDING_SHARE = 0.25
+"""Share of the model's parameter bytes from which an embedding table left on the host is noted."""
 
 MEMORY: Final = "memory"
 """The timeline's meta key the probe writes (``MemoryMeta``)."""
@@ -52,6 +55,8 @@ class MemoryProbe:
         self._saved: dict[tuple[str, int], int] = {}  # (device, data_ptr): nbytes
         self._hooks: list[Any] = []
         self._blocks: _Blocks | None = None
+        self._tables: list[tuple[str, Any]] = []  # embedding tables on the host of a model on a GPU
+        self._embeddings: _Blocks | None = None  # ...timed on the sampled forward
         self._module: Any = None
         self._optimizer: Any = None
         self._grads: dict[str, int] | None = None
@@ -76,8 +81,9 @@ class MemoryProbe:
         except Exception as e:  # never break the training: this step is just not sampled
             self._stages.warnings.append(f"memory breakdown not measured ({e!r})")
             self._stop.set()
-            if self._blocks is not None:
-                self._blocks.unwrap()
+            for wrapped in (self._blocks, self._embeddings):
+                if wrapped is not None:
+                    wrapped.unwrap()
             self._module = None
             return call(module, *args, **kwargs)
         try:
@@ -85,6 +91,8 @@ class MemoryProbe:
                 result = call(module, *args, **kwargs)
         finally:
             blocks.unwrap()
+            if self._embeddings is not None:
+                self._embeddings.unwrap()
         self._meta["blocks"] = blocks.finished()
         self._read("forward")
         self._after_forward(result)
@@ -97,10 +105,15 @@ class MemoryProbe:
         path, found, params = find_blocks(module, torch)
         self._param_list = params
         self._params = {(str(p.device), p.untyped_storage().data_ptr()) for p in params}
-        devices = sorted(({str(p.device) for p in params} or {"cpu"}) | _cuda_in_use(torch.cuda))
+        param_devices = {str(p.device) for p in params}
+        devices = sorted((param_devices or {"cpu"}) | _cuda_in_use(torch.cuda))
         self._readers = readers_for(devices, torch)
         self._read("forward", mark="forward_start")
         blocks = self._blocks = _Blocks(found, self._stages.now)
+        # host tables of a model on a GPU (one more walk of its modules, there only), timed apart from the
+        # blocks: a table on the host is no block to checkpoint
+        self._tables = host_tables(module, torch) if any(d.startswith("cuda") for d in param_devices) else []
+        self._embeddings = _Blocks(self._tables, self._stages.now) if self._tables else None
         self._meta.update(
             model=type(module).__name__,
             model_name=name_in_caller(module, sys._getframe(2)),
@@ -198,7 +211,7 @@ class MemoryProbe:
         except Exception as e:
             self._stages.warnings.append(f"memory breakdown not recorded ({e!r})")
         self._module = self._optimizer = None  # the user's objects are not held past the step
-        self._param_list = []
+        self._param_list, self._tables = [], []
 
     def _build(self) -> MemoryMeta:
         grads = self._grads if self._grads is not None else _grad_bytes(self._param_list)
@@ -243,6 +256,9 @@ class MemoryProbe:
             "blocks_path": m["blocks_path"],
             "blocks": m.get("blocks", []),
             "devices": devices,
+            "host_embeddings": host_embeddings(self._tables, params, self._embeddings.figures)
+            if self._embeddings is not None
+            else [],
         }
 
     def close(self) -> None:
@@ -317,6 +333,41 @@ class _Blocks:
 
     def finished(self) -> list[MemoryBlock]:
         return list(self.figures.values())
+
+
+def host_tables(model: Any, torch: Any) -> list[tuple[str, Any]]:
+    """The model's embedding modules whose table is on the CPU, by attribute path (asked where the model
+    trains on a GPU)."""
+    out: list[tuple[str, Any]] = []
+    for name, m in model.named_modules():
+        weight = getattr(m, "weight", None)
+        on_cpu = weight is not None and weight.device.type == "cpu"
+        if on_cpu and isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag):
+            out.append((attribute_path(name), m))
+    return out
+
+
+def host_embeddings(
+    tables: list[tuple[str, Any]], params: dict[str, int], timed: dict[str, MemoryBlock]
+) -> list[HostEmbedding]:
+    """Of ``tables`` (:func:`host_tables`), those of ``HOST_EMBEDDING_SHARE`` or more of the model's
+    parameter bytes (``params``: bytes by device), with their lookups' time on the sampled forward
+    (``timed``, by path; 0 where not called)."""
+    whole = sum(params.values())
+    out: list[HostEmbedding] = []
+    for path, m in tables:
+        size = m.weight.numel() * m.weight.element_size()
+        if whole and size >= HOST_EMBEDDING_SHARE * whole:
+            share = size / whole
+            out.append(
+                {
+                    "path": path,
+                    "bytes": size,
+                    "parameter_share": share,
+                    "forward_s": timed[path]["forward_s"] if path in timed else 0.0,
+                }
+            )
+    return out
 
 
 def _compiled(module: Any) -> bool:

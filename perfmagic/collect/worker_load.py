@@ -16,6 +16,12 @@ Samples, each a rate over the tick (from the first tick a worker has written on)
 - ``loader.busy_cpu_cores`` and ``loader.busy_queued_cores``: of that, on a CPU, and runnable
   but waiting for one (Linux run delay; NaN where the kernel does not say);
 - ``loader.batches_per_s``: batches the workers built.
+
+Each worker also reads its own USS (``/proc/self/smaps_rollup``) as its first fetch begins and at most
+every :data:`USS_EVERY_S` after a fetch, with the samples it has read since the first reading: a
+forked worker that reads a dataset of Python objects copies the pages whose reference counts it
+changes, so its unique memory grows with the samples it reads. ``meta["worker_memory"]`` lists each
+worker's first and last reading (:class:`perfmagic.contract.memory.WorkerMemoryMeta`).
 """
 
 from __future__ import annotations
@@ -28,9 +34,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from perfmagic.collect.memory_readers import own_uss
 from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.collect.worker_stacks import WorkerSampler, WorkerStacks
-from perfmagic.schema import LOADER_BATCHES, LOADER_BUSY, LOADER_BUSY_CPU, LOADER_BUSY_QUEUED, WORKER_STACKS
+from perfmagic.contract.memory import WorkerMemoryMeta
+from perfmagic.schema import (
+    LOADER_BATCHES,
+    LOADER_BUSY,
+    LOADER_BUSY_CPU,
+    LOADER_BUSY_QUEUED,
+    WORKER_MEMORY,
+    WORKER_STACKS,
+)
 from perfmagic.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -40,9 +55,16 @@ SLOTS = 1024
 """Rows of the mapping; a worker adds to row ``pid % SLOTS`` (rows only grow, so a row a later
 worker reuses keeps its sums: two workers share one only if their PIDs are this far apart)."""
 
-BATCHES, WALL, CPU, QUEUED = range(4)
+BATCHES, WALL, CPU, QUEUED, PID, USS_FIRST, USS_LAST, SAMPLES = range(8)
+COLUMNS = 8
 METRICS = (LOADER_BATCHES, LOADER_BUSY, LOADER_BUSY_CPU, LOADER_BUSY_QUEUED)
-"""The samples, in the order of the row's columns."""
+"""The samples, in the order of the row's first columns (the others: the worker's PID and its USS readings)."""
+
+USS_EVERY_S = 0.5
+"""How often a worker reads its own USS after a fetch (a ``smaps_rollup`` read: a millisecond or so)..."""
+USS_COST = 0.02
+"""...or less often: the reading's time grows with the pages the worker maps (its parent's, all of
+them), and the readings may take at most this share of the worker's time."""
 
 
 class WorkerLoadSource:
@@ -60,7 +82,7 @@ class WorkerLoadSource:
 
     def open(self, timeline: Timeline) -> None:
         global _open_source
-        self._map = mmap.mmap(-1, SLOTS * 4 * 8)
+        self._map = mmap.mmap(-1, SLOTS * COLUMNS * 8)
         self._stacks = WorkerStacks()
         _open_source = self
 
@@ -70,7 +92,7 @@ class WorkerLoadSource:
         if self._rows is None and self._map is not None:
             import numpy as np
 
-            self._rows = np.frombuffer(self._map, dtype=np.float64).reshape(SLOTS, 4)
+            self._rows = np.frombuffer(self._map, dtype=np.float64).reshape(SLOTS, COLUMNS)
         return self._rows
 
     def poll(self, now: float, timeline: Timeline) -> None:
@@ -79,7 +101,7 @@ class WorkerLoadSource:
         rows = self._view()
         if rows is None:
             return
-        totals = rows.sum(axis=0)
+        totals = rows[:, : len(METRICS)].sum(axis=0)
         if not totals[BATCHES] and self._last is None:
             return  # no worker has built a batch yet: say nothing rather than zero
         last, self._last = self._last, (now, totals)
@@ -93,6 +115,9 @@ class WorkerLoadSource:
         global _open_source
         if _open_source is self:
             _open_source = None
+        if self._fetchers and (rows := self._view()) is not None:  # written to, maybe with no tick since
+            timeline.meta[WORKER_MEMORY] = worker_memory(rows)
+            del rows  # no view may outlive the mapping
         self._rows = None  # the view goes before the mapping it points into
         if self._map is not None:
             self._map.close()
@@ -127,6 +152,20 @@ class WorkerLoadSource:
             child.stacks = self._stacks.sampler_for_child(frozenset(f.__code__ for _, f in self._fetchers))
 
 
+def worker_memory(rows: np.ndarray) -> list[WorkerMemoryMeta]:
+    """Each worker's first and last USS reading, from the rows it wrote them in."""
+    return [
+        {
+            "pid": int(r[PID]),
+            "first_uss_bytes": int(r[USS_FIRST]),
+            "last_uss_bytes": int(r[USS_LAST]),
+            "samples": int(r[SAMPLES]),
+        }
+        for r in rows
+        if r[PID] and r[USS_FIRST] > 0
+    ]
+
+
 class _Child:
     """A worker's timing: its row, its stack sampler, and torch's fetchers to put back."""
 
@@ -151,6 +190,7 @@ def _timed(fetch: Callable[[Any, Any], Any], child: _Child) -> Callable[[Any, An
         try:
             if child.window_closed():
                 return fetch(fetcher, index)
+            row.first_memory()  # before the stack sampler starts: its reading is no part of the fetch
             stacks = child.stacks
             if stacks is not None:
                 stacks.begin()
@@ -166,6 +206,7 @@ def _timed(fetch: Callable[[Any, Any], Any], child: _Child) -> Callable[[Any, An
                 if stacks is not None:
                     stacks.end()
                 row.add(wall, cpu, queued)
+                row.read_memory(len(index) if isinstance(index, list) else 1)
         except BaseException as e:
             drop_own_frame(e)
             raise
@@ -191,10 +232,12 @@ os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class _WorkerRow:
-    """One worker's row of the mapping, and its thread's run delay."""
+    """One worker's row of the mapping, its thread's run delay and its USS readings."""
 
     def __init__(self, row: np.ndarray) -> None:
         self._row = row
+        self._next_uss: float | None = None  # None: the first reading is still to come
+        self._samples = 0
         try:
             self._schedstat: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
@@ -215,3 +258,31 @@ class _WorkerRow:
         row[WALL] += wall
         row[CPU] += cpu
         row[QUEUED] += queued
+
+    def first_memory(self) -> None:
+        """The worker's USS as its first fetch begins: what it holds before reading any sample."""
+        if self._next_uss is not None:
+            return
+        uss = self._uss()
+        row = self._row
+        row[PID] = os.getpid()  # a row another worker used before: its readings start over
+        row[USS_FIRST] = row[USS_LAST] = float(uss or 0)
+        row[SAMPLES] = 0.0
+
+    def read_memory(self, samples: int) -> None:
+        """After a fetch of ``samples``: the USS again, at most every ``USS_EVERY_S``."""
+        self._samples += samples
+        if self._next_uss is None or time.perf_counter() < self._next_uss or not self._row[USS_FIRST]:
+            return
+        uss = self._uss()
+        if uss is not None:
+            self._row[USS_LAST] = float(uss)
+            self._row[SAMPLES] = float(self._samples)
+
+    def _uss(self) -> int | None:
+        """The worker's USS, the next reading set so that readings take at most ``USS_COST`` of its time."""
+        began = time.perf_counter()
+        uss = own_uss()
+        now = time.perf_counter()
+        self._next_uss = now + max(USS_EVERY_S, (now - began) / USS_COST)
+        return uss

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfmagic.contract.code import CallHint
+from perfmagic.contract.memory import DatasetContainer
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class LoaderConfig:
     iterable: bool = False  # an ``IterableDataset``
     cpu_count: int | None = None  # ``os.cpu_count()`` of the training process
     call: CallHint | None = None  # where fixes find the user's ``DataLoader(...)`` statement
+    start_method: str | None = None  # how its workers start ("fork", "spawn", "forkserver"); None: no workers
+    dataset_name: str | None = None  # the dataset's name in the code that iterated the loader
+    containers: tuple[DatasetContainer, ...] = ()  # the dataset's largest lists and dicts (with workers)
 
     @classmethod
     def from_mark(cls, mark: Mapping[str, Any]) -> LoaderConfig:
@@ -43,4 +47,7 @@ class LoaderConfig:
             iterable=bool(mark.get("iterable")),
             cpu_count=mark.get("cpu_count"),
             call=mark.get("call"),
+            start_method=mark.get("start_method"),
+            dataset_name=mark.get("dataset_name"),
+            containers=tuple(mark.get("containers") or ()),
         )

@@ -56,6 +56,7 @@ class MemoryMeta(TypedDict):
     blocks_path: str | None  # the module list the blocks are items of ("layers"), None: the children
     blocks: list[MemoryBlock]
     devices: list[MemoryDeviceMeta]
+    host_embeddings: list[HostEmbedding]  # the model on a GPU: its large embedding tables left on the host
 
 
 class MemoryDevice(TypedDict):
@@ -83,11 +84,59 @@ class MemoryDevice(TypedDict):
     largest_batch: int | None  # estimate: batches of this size fit the free memory, by activations per sample
 
 
-class MemorySection(TypedDict):
-    """``memory``: one sampled step's memory, per device."""
+class DatasetContainer(TypedDict):
+    """A list or dict the DataLoader's dataset holds (``collect.dataset_memory``)."""
 
-    step: int
-    model: str
+    attribute: str  # its path from the dataset: "rows", "dataset.rows" (a Subset's)
+    kind: str  # "list of dict", "dict of str": its class and its items' most common class
+    length: int
+    bytes: int  # an estimate: its own size and its items', from its first few, one level deep
+
+
+class WorkerMemoryMeta(TypedDict):
+    """``meta["worker_memory"][i]``: one DataLoader worker's own USS readings (``collect.worker_load``)."""
+
+    pid: int
+    first_uss_bytes: int  # as its first fetch began
+    last_uss_bytes: int  # at its last reading
+    samples: int  # samples it read before its last reading
+
+
+class WorkerMemory(WorkerMemoryMeta):
+    """``memory.host.workers[i]``: one forked worker's unique memory over its life in the window."""
+
+    growth_bytes: int  # last less first: the pages it copied, copy-on-read among them
+
+
+class HostEmbedding(TypedDict):
+    """``memory.host.embeddings[i]``: an embedding table kept in host memory while the model trains on a GPU."""
+
+    path: str  # its attribute path from the model ("user_emb", "tables[0]")
+    bytes: int
+    parameter_share: float  # of all the model's parameter bytes
+    forward_s: float  # its lookups on the CPU in the sampled forward (0: not timed)
+
+
+class HostMemory(TypedDict):
+    """``memory.host``: the host side of the training's memory."""
+
+    start_method: str | None  # how the DataLoader's workers started; None: no workers
+    dataset_name: str | None  # the dataset's name in the user's code
+    containers: list[DatasetContainer]  # the dataset's largest lists and dicts
+    workers: list[WorkerMemory]  # forked workers that read their own USS (none under spawn or forkserver)
+    worker_growth_bytes: int | None  # the workers' mean growth; None: none measured
+    pinned_bytes: int | None  # page-locked host memory the CUDA host allocator held at most; None: not read
+    swap_start_bytes: int | None  # the machine's swap in use as the window opened
+    swap_growth_bytes: int | None  # its most above that during the run; None: not read
+    embeddings: list[HostEmbedding]  # tables of >= 25% of the parameter bytes on the host, the model on a GPU
+
+
+class MemorySection(TypedDict):
+    """``memory``: one sampled step's memory, per device, and the host side (``host``).
+    Without a sampled step (no model was seen) the step's fields are None or empty."""
+
+    step: int | None
+    model: str | None
     model_name: str | None
     hf_checkpointing: bool
     param_dtype: str | None
@@ -98,3 +147,4 @@ class MemorySection(TypedDict):
     blocks_path: str | None
     blocks: list[MemoryBlock]
     devices: list[MemoryDevice]
+    host: HostMemory | None  # None: nothing of the host's memory was read

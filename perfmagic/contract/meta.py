@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal, TypedDict
 
 from perfmagic.contract.gpu import GpuSection, MemoryPeak
-from perfmagic.contract.memory import MemoryMeta
+from perfmagic.contract.memory import MemoryMeta, WorkerMemoryMeta
 from perfmagic.contract.tuning import KnobResult
 
 Source = Literal["live", "run", "trace"]
@@ -196,6 +196,7 @@ class TimelineMeta(TypedDict, total=False):
     cuda_allocator: list[AllocatorMeta]  # schema.ALLOCATOR
     stack_samples: list[StackSample]  # schema.STACK_SAMPLES
     worker_stacks: WorkerStacksMeta  # schema.WORKER_STACKS
+    worker_memory: list[WorkerMemoryMeta]  # schema.WORKER_MEMORY
     thread_states: list[ThreadStateSample]  # schema.THREAD_STATES
     sampler: SamplerMeta
     tuning: list[KnobResult]

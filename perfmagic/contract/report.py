@@ -110,6 +110,7 @@ class PlanChange(TypedDict):
     interval_s: list[float]  # [p10, p90] of the marginal saving
     step_s: float  # predicted, with this change and every one before it
     uncertain: bool  # the interval is wider than ±25% of the saving
+    freed_bytes: int | None  # a memory card's: the bytes it frees (its saving_s: minus its step cost)
 
 
 class PlanSetAside(TypedDict):

@@ -13,7 +13,7 @@ from typing import Any
 
 from perfmagic.analyze.memory import CATEGORIES, parts
 from perfmagic.contract import ReportData
-from perfmagic.contract.memory import Category, MemoryDevice
+from perfmagic.contract.memory import Category, HostMemory, MemoryDevice
 from perfmagic.units import fmt_bytes, fmt_fraction
 
 COLORS: dict[Category, str] = {  # apart from the stages' colours: the bars sit beside the waterfall
@@ -84,16 +84,47 @@ def memory_lines(report: ReportData) -> list[str]:
     memory = report["memory"]
     if not memory:
         return []
-    head = f"Memory on step {memory['step']} (sampled)"
-    return [head, *(f"  {device_words(d)}" for d in memory["devices"])]
+    lines = [f"  {device_words(d)}" for d in memory["devices"]]
+    if lines:
+        lines.insert(0, f"Memory on step {memory['step']} (sampled)")
+    host = host_words(memory["host"]) if memory["host"] is not None else []
+    return lines + (["Host memory", *(f"  {line}" for line in host)] if host else [])
+
+
+def host_words(host: HostMemory) -> list[str]:
+    """The host side in words: each measured figure, one line each."""
+    out: list[str] = []
+    if host["worker_growth_bytes"] is not None:
+        out.append(
+            f"DataLoader workers ({host['start_method']}): unique memory grew {fmt_bytes(host['worker_growth_bytes'])}"
+            f" each on average ({len(host['workers'])} measured)"
+        )
+    out += [
+        f"dataset {host['dataset_name'] or 'dataset'}.{c['attribute']}: {c['kind']}, {c['length']:,} items, "
+        f"about {fmt_bytes(c['bytes'])}"
+        for c in host["containers"][:1]
+    ]
+    if host["pinned_bytes"]:
+        out.append(f"pinned (page-locked) memory held: {fmt_bytes(host['pinned_bytes'])} at most")
+    if host["swap_growth_bytes"]:
+        out.append(f"swap grew {fmt_bytes(host['swap_growth_bytes'])} during the run")
+    out += [
+        f"embedding {e['path']} in host memory: {fmt_bytes(e['bytes'])}, {fmt_fraction(e['parameter_share'])} "
+        "of the parameters"
+        for e in host["embeddings"]
+    ]
+    return out
 
 
 def memory_html(report: ReportData) -> str:
-    """The stacked bars as HTML (no script: it shows wherever the report is read)."""
+    """The stacked bars as HTML (no script: it shows wherever the report is read), and the host's figures."""
     bars = memory_bars(report)
-    if not bars:
-        return ""
     memory = report["memory"]
+    host = host_words(memory["host"]) if memory and memory["host"] is not None else []
+    said = "".join(f'<div class="pm-sub">{html.escape(line)}</div>' for line in host)
+    host_html = f'<div class="pm-memory"><h3>Host memory</h3>{said}</div>' if host else ""
+    if not bars:
+        return host_html
     rows = []
     for bar in bars:
         spans = "".join(
@@ -113,7 +144,7 @@ def memory_html(report: ReportData) -> str:
     step = memory["step"] if memory else ""
     return (
         f'<div class="pm-memory"><h3>Where the memory goes <span class="pm-sub">step {step}, '
-        f'sampled</span></h3>{"".join(rows)}<div class="pm-sub">{legend}</div></div>'
+        f'sampled</span></h3>{"".join(rows)}<div class="pm-sub">{legend}</div></div>' + host_html
     )
 
 

@@ -53,13 +53,25 @@ def saving_words(card: Card) -> str:
 
 
 def plan_line(report: ReportData) -> str | None:
-    """The plan's predicted step, where more than one change makes it."""
+    """The plan's predicted step, where more than one change saving time makes it, and what its memory
+    changes free and cost."""
     plan = report["plan"]
-    if not plan or len(plan["changes"]) < 2 or plan["predicted_step_s"] >= plan["step_s"]:
+    if not plan:
         return None
+    freed = [c for c in plan["changes"] if c["freed_bytes"] is not None]
+    timed = len(plan["changes"]) - len(freed)
+    memory = (
+        f"the memory changes free {fmt_bytes(sum(c['freed_bytes'] or 0 for c in freed))} and cost "
+        f"{fmt_seconds(0.0 - sum(c['saving_s'] for c in freed))} per step"
+        if freed
+        else ""
+    )
+    if timed < 2 or plan["predicted_step_s"] >= plan["step_s"]:
+        return f"plan: {memory}" if memory else None
     return (
-        f"plan: the {len(plan['changes'])} changes together predict a {fmt_seconds(plan['predicted_step_s'])}"
+        f"plan: the {timed} changes{' that save time' if freed else ''} together predict a {fmt_seconds(plan['predicted_step_s'])}"
         f" step against {fmt_seconds(plan['step_s'])} now (an estimate: each saving counted once, in this order)"
+        + (f"; {memory}" if memory else "")
     )
 
 

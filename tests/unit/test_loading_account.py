@@ -289,3 +289,27 @@ def test_the_handoff_card_offers_no_in_loop_loading_that_its_estimate_says_saves
     assert "num_workers=0" not in card.fix and card.replaces is None and "saves up to 0" in card.evidence, (
         card
     )
+
+
+def test_a_forked_worker_reads_its_own_uss_as_it_reads_the_parents_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from torch.utils.data._utils import fetch
+
+    from perfmagic.collect import worker_load
+
+    monkeypatch.setattr(worker_load, "USS_EVERY_S", 0.0)  # a reading after every fetch
+    monkeypatch.setattr(worker_load, "USS_COST", math.inf)
+    source, timeline = worker_load.WorkerLoadSource(), Timeline()
+    source.open(timeline)
+    held = [n * 1000 for n in range(100_000)]  # the parent's int objects: reading one writes its count
+    fetcher = fetch._MapDatasetFetcher(held, True, lambda batch: batch, False)
+    child = forked(lambda: all(fetcher.fetch(list(range(i, i + 1000))) for i in range(0, len(held), 1000)))
+    assert os.waitpid(child, 0)[1] == 0
+    source.close(timeline)
+    (worker,) = timeline.meta["worker_memory"]
+    assert worker["pid"] == child and worker["samples"] == len(held)
+    # it copied the pages of the ints it read: at least half their bytes (the list's own pages on top)
+    assert worker["last_uss_bytes"] - worker["first_uss_bytes"] >= len(held) * sys.getsizeof(10**6) // 2

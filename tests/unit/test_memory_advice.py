@@ -117,3 +117,24 @@ def test_the_report_draws_a_bar_per_device() -> None:
 
     png = charts_png(data)
     assert png is not None and Image.open(io.BytesIO(png)).height > 290  # the strip below the waterfall
+
+
+def test_memory_cards_enter_the_plan_with_the_bytes_they_free_and_the_step_they_cost() -> None:
+    a = gpu_run(total=31 * GiB)
+    advice = advise(a)
+    assert advice.plan is not None
+    (change,) = [c for c in advice.plan.changes if c.id == "activation_memory"]
+    card = next(c for c in advice.cards if c.id == "activation_memory")
+    assert change.freed_bytes == card.metrics["freed_bytes"] and card.saving_s is None
+    assert change.saving_s == -card.metrics["step_cost_s"]  # checkpointing runs the blocks' forward again
+    time_saved = sum(c.saving_s for c in advice.plan.changes if c.freed_bytes is None)
+    # the predicted step: the time fixes' savings taken off, the checkpointing's cost put on
+    expected = advice.plan.step_s - time_saved + card.metrics["step_cost_s"]
+    assert abs(advice.plan.predicted_step_s - expected) < 1e-12
+    from perfmagic.render.wording import plan_line
+    from perfmagic.report import plan_section
+
+    plan = plan_section(advice.plan)
+    line = plan_line({"plan": plan})  # type: ignore[typeddict-item]
+    assert line is not None and "the memory changes free 18.0 GiB and cost 4.0 ms per step" in line
+    assert_consistent({"advice": [c.to_dict() for c in advice.cards], "plan": plan})

@@ -24,6 +24,8 @@ from analysis_builder import (
     GiB,
     build,
     plain,
+    with_host_memory,
+    with_host_table,
     with_memory,
 )
 from report_checks import assert_consistent
@@ -37,6 +39,7 @@ from perfmagic.advise import (
     gpu,
     gpu_checks,
     host,
+    host_memory,
     loop,
     memory,
     pace,
@@ -45,6 +48,7 @@ from perfmagic.advise import (
 )
 from perfmagic.advise.catalog import RULES
 from perfmagic.analyze import Analysis
+from perfmagic.schema import MAJOR_FAULTS
 
 CUDA_MODEL = {**MODEL, "device": "cuda:0"}
 H100 = {
@@ -176,6 +180,25 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
         lambda: with_memory(
             on_gpu(), acts=2 * GiB, reserved=30 * GiB, retries=3, alloc_conf="expandable_segments:True"
         ),
+    ),
+    # forked workers that each grew 300 MiB reading a list of dicts; 4 MiB is a worker's own buffers
+    "dataloader_copy_on_read": (
+        host_memory.dataloader_copy_on_read,
+        lambda: with_host_memory(growth=300 * 2**20),
+        lambda: with_host_memory(growth=4 * 2**20),
+    ),
+    # swap grew 2 GiB and the training read 500 pages back a second; without faults no step paid
+    "swap_growth": (
+        host_memory.swap_growth,
+        lambda: with_host_memory(swap_start_bytes=0, swap_growth_bytes=2 * GiB, means={MAJOR_FAULTS: 500.0}),
+        lambda: with_host_memory(swap_start_bytes=0, swap_growth_bytes=2 * GiB, means={MAJOR_FAULTS: 0.0}),
+    ),
+    # a 10 GiB table on the host whose lookups take 3 ms of a 13.5 ms step, room for it on the GPU;
+    # where the GPU has no room, the table on the host is the trade that keeps the model there
+    "host_embedding": (
+        host_memory.host_embedding,
+        lambda: with_host_table(on_gpu(), forward_s=0.003),
+        lambda: with_host_table(on_gpu(), forward_s=0.003, total=40 * GiB),
     ),
     "low_gpu_util": (gpu.low_gpu_util, lambda: on_gpu(util=0.2), lambda: on_gpu(util=0.6)),
     "launch_bound": (
