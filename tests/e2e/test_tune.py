@@ -257,7 +257,9 @@ def test_an_oversubscribed_thread_count_is_found_slower() -> None:
     assert threads["baseline"]["value"] == 4 * cpus
     if truth > 1.2:  # oversubscription is clearly slower here: tuning finds it
         assert threads["best"]["value"] <= cpus and threads["speedup"] > 1.05, (truth, threads)
-    if truth < 1.05:  # no faster count exists here: tuning promises no large saving
+    # No faster count exists here: tuning promises no large saving. (Far below 1, other processes
+    # are taking the CPUs: more threads win a larger share of them, and no timing here is steady.)
+    if 0.95 < truth < 1.05:
         assert threads["speedup"] is None or threads["speedup"] < 1.2, (truth, threads)
 
 
