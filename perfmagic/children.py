@@ -20,6 +20,8 @@ INTERVAL_ENV = "PERFMAGIC_INTERVAL"
 TRACE_ENV = "PERFMAGIC_TRACE_STEPS"
 TUNE_ENV = "PERFMAGIC_TUNE"
 """Set: tune at the end of each process; its value, when not empty, is the budget in seconds."""
+FULL_ENV = "PERFMAGIC_FULL"
+"""Set: record every step's stages in each process (``--full``), not windows of steps."""
 
 CHILDREN_DIR = "children"
 """Where the records of the interpreters a window started go, in its ``outdir``."""
