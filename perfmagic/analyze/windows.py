@@ -3,8 +3,8 @@
 Outside the recording windows a step's end is marked but its stages are not: its fetches, forward,
 backward and copies read as ``other``. Each such step keeps its own duration and the stages that
 are recorded on every step (checkpoints, logging and syncs: rare, long, and not to be averaged
-away); the rest of it is split among the other stages in the shares the fully recorded steps give
-them. Per-step sums still make the step's time, and every reader of the breakdown (stage shares,
+away); the rest of it is split among the other stages in the shares the fully recorded steps
+nearest it give them. Per-step sums still make the step's time, and every reader of the breakdown (stage shares,
 bottleneck, plan, step table) reads the same estimate.
 """
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from perfmagic.collect.schedule import WINDOW
 from perfmagic.schema import RECORDING_MARK
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ BOUNDARY_CALLS_PER_STEP = 9.0
 CALL_COST_S = 1.5e-6
 """What one added Python call costs a fast training loop in place (1 to 2 µs: README *Measured*)."""
 
+NEAREST = 2 * WINDOW
+"""Fully recorded steps on each side of a step that was not whose shares it takes: two windows' worth,
+so a run whose stages drift (loading that slows, a warm-up) is estimated from its own stretch."""
+
 _TOLERANCE_S = 1e-6
 """A change of recording this close to a step's end is at its end (folded steps' ends are float32 sums)."""
 
@@ -54,24 +59,28 @@ def full_steps(timeline: Timeline, start: np.ndarray, end: np.ndarray) -> np.nda
 
 
 def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:
-    """``b`` with the stage seconds of its steps that were not fully recorded estimated from those that
-    were (see the module's doc); ``b.full`` says which were. Unchanged where no step is fully recorded."""
+    """``b`` with the stage seconds of its steps that were not fully recorded estimated from the fully
+    recorded steps nearest them (see the module's doc); ``b.full`` says which were. Unchanged where no
+    step is fully recorded."""
     b = replace(b, full=full)
-    partial = ~full
     # the window's first step is warm-up: its shares are not the steady ones
-    model = full.copy()
-    if model[1:].any():
-        model[0] = False
-    if not partial.any() or not model.any():
+    model = np.flatnonzero(full)
+    if len(model) > 1 and model[0] == 0:
+        model = model[1:]
+    partial = np.flatnonzero(~full)
+    if not len(partial) or not len(model):
         return b
     kept = np.array([s in EVERY_STEP_STAGES for s in b.stages], dtype=bool)
     seconds = b.seconds.copy()
     rest = np.maximum(b.durations - seconds[:, kept].sum(axis=1), 0.0)
-    rest_total = float(rest[model].sum())
-    if rest_total <= 0:
-        return b
-    shares = seconds[model][:, ~kept].sum(axis=0) / rest_total
-    seconds[np.ix_(partial, ~kept)] = rest[partial, None] * shares[None, :]
+    # per partial step, the NEAREST fully recorded steps on each side (a window before it, one after)
+    at = np.searchsorted(model, partial)
+    lo, hi = np.maximum(at - NEAREST, 0), np.minimum(at + NEAREST, len(model))
+    cum_seconds = np.vstack((np.zeros((1, int((~kept).sum()))), np.cumsum(seconds[model][:, ~kept], axis=0)))
+    cum_rest = np.concatenate(([0.0], np.cumsum(rest[model])))
+    near_rest = cum_rest[hi] - cum_rest[lo]
+    shares = (cum_seconds[hi] - cum_seconds[lo]) / np.where(near_rest > 0, near_rest, np.inf)[:, None]
+    seconds[np.ix_(partial, ~kept)] = rest[partial, None] * shares
     return replace(b, seconds=seconds)
 
 
