@@ -27,6 +27,11 @@ step, no forward with grad: an evaluation) marks its end, so that it stays out o
 steps. On CUDA, a :class:`CudaEventClock` times stage boundaries on the device, so a stage lasts
 until the GPU has finished the work queued in it.
 
+The hooks that run several times a step (``__next__``, ``Module.__call__``, backward, ``Tensor.to``/
+``cuda``, ``zero_grad``) are in place only in the steps the schedule records fully
+(``collect.schedule``): the recorder takes them out and puts them back at step ends
+(``StageRecorder.record_in_windows``); the others stay for the whole window.
+
 Inside ``torch.compile``'s tracing the wrappers only call through: anything else would break the graph.
 An exception passes through each wrapper without its frame (``collect.tracebacks``).
 """

@@ -9,6 +9,7 @@ import pytest
 from fakeclock import FakeClock
 
 from perfmagic.analyze import analyze
+from perfmagic.analyze.running import RunningStages
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.schedule import FULL_SECONDS, FULL_STEPS, PERIOD, WINDOW, RecordingSchedule
@@ -136,3 +137,18 @@ def test_stage_shares_from_windows_are_those_of_every_step(fake_clock: FakeClock
     assert full_recording is not None and full_recording["mode"] == "full"
     assert recording["calls_per_step"] is not None and full_recording["calls_per_step"] is not None
     assert recording["calls_per_step"] < full_recording["calls_per_step"]
+
+
+def test_live_totals_read_the_windows_too(fake_clock: FakeClock) -> None:
+    steps = FULL_STEPS + 8 * PERIOD
+    full = windowed_loop(fake_clock, full=True, steps=steps, checkpoint_every=PERIOD)
+    windowed = windowed_loop(fake_clock, full=False, steps=steps, checkpoint_every=PERIOD)
+    shares = []
+    for timeline in (full, windowed):
+        running = RunningStages()
+        running.add_ended(timeline)
+        total = sum(running.totals.values())
+        shares.append({name: s / total for name, s in running.totals.items()})
+    assert shares[1].keys() == shares[0].keys() and "checkpoint" in shares[0]
+    for name, share in shares[0].items():
+        assert shares[1][name] == pytest.approx(share, abs=0.005), name
