@@ -170,5 +170,5 @@ def recording_line(report: ReportData) -> str | None:
     if calls is not None:
         said += f"; about {calls:.0f} Python calls added per step"
         if share is not None:
-            said += f", ~{fmt_fraction(share)} of the median step"
+            said += f", ~{100 * share:.2g}% of the median step"  # a small share, not rounded to 0%
     return said

@@ -3,11 +3,14 @@ analysis that takes stage shares from the fully recorded steps and the rhythm fr
 
 from __future__ import annotations
 
+import os
 import types
+from pathlib import Path
 
 import pytest
 from fakeclock import FakeClock
 
+from perfmagic import bootstrap, cli
 from perfmagic.analyze import analyze
 from perfmagic.analyze.running import RunningStages
 from perfmagic.collect.patching import Patcher
@@ -15,6 +18,7 @@ from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.schedule import FULL_SECONDS, FULL_STEPS, PERIOD, WINDOW, RecordingSchedule
 from perfmagic.report import build_report
 from perfmagic.schema import RECORDING_MARK
+from perfmagic.session import Session
 from perfmagic.timeline import Timeline
 
 
@@ -152,3 +156,18 @@ def test_live_totals_read_the_windows_too(fake_clock: FakeClock) -> None:
     assert shares[1].keys() == shares[0].keys() and "checkpoint" in shares[0]
     for name, share in shares[0].items():
         assert shares[1][name] == pytest.approx(share, abs=0.005), name
+
+
+@pytest.mark.parametrize(("options", "every_step"), [(["--full"], True), ([], False)])
+def test_run_full_reaches_each_process_session(
+    options: list[str], every_step: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``perfmagic run --full``: each profiled process's session records every step."""
+    args = cli._parser().parse_args(["run", *options, "python", "x.py"])
+    monkeypatch.setattr(os, "environ", cli._child_env(args, tmp_path, tmp_path, None))
+    started: list[Session] = []
+    monkeypatch.setattr(bootstrap.Session, "start", lambda self: started.append(self) or self)
+    monkeypatch.setattr(bootstrap.atexit, "register", lambda *a: None)
+    monkeypatch.setattr(bootstrap, "ENDING_SIGNALS", ())
+    bootstrap.start_from_env()
+    assert started[0].options.full is every_step
