@@ -293,7 +293,8 @@ class StageRecorder:
             self._set_full(full, t)
 
     def _set_full(self, full: bool, t: float) -> None:
-        """Install or remove the windowed hooks, marked at ``t``; a switch that fails leaves them in."""
+        """Install or remove the windowed hooks, marked at ``t``. A switch that fails ends the windows with a
+        warning: where removing failed, every step is recorded fully from then on."""
         switch = self._switch
         assert switch is not None
         try:
