@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchloops import SlowPickle, train
+from torch.utils.data import DataLoader, TensorDataset
+from torchloops import SleepyDataset, SlowPickle, Stopwatch, train
 
 import perfmagic
 from perfmagic import Report
@@ -57,3 +58,32 @@ def test_windows_give_the_stage_shares_of_every_step(tmp_path: Path, monkeypatch
     assert windowed["bottleneck"] == full["bottleneck"] == "data"
     # the saves fall outside the windows: their hook is on every step, their share is whole
     assert full.stages["checkpoint"]["fraction"] >= 0.05, shares
+
+
+def test_an_evaluation_pass_outside_the_windows_is_seen_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A validation pass after each epoch, past the start: its DataLoader pass puts the stage hooks back
+    for its length, so it is an evaluation (out of the steps) as with every step recorded."""
+    monkeypatch.setattr(schedule, "FULL_STEPS", 5)
+    monkeypatch.setattr(schedule, "FULL_SECONDS", 0.0)
+    epochs, batches = 3, 60
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train_loader = DataLoader(TensorDataset(torch.randn(batches, 8), torch.randn(batches, 1)), batch_size=1)
+    val_loader = DataLoader(SleepyDataset(4, delay_s=0.05), batch_size=1)
+    evaluations = Stopwatch()
+    with perfmagic.profile(sources=[], outdir=tmp_path / "perfmagic") as session:
+        for _ in range(epochs):
+            for x, y in train_loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            with evaluations(), torch.no_grad():
+                for x, _y in val_loader:
+                    model(x)
+    report = session.report
+    assert report["recording"] is not None and report["recording"]["mode"] == "windowed"
+    assert report.steps["count"] == epochs * batches
+    assert report["evaluation"]["passes"] == epochs
+    assert report["evaluation"]["total_s"] == pytest.approx(evaluations.total_s, rel=0.2)
