@@ -84,11 +84,34 @@ def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:
     return replace(b, seconds=seconds)
 
 
+def windowed(timeline: Timeline) -> bool:
+    """Whether some of the timeline's steps were recorded at their ends only."""
+    return any(not m.data.get("full") for m in timeline.marks(RECORDING_MARK))
+
+
+def step_stage_clocks(b: StepBreakdown) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per stage, the knots of its cumulative seconds over the steps, each step's (estimated) seconds
+    spread evenly over it: what splits a sampled figure (power) among stages where the spans alone
+    would leave the steps outside the windows to ``other`` (as ``steps.stage_clocks``, ``other`` left
+    for the rest)."""
+    if not b.count:
+        return {}
+    order = np.argsort(b.start)
+    knots = np.column_stack((b.start[order], b.end[order])).ravel()
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for j, name in enumerate(b.stages):
+        if name == "other":
+            continue
+        cumulative = np.cumsum(b.seconds[order, j])
+        before = np.concatenate(([0.0], cumulative[:-1]))
+        out[name] = (knots, np.column_stack((before, cumulative)).ravel())
+    return out
+
+
 def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None) -> Recording:
     """``recording``: how the steps were recorded, and what the hooks cost them (an estimate: the calls a
     plain step's hooks add, as counted by ``benchmarks/hot_path_calls.py``, at :data:`CALL_COST_S` each)."""
     full = b.full if b.full is not None else np.ones(b.count, dtype=bool)
-    windowed = any(not m.data.get("full") for m in timeline.marks(RECORDING_MARK))
     n_full = int(full.sum())
     calls = (
         (n_full * FULL_CALLS_PER_STEP + (b.count - n_full) * BOUNDARY_CALLS_PER_STEP) / b.count
@@ -96,7 +119,7 @@ def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None
         else None
     )
     return {
-        "mode": "windowed" if windowed else "full",
+        "mode": "windowed" if windowed(timeline) else "full",
         "full_steps": n_full,
         "steps": b.count,
         "calls_per_step": calls,
