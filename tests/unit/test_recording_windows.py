@@ -129,6 +129,9 @@ def test_stage_shares_from_windows_are_those_of_every_step(fake_clock: FakeClock
         assert b.stages[name].fraction == pytest.approx(stats.fraction, abs=0.002), name
     assert b.bottleneck == a.bottleneck == "data"
     assert b.steps.median_s == pytest.approx(a.steps.median_s)
+    # how often each stage is entered a step: the windows' count of the per-step stages, every step's of
+    # the checkpoints
+    assert b.loop.calls_per_step == pytest.approx(a.loop.calls_per_step)
 
     recording = build_report(b)["recording"]
     assert recording is not None
