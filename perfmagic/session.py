@@ -122,7 +122,7 @@ class Session:
         self._running = True
         if o.children:
             self._collectors.start(
-                "the children's profiling", ChildProfiling(self.outdir / CHILDREN_DIR, o.interval)
+                "the children's profiling", ChildProfiling(self.outdir / CHILDREN_DIR, o.interval, o.full)
             )
         if o.hooks:
             self.recorder = recorder = StageRecorder(self.timeline, self._origin, clock=self.clock)

@@ -13,6 +13,7 @@ from fakeclock import FakeClock
 from perfmagic import bootstrap, cli
 from perfmagic.analyze import analyze
 from perfmagic.analyze.running import RunningStages
+from perfmagic.children import FULL_ENV, RUN_DIR_ENV, ChildProfiling
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.schedule import FULL_SECONDS, FULL_STEPS, PERIOD, WINDOW, RecordingSchedule
@@ -174,3 +175,18 @@ def test_run_full_reaches_each_process_session(
     monkeypatch.setattr(bootstrap, "ENDING_SIGNALS", ())
     bootstrap.start_from_env()
     assert started[0].options.full is every_step
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_a_profiles_children_record_as_it_does(
+    full: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``perfmagic.profile(full=True)``: the Python processes the block starts record every step too."""
+    monkeypatch.setattr(
+        os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("PERFMAGIC_")}
+    )
+    children = ChildProfiling(tmp_path, 0.1, full)
+    children.start()
+    assert (FULL_ENV in os.environ) is full
+    children.stop()
+    assert FULL_ENV not in os.environ and RUN_DIR_ENV not in os.environ
