@@ -57,8 +57,3 @@ class RecordingSchedule:
         if phase < PERIOD - WINDOW:
             return False, PERIOD - WINDOW - phase
         return True, PERIOD - phase
-
-    @property
-    def windowed(self) -> bool:
-        """Whether some steps have been left out of full recording (windows have begun)."""
-        return self._windows_from is not None
