@@ -5,7 +5,9 @@ point or two with the machine (``overhead.py``). Two figures that do not move:
 
 - **Python calls per step**: the function calls (Python frames, not C calls) a step makes
   unprofiled and under ``perfmagic.profile()``, counted with ``sys.setprofile`` over the same
-  batches, and the functions that make the difference. In place each such call costs a fast loop
+  batches, and the functions that make the difference: for a fully recorded step (a profile's
+  first 200 steps and 30 s, and its windows), for a step outside the windows, and on average once
+  the windows have begun (5 steps in every 50: ``collect.schedule``). In place each such call costs a fast loop
   a microsecond or two (the step's tensors have pushed the interpreter out of the caches), so the
   count is what the hot path's cost follows.
 - **Background milliseconds per second**: the time the sampler thread spends in its tick (spool,
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -29,11 +32,12 @@ from typing import Any
 import torch
 
 import perfmagic
+from perfmagic.collect import schedule
 from perfmagic.collect.sampler import Sampler
 from perfmagic.session import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import make_loop, training_parts
+from overhead import make_loop, training_parts, windows_from_start
 
 
 def python_calls(steps: int) -> collections.Counter[tuple[str, str]]:
@@ -82,16 +86,24 @@ def main() -> None:
 
     python_calls(8)  # first calls: imports, caches
     plain = python_calls(args.steps)
-    with perfmagic.profile():
-        profiled = python_calls(args.steps)
-    extra = profiled.copy()
-    extra.subtract(plain)
-    per_step = sum(plain.values()) / args.steps
-    added = (sum(profiled.values()) - sum(plain.values())) / args.steps
-    print(f"Python calls per step: {per_step:.1f} unprofiled, +{added:.1f} under perfmagic.profile()")
-    for (file, function), n in extra.most_common():
-        if n / args.steps >= 0.05:
-            print(f"  {n / args.steps:6.2f}  {file}:{function}")
+    print(f"Python calls per step: {sum(plain.values()) / args.steps:.1f} unprofiled")
+    for label, window in (
+        ("a fully recorded step", None),
+        ("a step outside the windows", 0),
+        ("on average, 5 steps in 50 recorded fully", schedule.WINDOW),
+    ):
+        with contextlib.ExitStack() as stack:
+            if window is not None:
+                stack.enter_context(windows_from_start(window))
+            with perfmagic.profile():
+                profiled = python_calls(args.steps)
+        extra = profiled.copy()
+        extra.subtract(plain)
+        added = (sum(profiled.values()) - sum(plain.values())) / args.steps
+        print(f"  +{added:.1f} under perfmagic.profile(): {label}")
+        for (file, function), n in extra.most_common():
+            if n / args.steps >= 0.05 and window is None:
+                print(f"      {n / args.steps:6.2f}  {file}:{function}")
 
     tick, poll = [0.0], [0.0]
     restore = [timed(Session, "_on_tick", tick), timed(Sampler, "poll_once", poll)]

@@ -1,7 +1,9 @@
 """What perfmagic's default mode costs a training loop, next to torch.profiler's.
 
 The same small CPU training loop (1–3 ms steps: DataLoader, forward, backward,
-optimizer) runs unprofiled, under ``perfmagic.profile()``, under it with a device
+optimizer) runs unprofiled, under ``perfmagic.profile()`` (a run this short has every step
+recorded fully), under it past its full start (``perfmagic windowed``: stage hooks in 5 steps of
+every 50, as after a profile's first 200 steps and 30 s), under it with a device
 clock on a simulated CUDA device (``tests/sim_cuda.py``: every stage marks events, as
 on a GPU) and under ``torch.profiler.profile()``. Each run lasts ``--seconds`` (10 s:
 longer than the 1 s spool period and the device-mark drains, so periodic costs count)
@@ -28,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import perfmagic
+from perfmagic.collect import schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.sim_cuda import SimCuda, installed
@@ -75,6 +78,25 @@ def with_perfmagic() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def windows_from_start(window: int | None = None) -> Iterator[None]:
+    """Profiles with no full start (``collect.schedule``): their steps are recorded in windows from the
+    first one, ``window`` steps in every period (None: the default)."""
+    saved = schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW
+    schedule.FULL_STEPS, schedule.FULL_SECONDS = 0, 0.0
+    schedule.WINDOW = saved[2] if window is None else window
+    try:
+        yield
+    finally:
+        schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW = saved
+
+
+@contextlib.contextmanager
+def with_perfmagic_windowed() -> Iterator[None]:
+    with windows_from_start(), perfmagic.profile():
+        yield
+
+
+@contextlib.contextmanager
 def with_torch_profiler() -> Iterator[None]:
     with torch.profiler.profile():
         yield
@@ -89,6 +111,7 @@ def with_perfmagic_device_clock() -> Iterator[None]:
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "unprofiled": contextlib.nullcontext,
     "perfmagic": with_perfmagic,
+    "perfmagic windowed": with_perfmagic_windowed,
     "perfmagic+device clock": with_perfmagic_device_clock,
     "torch.profiler": with_torch_profiler,
 }

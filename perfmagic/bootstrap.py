@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from perfmagic.children import INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV
+from perfmagic.children import FULL_ENV, INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV
 from perfmagic.collect.worker_load import WorkerLoadSource
 from perfmagic.session import Session
 
@@ -43,6 +43,7 @@ def start_from_env() -> None:
         source="run",
         trace=int(os.environ.get(TRACE_ENV, "0")),
         tune=TUNE_ENV in os.environ,
+        full=FULL_ENV in os.environ,
         tune_budget=float(os.environ[TUNE_ENV]) if os.environ.get(TUNE_ENV) else None,
     )
     session.start()

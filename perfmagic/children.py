@@ -20,6 +20,8 @@ INTERVAL_ENV = "PERFMAGIC_INTERVAL"
 TRACE_ENV = "PERFMAGIC_TRACE_STEPS"
 TUNE_ENV = "PERFMAGIC_TUNE"
 """Set: tune at the end of each process; its value, when not empty, is the budget in seconds."""
+FULL_ENV = "PERFMAGIC_FULL"
+"""Set: record every step's stages in each process (``--full``), not windows of steps."""
 
 CHILDREN_DIR = "children"
 """Where the records of the interpreters a window started go, in its ``outdir``."""
@@ -62,8 +64,8 @@ class ChildProfiling:
     itself stays the block's, less this directory on ``PYTHONPATH``.
     """
 
-    def __init__(self, run_dir: Path, interval: float) -> None:
-        self.run_dir, self.interval = run_dir, interval
+    def __init__(self, run_dir: Path, interval: float, full: bool = False) -> None:
+        self.run_dir, self.interval, self.full = run_dir, interval, full
         self._boot: str | None = None
         self._before: dict[str, str | None] = {}
         self._ours: dict[str, str] = {}
@@ -73,13 +75,15 @@ class ChildProfiling:
             return
         self._boot = boot = str(write_sitecustomize(self.run_dir / "boot").parent.resolve())
         before = self._before = {
-            name: os.environ.get(name) for name in ("PYTHONPATH", RUN_DIR_ENV, INTERVAL_ENV)
+            name: os.environ.get(name) for name in ("PYTHONPATH", RUN_DIR_ENV, INTERVAL_ENV, FULL_ENV)
         }
         self._ours = {
             "PYTHONPATH": os.pathsep.join([boot, *filter(None, [before["PYTHONPATH"]])]),
             RUN_DIR_ENV: str(self.run_dir.resolve()),
             INTERVAL_ENV: str(self.interval),
         }
+        if self.full:  # each child records every step, as the block does
+            self._ours[FULL_ENV] = "1"
         os.environ.update(self._ours)
 
     def stop(self) -> list[str]:

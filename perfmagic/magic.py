@@ -99,6 +99,12 @@ class PerfMagics(Magics):
         "trained, and put measured speed-ups on the cards (see --tune-budget)",
     )
     @argument(
+        "--full",
+        action="store_true",
+        help="record every step's stages (default: every step of the first 200 steps and 30 s, then 5 "
+        "steps in every 50; the step times of all steps)",
+    )
+    @argument(
         "--tune-budget",
         type=float,
         default=None,
@@ -256,6 +262,7 @@ class PerfMagics(Magics):
             tune=args.tune,
             tune_budget=args.tune_budget,
             price_per_gpu_hour=args.price_per_gpu_hour,
+            full=args.full,
         )
         view = None if args.no_live or args.quiet else _LiveView(session)
         if view is not None:

@@ -221,6 +221,7 @@ def build_report(analysis: Analysis, source: str = "live", timelines: Sequence[T
         "energy": analysis.energy,
         "memory": analysis.memory,
         "gpu_memory": analysis.gpu_memory,
+        "recording": analysis.recording,
     }
     clean: ReportBody = _clean(body)
     # the step table after _clean: its numbers made JSON-safe by numpy, not one by one

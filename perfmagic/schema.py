@@ -171,6 +171,10 @@ ALLOCATOR: Final = "cuda_allocator"
 TORCH_TRACE_MARK = "torch_trace"
 """Mark a ``--trace`` collector leaves at the instant of the trace's ``clock_name`` event; ``path`` of the trace."""
 
+RECORDING_MARK = "recording"
+"""Where the stage hooks recorded in windows were installed (``full=True``) or removed (``collect.schedule``):
+steps between an install and the next removal are recorded fully, the others only at their ends."""
+
 EVALUATION_MARK = "evaluation"
 """An evaluation pass (validation, test, prediction, sanity check) at its start: ``seconds``, ``kind``."""
 

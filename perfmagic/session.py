@@ -18,6 +18,7 @@ from perfmagic.collect.collectors import Collectors, Switch
 from perfmagic.collect.forked_child import keep_until_exit
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.sampler import Sampler, Source
+from perfmagic.collect.schedule import RecordingSchedule
 from perfmagic.collect.sources import session_sources
 from perfmagic.process_meta import process_identity, process_meta
 from perfmagic.registry import SessionStatus
@@ -40,7 +41,9 @@ class Session:
     Python interpreters the block starts (``torch.multiprocessing.spawn`` workers,
     subprocesses) are profiled into ``outdir/children`` and are the report's ranks.
     ``price_per_gpu_hour`` (else ``$PERFMAGIC_PRICE_PER_GPU_HOUR``) puts money on the energy figures;
-    without it the report has none. ``clock`` is what every collector times on (a test's fake one
+    without it the report has none. ``full`` records every step's stages; by default, after the first
+    200 steps and 30 s, stages are recorded in windows of 5 steps in 50 and every step's end on every
+    step (``collect.schedule``). ``clock`` is what every collector times on (a test's fake one
     drives the whole window).
     """
 
@@ -58,6 +61,7 @@ class Session:
         tune_budget: float | None = None,
         children: bool = True,
         price_per_gpu_hour: float | None = None,
+        full: bool = False,
         clock: Clock = REAL_CLOCK,
     ) -> None:
         self.options = checked_options(
@@ -70,6 +74,7 @@ class Session:
             tune_budget=tune_budget,
             children=children,
             price_per_gpu_hour=price_per_gpu_hour,
+            full=full,
         )
         self.clock = clock
         self.outdir = Path(outdir) if outdir is not None else Path(tempfile.mkdtemp(prefix="perfmagic-"))
@@ -115,10 +120,13 @@ class Session:
         self._running = True
         if o.children:
             self._collectors.start(
-                "the children's profiling", ChildProfiling(self.outdir / CHILDREN_DIR, o.interval)
+                "the children's profiling", ChildProfiling(self.outdir / CHILDREN_DIR, o.interval, o.full)
             )
         if o.hooks:
             self.recorder = recorder = StageRecorder(self.timeline, self._origin, clock=self.clock)
+            # tuning needs what every step's hooks keep, a trace the stages of its steps: both record all
+            every_step = o.full or o.tune or bool(o.trace_steps)
+            recorder.schedule = RecordingSchedule(self.clock, every_step=every_step)
             self._upkeep.watch(recorder)
             self._collectors.start("the stage recorder", Switch(lambda: None, recorder.close))
             self._training = TrainingHooks(recorder, self.outdir, o.trace_steps, o.tune, self.warnings)

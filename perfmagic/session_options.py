@@ -20,6 +20,7 @@ class SessionOptions:
     tune_budget: float | None = None
     children: bool = True  # profile the Python interpreters the block starts
     price_per_gpu_hour: float | None = None
+    full: bool = False  # record every step's stages (else windows of steps: ``collect.schedule``)
 
 
 def checked_options(
@@ -33,6 +34,7 @@ def checked_options(
     tune_budget: float | None,
     children: bool,
     price_per_gpu_hour: float | None,
+    full: bool = False,
 ) -> SessionOptions:
     """The options as given, checked; ``ValueError`` naming the first bad one."""
     if not interval > 0:
@@ -41,6 +43,8 @@ def checked_options(
         raise ValueError(f"tune_budget must be a positive number of seconds, got {tune_budget!r}")
     if not isinstance(tune, bool):
         raise ValueError(f"tune must be True or False, got {tune!r}")
+    if not isinstance(full, bool):
+        raise ValueError(f"full must be True or False, got {full!r}")
     # torch.profiler over this many training steps (True: 5); the heavy mode is opt-in and bounded
     trace_steps = 5 if trace is True else int(trace)
     if trace_steps < 0:
@@ -55,4 +59,5 @@ def checked_options(
         tune_budget=tune_budget,
         children=children,
         price_per_gpu_hour=gpu_hour_price(price_per_gpu_hour),
+        full=full,
     )

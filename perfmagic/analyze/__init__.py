@@ -28,6 +28,7 @@ from perfmagic.analyze.steady import Steady, steady_of
 from perfmagic.analyze.step_hint import step_hint
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
 from perfmagic.analyze.timeseries import profiler_traces, timeseries
+from perfmagic.analyze.windows import recording_section
 from perfmagic.contract import (
     CollectiveSkew,
     Device,
@@ -40,6 +41,7 @@ from perfmagic.contract import (
     LoaderConfig,
     MemoryPeak,
     NodeClock,
+    Recording,
     TimelineMeta,
     Timeseries,
     TorchMeta,
@@ -202,6 +204,8 @@ class Analysis:
     # the allocator's peaks per CUDA device in the primary rank's trace (gpu.memory, kept where the trace
     # has no kernels)
     gpu_memory: list[MemoryPeak] | None = None
+    # which steps had every stage hook (analyze.windows); None without steps
+    recording: Recording | None = None
 
     def tuned(self, knob: str) -> KnobResult | None:
         """The measured result of one tuning knob, where it was tried."""
@@ -292,6 +296,7 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         straggler=straggler,
         memory=memory_section(tl.meta.get("memory"), devices, host_memory(tl, sampled, config.loader)),
         gpu_memory=tl.meta.get("gpu_memory"),
+        recording=recording_section(tl, primary.breakdown, steps.median_s) if steps.count else None,
     )
 
 

@@ -21,7 +21,8 @@ from perfmagic.analyze.energy import (
     stage_seconds,
 )
 from perfmagic.analyze.steady import Steady
-from perfmagic.analyze.steps import stage_clocks
+from perfmagic.analyze.steps import stage_clocks, step_breakdown
+from perfmagic.analyze.windows import step_stage_clocks, windowed
 from perfmagic.contract import Device, Energy, StageEnergy
 from perfmagic.contract.energy import GpusBasis
 from perfmagic.schema import gpu_metric
@@ -253,7 +254,9 @@ def _add_stages(out: Energy, x: EnergyInputs, found: list[Intervals]) -> None:
     if x.input_bound:
         limits = [d["power_limit_w"] for d in x.devices if d["index"] in out["gpus"]]
         out["power_cap_w"] = power_cap(fits, x.busy_share, min((v for v in limits if v), default=None))
-    clocks = stage_clocks(x.staged)
+    # outside the recording windows a step's stages are estimates: the power splits over those
+    staged = x.staged
+    clocks = step_stage_clocks(step_breakdown(staged)) if windowed(staged) else stage_clocks(staged)
     if not clocks or not x.steps:
         return
     point = x.staged.fold_point

@@ -20,6 +20,7 @@ import numpy as np
 
 from perfmagic.analyze.steady import Steady
 from perfmagic.analyze.steps import StepBreakdown
+from perfmagic.analyze.windows import EVERY_STEP_STAGES
 from perfmagic.intervals import merge_intervals
 from perfmagic.schema import STAGES, THREAD_DATA_CPU, THREAD_DATA_TIMED, THREAD_DATA_WAIT
 from perfmagic.timeline import Timeline
@@ -43,9 +44,11 @@ def loop_facts(timeline: Timeline, breakdown: StepBreakdown, steady: Steady | No
         steady = _held(steady, breakdown, point[1])
     if steady is None or not steady.count:
         return LoopFacts()
+    # stages recorded in windows: counted in the fully recorded steady steps only (analyze.windows)
+    full = breakdown.full[steady.first :] if breakdown.full is not None else np.ones(steady.count, bool)
     return LoopFacts(
-        pre_forward_s(timeline, breakdown, steady),
-        calls_per_step(timeline, steady),
+        pre_forward_s(timeline, breakdown, steady, full),
+        calls_per_step(timeline, steady, breakdown, full),
         fetch_share(timeline, steady, THREAD_DATA_CPU),
         fetch_share(timeline, steady, THREAD_DATA_WAIT),
     )
@@ -88,17 +91,31 @@ def fetch_share(timeline: Timeline, steady: Steady, metric: str) -> float | None
     return min(1.0, max(0.0, float(inside[0][1] - inside[0][0]) / spent))
 
 
-def calls_per_step(timeline: Timeline, steady: Steady) -> dict[str, float]:
-    """Spans of each stage that lie in the steady window, per steady step."""
+def calls_per_step(
+    timeline: Timeline, steady: Steady, breakdown: StepBreakdown, full: np.ndarray
+) -> dict[str, float]:
+    """Spans of each stage that lie in the steady window, per steady step: of the stages recorded on
+    every step over all of them, of the others over the fully recorded ones (``full``, per steady step)."""
     sp = timeline.spans
     inside = (sp.start >= steady.start) & (sp.end <= steady.end) & (sp.depth >= 0)
     counts = np.bincount(sp.name_id[inside], minlength=len(sp.names))
-    return {name: float(counts[i]) / steady.count for i, name in enumerate(sp.names) if counts[i]}
+    starts, ends = breakdown.start[steady.first :], breakdown.end[steady.first :]
+    step = np.searchsorted(starts, sp.start, side="right") - 1
+    in_full = (step >= 0) & full[np.maximum(step, 0)] & (sp.end <= ends[np.maximum(step, 0)])
+    full_counts = np.bincount(sp.name_id[inside & in_full], minlength=len(sp.names))
+    n_full = max(int(full.sum()), 1)
+    return {
+        name: float(counts[i]) / steady.count
+        if name in EVERY_STEP_STAGES or full.all()
+        else float(full_counts[i]) / n_full
+        for i, name in enumerate(sp.names)
+        if counts[i]
+    }
 
 
-def pre_forward_s(timeline: Timeline, breakdown: StepBreakdown, steady: Steady) -> float:
+def pre_forward_s(timeline: Timeline, breakdown: StepBreakdown, steady: Steady, full: np.ndarray) -> float:
     """Mean seconds per steady step from the last batch's arrival to the first forward after it, less
-    the built-in stages in between."""
+    the built-in stages in between (over the fully recorded steady steps, ``full``)."""
     sp = timeline.spans
     names = sp.names
     if "data" not in names or "forward" not in names:
@@ -109,7 +126,7 @@ def pre_forward_s(timeline: Timeline, breakdown: StepBreakdown, steady: Steady) 
     if not len(data_end) or not len(fwd_start):
         return 0.0
     # per steady step: the last batch to arrive in it, and the first forward after that, in the step
-    lo, hi = breakdown.start[steady.first :], breakdown.end[steady.first :]
+    lo, hi = breakdown.start[steady.first :][full], breakdown.end[steady.first :][full]
     j = np.searchsorted(data_end, hi, side="right") - 1
     arrive = data_end[np.maximum(j, 0)]
     f = np.searchsorted(fwd_start, arrive)
@@ -126,4 +143,4 @@ def pre_forward_s(timeline: Timeline, breakdown: StepBreakdown, steady: Steady) 
         xp = np.column_stack((b_start, b_end)).reshape(-1)
         fp = np.column_stack((before, before + lengths)).reshape(-1)
         covered = np.interp(fwd, xp, fp) - np.interp(arrive, xp, fp)
-    return float(((fwd - arrive) - covered).sum()) / steady.count
+    return float(((fwd - arrive) - covered).sum()) / max(int(full.sum()), 1)

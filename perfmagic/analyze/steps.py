@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmagic.analyze.windows import from_windows, full_steps
 from perfmagic.schema import (
     STAGES,
     STEP_BOUNDARY_PREFIX,
@@ -45,6 +46,9 @@ class StepBreakdown:
     cpu_s: np.ndarray | None = None
     wait_s: np.ndarray | None = None
     gc_s: np.ndarray | None = None
+    # per step, whether its stages were recorded fully (None: all were); the others' stage seconds are
+    # estimates from those (``analyze.windows``)
+    full: np.ndarray | None = None
 
     @property
     def count(self) -> int:
@@ -60,13 +64,16 @@ class StepBreakdown:
 
 
 def step_breakdown(timeline: Timeline) -> StepBreakdown:
-    """Find the steps of a timeline and split each one into stages."""
+    """Find the steps of a timeline and split each one into stages (from the fully recorded steps where
+    stages were recorded in windows: ``analyze.windows``)."""
     point = timeline.fold_point
     if point is None:
-        return _breakdown(timeline, timeline.spans)
-    held = _breakdown(timeline, timeline.spans, kind=point[0], since=point[1])
-    folded = timeline.folded
-    return held if folded is None else _join(folded, held)
+        b = _breakdown(timeline, timeline.spans)
+    else:
+        held = _breakdown(timeline, timeline.spans, kind=point[0], since=point[1])
+        folded = timeline.folded
+        b = held if folded is None else _join(folded, held)
+    return from_windows(b, full_steps(timeline, b.start, b.end))
 
 
 def plan_fold(

@@ -32,9 +32,18 @@ from perfmagic.collect.forked_child import keep_until_exit
 from perfmagic.collect.nvtx_ranges import NVTX as _NVTX
 from perfmagic.collect.nvtx_ranges import nvtx_pop as _nvtx_pop
 from perfmagic.collect.nvtx_ranges import nvtx_push as _nvtx_push
+from perfmagic.collect.schedule import RecordingSchedule
 from perfmagic.collect.threadclock import ThreadClock
 from perfmagic.collect.tracebacks import drop_own_frame
-from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX, THREAD_CPU, THREAD_GC, THREAD_WAIT
+from perfmagic.schema import (
+    OPAQUE_STAGES,
+    RECORDING_MARK,
+    STAGES,
+    STEP_BOUNDARY_PREFIX,
+    THREAD_CPU,
+    THREAD_GC,
+    THREAD_WAIT,
+)
 from perfmagic.step_policy import ENDS_BATCH_STEPS, ENDS_RHYTHM, EVIDENCE, STEP_ENDS, delimiting_kind
 from perfmagic.timeline import Timeline
 
@@ -107,6 +116,13 @@ class StageRecorder:
         self._boundary_ids: dict[str, int] = {}
         # a boundary held back (kind, time, device event token, thread clock reading): see ``boundary``
         self._held: tuple[str, float, object | None, _ClockReading | None] | None = None
+        # which steps are recorded fully (None: all), and what installs or removes the stage hooks
+        # recorded in windows (``record_in_windows``); a ``recording`` mark at each change
+        self.schedule: RecordingSchedule | None = None
+        self._switch: Callable[[bool], list[str]] | None = None
+        self.full = True  # the windowed stage hooks are in place
+        self._step_ends = 0  # optimizer and user step ends marked: what the schedule counts
+        self._window_left = math.inf  # step ends until the schedule is asked again
 
     def stage_id(self, name: str) -> int:
         sid = self.timeline.name_id(name)
@@ -231,6 +247,11 @@ class StageRecorder:
             self._write_boundary(*held)
         now = self._now()
         t = now - self.origin
+        if kind in ENDS_BATCH_STEPS:  # a step end the windows count (the countdown: no call a step)
+            self._step_ends += 1
+            self._window_left -= 1
+            if self._window_left <= 0:
+                self._next_window(t)
         token = self._event_token() if self._device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
         clock_reading = None
@@ -246,6 +267,48 @@ class StageRecorder:
             self.rhythm_wanted = self.rhythm_wanted and kind not in ENDS_RHYTHM
         else:
             self._write_boundary(kind, t, token, clock_reading)
+
+    def record_in_windows(self, switch: Callable[[bool], list[str]]) -> None:
+        """Let the schedule install (``switch(True)``) and remove (``switch(False)``) the stage hooks recorded
+        in windows, at step ends; ``switch`` returns warnings. Without a schedule every step stays full."""
+        if self.schedule is None or self.schedule.every_step:
+            return
+        self._switch = switch
+        self._window_left = 0  # asked at the next step end
+
+    def record_fully_now(self) -> None:
+        """Install the windowed hooks now, until the next step end (a DataLoader pass begins: an
+        evaluation pass is seen by them whole)."""
+        if not self.full and self._switch is not None and _get_ident() == self.thread_id:
+            self._set_full(True, self._now() - self.origin)
+            self._window_left = 1
+
+    def _next_window(self, t: float) -> None:
+        schedule = self.schedule
+        if self._switch is None or schedule is None:
+            self._window_left = math.inf
+            return
+        full, self._window_left = schedule.plan(self._step_ends)
+        if full != self.full:
+            self._set_full(full, t)
+
+    def _set_full(self, full: bool, t: float) -> None:
+        """Install or remove the windowed hooks, marked at ``t``. A switch that fails ends the windows with a
+        warning: where removing failed, every step is recorded fully from then on."""
+        switch = self._switch
+        assert switch is not None
+        try:
+            self._warnings += switch(full)
+        except Exception as e:  # recording every step costs more, but the training goes on
+            self._switch, self._window_left = None, math.inf
+            self._warnings.append(
+                f"the stage hooks could not be {'installed' if full else 'removed'} ({e!r})"
+            )
+            if full:
+                return
+            full = True
+        self.full = full
+        self.timeline.add_mark(t, RECORDING_MARK, full=full)
 
     def boundary_at(self, kind: str, t: float) -> None:
         """A boundary at an earlier time ``t`` that no step ends at (an evaluation pass's start, known once

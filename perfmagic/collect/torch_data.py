@@ -40,15 +40,18 @@ class _TimedFetches:
         self.last_began = -DATA_CPU_EVERY_S
 
 
-def install_data(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher) -> None:
-    """Time ``_BaseDataLoaderIter.__next__`` and ``DataLoader.__iter__`` as ``data``."""
+def install_data(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: Patcher) -> None:
+    """Time ``_BaseDataLoaderIter.__next__`` (in the windows, ``windowed``) and ``DataLoader.__iter__`` as
+    ``data``."""
     from torch.utils.data import dataloader as dl
 
     data_id = rec.stage_id("data")
     orig_next = dl._BaseDataLoaderIter.__next__
     # id(iterator) -> when its pass began and what had trained by then (optimizer steps, forwards with grad)
     passes: dict[int, tuple[float, int, int]] = {}
-    p.set(dl._BaseDataLoaderIter, "__next__", _next_batch(stages, torch, rec, orig_next, data_id, passes))
+    windowed.set(
+        dl._BaseDataLoaderIter, "__next__", _next_batch(stages, torch, rec, orig_next, data_id, passes)
+    )
     p.set(dl.DataLoader, "__iter__", _start_iter(stages, dl.DataLoader.__iter__, data_id, passes))
 
 
@@ -137,6 +140,8 @@ def _start_iter(
 
     def start_iter(loader: Any) -> Any:
         stages.record_once("loader", record_loader, loader)
+        # a pass that trains nothing is an evaluation: seen by the fetch hooks, so in place for the pass
+        rec.record_fully_now()
         entered = rec.enter(data_id)
         try:
             it = orig_iter(loader)

@@ -27,6 +27,11 @@ step, no forward with grad: an evaluation) marks its end, so that it stays out o
 steps. On CUDA, a :class:`CudaEventClock` times stage boundaries on the device, so a stage lasts
 until the GPU has finished the work queued in it.
 
+The hooks that run several times a step (``__next__``, ``Module.__call__``, backward, ``Tensor.to``/
+``cuda``, ``zero_grad``) are in place only in the steps the schedule records fully
+(``collect.schedule``): the recorder takes them out and puts them back at step ends
+(``StageRecorder.record_in_windows``); the others stay for the whole window.
+
 Inside ``torch.compile``'s tracing the wrappers only call through: anything else would break the graph.
 An exception passes through each wrapper without its frame (``collect.tracebacks``).
 """
@@ -60,6 +65,9 @@ class TorchStages:
     def __init__(self, recorder: StageRecorder, evaluation: EvaluationPasses | None = None) -> None:
         self.recorder = recorder
         self._patcher = Patcher()
+        # the hooks that run several times a step (fetches, forward, backward, copies, zero_grad): in place
+        # in the steps the schedule records fully (``collect.schedule``), out of the others
+        self._windowed = Patcher()
         self.handles: list[Any] = []  # torch's hook handles, removed at uninstall
         self.torch: Any = None
         self.seen: set[int] = set()  # ids of the objects whose set-up was noted
@@ -82,14 +90,14 @@ class TorchStages:
         self.torch = torch
         self.cuda_available = bool(torch.cuda.is_available())
         rec = self.recorder
-        p = self._patcher
+        p, windowed = self._patcher, self._windowed
         self._record_environment()
         try:
-            install_data(self, torch, rec, p)
-            install_forward(self, torch, rec, p)
-            install_tensor_methods(self, torch, rec, p)
-            ReducerWait(torch, rec).install(p)  # backward, with DDP's gradient reduction as comm
-            install_optimizer(self, torch, rec, p)
+            install_data(self, torch, rec, p, windowed)
+            install_forward(self, torch, rec, windowed)
+            install_tensor_methods(self, torch, rec, p, windowed)
+            ReducerWait(torch, rec).install(windowed)  # backward, with DDP's gradient reduction as comm
+            install_optimizer(self, torch, rec, p, windowed)
             install_grad_scaler(self, torch, rec, p)
             self.checkpoints.install(torch, p)
             install_logging(rec, p)
@@ -97,12 +105,17 @@ class TorchStages:
         except BaseException:
             self.uninstall()
             raise
-        hooks = list(p.values())
+        hooks = [*p.values(), *windowed.values()]
         # dynamo is imported (1.5 to 5 s) by the code that compiles, never by perfmagic
         self._dynamo_import = when_imported(
             "torch._dynamo", lambda dynamo: _not_compiled_alone(dynamo, hooks)
         )
         self.maybe_start_device_clock()
+        rec.record_in_windows(self._record_fully)
+
+    def _record_fully(self, full: bool) -> list[str]:
+        """Put the windowed hooks in (``full``) or take them out, at a step end; returns warnings."""
+        return self._windowed.resume() if full else self._windowed.suspend()
 
     def uninstall(self) -> list[str]:
         """Remove every hook and patch; returns warnings."""
@@ -112,7 +125,7 @@ class TorchStages:
         if self._dynamo_import is not None:
             self._dynamo_import.remove()
             self._dynamo_import = None
-        warnings = self._patcher.restore()
+        warnings = [*self._windowed.restore(), *self._patcher.restore()]
         self.memory.close()
         if self.torch is not None:
             # the loop may have called set_num_threads after import: what it trained with is this

@@ -17,8 +17,11 @@ if TYPE_CHECKING:
     from perfmagic.collect.torch_hooks import TorchStages
 
 
-def install_optimizer(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher) -> None:
-    """Time every optimizer's ``step`` (through torch's global step hooks) and ``zero_grad``."""
+def install_optimizer(
+    stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: Patcher
+) -> None:
+    """Time every optimizer's ``step`` (through torch's global step hooks: it ends the steps, on every step)
+    and ``zero_grad`` (in the windows, ``windowed``)."""
     from torch.optim import optimizer as opt_mod
 
     optimizer_id = rec.stage_id("optimizer")
@@ -74,8 +77,8 @@ def install_optimizer(stages: TorchStages, torch: Any, rec: StageRecorder, p: Pa
             guard(cls)
     stages.handles.append(opt_mod.register_optimizer_step_pre_hook(pre))
     stages.handles.append(opt_mod.register_optimizer_step_post_hook(post))
-    p.set(torch.optim.Optimizer, "zero_grad", rec.wrap(torch.optim.Optimizer.zero_grad, "optimizer"))
-    p.set(torch.nn.Module, "zero_grad", rec.wrap(torch.nn.Module.zero_grad, "optimizer"))
+    windowed.set(torch.optim.Optimizer, "zero_grad", rec.wrap(torch.optim.Optimizer.zero_grad, "optimizer"))
+    windowed.set(torch.nn.Module, "zero_grad", rec.wrap(torch.nn.Module.zero_grad, "optimizer"))
 
 
 def _guarded_step(step: Any, open_steps: list[bool], rec: StageRecorder) -> Any:

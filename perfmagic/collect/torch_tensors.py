@@ -38,12 +38,15 @@ def targets_cuda(args: tuple[Any, ...], kwargs: dict[str, Any], device_cls: Any,
     return isinstance(target, int) and not isinstance(target, bool)
 
 
-def install_tensor_methods(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher) -> None:
-    """Time ``Tensor.to``/``cuda`` to a CUDA device as ``h2d``, and a CUDA tensor's ``item``, ``tolist``,
-    ``cpu``, ``numpy`` and ``cuda.synchronize`` as ``logging``."""
+def install_tensor_methods(
+    stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: Patcher
+) -> None:
+    """Time ``Tensor.to``/``cuda`` to a CUDA device as ``h2d`` (in the windows, ``windowed``), and a CUDA
+    tensor's ``item``, ``tolist``, ``cpu``, ``numpy`` and ``cuda.synchronize`` as ``logging`` (syncs are
+    rare and long: on every step)."""
     Tensor = torch.Tensor
-    p.set(Tensor, "to", _copy_to_device(stages, torch, rec, Tensor.to, always_cuda=False))
-    p.set(Tensor, "cuda", _copy_to_device(stages, torch, rec, Tensor.cuda, always_cuda=True))
+    windowed.set(Tensor, "to", _copy_to_device(stages, torch, rec, Tensor.to, always_cuda=False))
+    windowed.set(Tensor, "cuda", _copy_to_device(stages, torch, rec, Tensor.cuda, always_cuda=True))
     for name in _SYNC_METHODS:
         p.set(Tensor, name, _sync(stages, torch, rec, getattr(Tensor, name), name))
     if torch.cuda.is_available():

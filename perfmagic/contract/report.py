@@ -35,6 +35,18 @@ class Steps(TypedDict):
     hint: str | None  # no steps: where to call perfmagic.step()
 
 
+class Recording(TypedDict):
+    """``recording``: which steps had every stage hook in place (``collect.schedule``). Stage figures come
+    from those, step times and counts from all; ``calls_per_step`` and ``overhead_fraction`` are estimates
+    (the Python calls a plain step's hooks add, at about 1.5 µs each, over the median step)."""
+
+    mode: Literal["full", "windowed"]  # windowed: some steps were recorded at their ends only
+    full_steps: int
+    steps: int
+    calls_per_step: float | None  # Python calls perfmagic added per step, on average (None: no steps)
+    overhead_fraction: float | None  # of the median step time
+
+
 class Stage(TypedDict):
     """``stages[name]``: one stage over the steady steps."""
 
@@ -271,6 +283,7 @@ class ReportBody(TypedDict):
     energy: Energy | None  # None: no GPU power or energy sampled over steady steps
     memory: MemorySection | None  # one sampled step's memory per device; None: no step sampled
     gpu_memory: list[MemoryPeak] | None  # a trace's allocator peaks, with or without GPU events
+    recording: Recording | None  # None: no stages were recorded (a trace, sampling alone)
 
 
 class ReportData(ReportBody):

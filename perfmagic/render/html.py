@@ -28,6 +28,7 @@ from perfmagic.render.wording import (
     most_to_gain,
     origin_words,
     plan_line,
+    recording_line,
     saving_words,
 )
 from perfmagic.schema import MEMORY_NAME
@@ -129,6 +130,11 @@ def report_fragment(
         items = "".join(f"<li>{html.escape(w)}</li>" for w in report["warnings"])
         parts.append(
             f'<details class="pm-warn"><summary>Not measured ({len(report["warnings"])})</summary><ul>{items}</ul></details>'
+        )
+    recording = recording_line(report)
+    if recording:
+        parts.append(
+            f'<p class="pm-minor pm-recording">{html.escape(recording[0].upper() + recording[1:])}.</p>'
         )
     if links:
         parts.append(f'<p class="pm-links">Files: {"".join(_link(label, href) for label, href in links)}</p>')

@@ -15,6 +15,7 @@ from perfmagic.render.wording import (
     origin_words,
     plan_line,
     rank_stages,
+    recording_line,
     saving_words,
 )
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_rate, fmt_seconds
@@ -70,6 +71,7 @@ def render_text(report: ReportData) -> str:
         _line(minor_line(report)),
         _tuning_section(report),
         _warning_lines(report),
+        _line(recording_line(report)),
     ]
     lines = _summary_lines(report)
     for section in sections:

@@ -163,3 +163,23 @@ def rank_stages(ranks: list[Rank]) -> list[str]:
     """The stages any of the report's ``ranks`` has: built-in ones in pipeline order, then the user's."""
     stages = [n for n in STAGES if any(n in r["stages"] for r in ranks)]
     return stages + sorted({n for r in ranks for n in r["stages"]} - set(stages))
+
+
+def recording_line(report: ReportData) -> str | None:
+    """How the steps were recorded and what that cost them (the report's footer); None without steps."""
+    rec = report.get("recording")
+    if not rec or not rec["steps"]:
+        return None
+    if rec["mode"] == "windowed":
+        said = (
+            f"recording: the stages of {rec['full_steps']:,} of {rec['steps']:,} steps (windows; every "
+            "step's time), stage figures from those (--full records every step)"
+        )
+    else:
+        said = f"recording: the stages of every step ({rec['steps']:,})"
+    calls, share = rec.get("calls_per_step"), rec.get("overhead_fraction")
+    if calls is not None:
+        said += f"; about {calls:.0f} Python calls added per step"
+        if share is not None:
+            said += f", ~{100 * share:.2g}% of the median step"  # a small share, not rounded to 0%
+    return said

@@ -4,6 +4,7 @@ as a GPU that idles while the loop waits for data and draws full power while it 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from perfmagic.contract import Energy
 from perfmagic.render.energy import fmt_joules
 from perfmagic.render.html import report_fragment
 from perfmagic.report import report_from_timelines
-from perfmagic.schema import THREAD_SAMPLES
+from perfmagic.schema import RECORDING_MARK, THREAD_SAMPLES
 from perfmagic.timeline import Timeline
 
 BATCH = 32
@@ -55,8 +56,10 @@ def timeline(
     model_device: str | None = None,
     dataset_len: int | None = None,
     price: float | None = None,
+    unrecorded: Callable[[int], bool] = lambda step: False,
 ) -> Timeline:
-    """The loop's spans, step boundaries and batch counts, and every GPU's samples."""
+    """The loop's spans, step boundaries and batch counts, and every GPU's samples; the ``unrecorded``
+    steps' stages are not recorded (outside the recording windows: their ends and times only)."""
     tl = Timeline({"pid": os.getpid(), "epoch": 1000.0, "framework": "torch"})
     tl.meta["devices"] = [{"index": i, "name": "NVIDIA H100", "power_limit_w": 700.0} for i in range(gpus)]
     tl.meta["gpu_processes"] = [
@@ -69,10 +72,14 @@ def timeline(
         tl.add_mark(0.0, "model", cls="Net", parameters=10, device=model_device)
     t = 0.0
     for k in range(loop.steps):
-        tl.add_span(tl.name_id("data"), t, t + loop.data_s, 0)
+        if unrecorded(k) != unrecorded(k - 1):
+            tl.add_mark(t, RECORDING_MARK, full=not unrecorded(k))
+        if not unrecorded(k):
+            tl.add_span(tl.name_id("data"), t, t + loop.data_s, 0)
         tl.add_sample(THREAD_SAMPLES, t + loop.data_s, float(BATCH * (k + 1)))
         t += loop.data_s
-        tl.add_span(tl.name_id("forward"), t, t + loop.compute_s, 0)
+        if not unrecorded(k):
+            tl.add_span(tl.name_id("forward"), t, t + loop.compute_s, 0)
         t += loop.compute_s
         tl.add_span(tl.name_id("step:optimizer"), t, t, -1)
     tl.meta["wall_s"] = t + 0.05
@@ -173,6 +180,15 @@ def test_stages_too_short_to_measure_are_modelled_and_add_up() -> None:
     assert {s["basis"] for s in stages.values()} == {"model"}
     assert e["by_stage_model"] in (POWER_MODEL, MEAN_POWER_MODEL)
     assert sum(s["joules"] for s in stages.values()) == pytest.approx(e["joules"], rel=1e-6)
+
+
+def test_steps_outside_the_recording_windows_split_their_joules_as_the_windows_say() -> None:
+    loop = Loop(steps=400, data_s=0.006, compute_s=0.004, tick_s=0.1)
+    every_step = energy_of(timeline(loop))["by_stage"]
+    windows = energy_of(timeline(loop, unrecorded=lambda k: k >= 50 and k % 50 < 45))["by_stage"]
+    assert windows.keys() == every_step.keys() and {"data", "forward"} <= every_step.keys()
+    for name, stage in every_step.items():
+        assert windows[name]["joules"] == pytest.approx(stage["joules"], rel=0.03, abs=1e-6), name
 
 
 def test_an_input_bound_gpu_gets_a_power_cap_that_keeps_the_step() -> None:

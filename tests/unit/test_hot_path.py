@@ -6,6 +6,7 @@ README *Measured*). They are counted, not timed, so the test holds on a busy mac
 
 from __future__ import annotations
 
+import collections
 import math
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 from paths import BENCHMARKS
 
 import perfmagic
-from perfmagic.collect import recorder, torch_data
+from perfmagic.collect import recorder, schedule, torch_data
 
 sys.path.insert(0, str(BENCHMARKS))
 from hot_path_calls import python_calls
@@ -22,21 +23,48 @@ ADDED_CALLS_BUDGET = 35
 """Python calls perfmagic may add to a step of DataLoader, forward, loss, backward and SGD, the thread clock's
 periodic reads left out: 33 a step, about 34 with the first step's one-time records (the model, the
 optimizer, the DataLoader and where the user built it) spread over 200, about 34.9 with the memory
-probe's one sampled step (``collect.torch_memory``) too."""
+probe's one sampled step (``collect.torch_memory``) too. That is a fully recorded step's: the first 200
+steps and 30 s, and 5 steps in every 50 after them (``collect.schedule``)."""
+
+OUTSIDE_WINDOWS_BUDGET = 10
+"""Python calls perfmagic may add to the same step outside the recording windows: the optimizer step's
+hooks, which end the step (about 9: its pre and post hooks, the stage around it, the boundary written)."""
 
 
-def test_a_plain_step_gets_no_more_python_calls_than_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the thread's clocks are read every 10 ms, as many calls a step as the steps are short: left out here
-    monkeypatch.setattr(recorder, "THREAD_CLOCK_EVERY_S", math.inf)
-    monkeypatch.setattr(torch_data, "DATA_CPU_EVERY_S", math.inf)
-    steps = 200
+def added_calls(steps: int) -> tuple[float, collections.Counter[tuple[str, str]]]:
+    """Python calls perfmagic adds per step of ``steps`` plain steps, and by function over all of them."""
     python_calls(8)  # first calls: imports and caches, in neither count
     plain = python_calls(steps)
-    with perfmagic.profile(sample=False):
+    with perfmagic.profile(sample=False) as session:
         profiled = python_calls(steps)
     added = profiled.copy()
     added.subtract(plain)
-    per_step = (sum(profiled.values()) - sum(plain.values())) / steps
+    assert session.report.steps["count"] == steps
+    return (sum(profiled.values()) - sum(plain.values())) / steps, added
+
+
+@pytest.fixture(autouse=True)
+def no_periodic_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the thread's clocks are read every 10 ms, as many calls a step as the steps are short: left out here
+    monkeypatch.setattr(recorder, "THREAD_CLOCK_EVERY_S", math.inf)
+    monkeypatch.setattr(torch_data, "DATA_CPU_EVERY_S", math.inf)
+
+
+def test_a_plain_step_gets_no_more_python_calls_than_its_budget() -> None:
+    steps = 200
+    per_step, added = added_calls(steps)
     assert per_step <= ADDED_CALLS_BUDGET, [(f, round(n / steps, 2)) for f, n in added.most_common(12)]
     # and the hooks are there: a step is recorded (the count is not low for want of them)
     assert sum(n for (file, _), n in added.items() if file == "recorder.py") >= 10 * steps
+
+
+def test_a_step_outside_the_windows_gets_a_few_python_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no full start and no window: every step after the first is one outside the windows
+    monkeypatch.setattr(schedule, "FULL_STEPS", 0)
+    monkeypatch.setattr(schedule, "FULL_SECONDS", 0.0)
+    monkeypatch.setattr(schedule, "WINDOW", 0)
+    steps = 200
+    per_step, added = added_calls(steps)
+    assert per_step <= OUTSIDE_WINDOWS_BUDGET, [(f, round(n / steps, 2)) for f, n in added.most_common(12)]
+    # each step's end is still marked (the report counted every step), its forward is not
+    assert added[("torch_forward.py", "call")] <= 7

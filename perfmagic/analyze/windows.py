@@ -1,0 +1,127 @@
+"""Stage seconds from the fully recorded steps, the rhythm from all (``collect.schedule``).
+
+Outside the recording windows a step's end is marked but its stages are not: its fetches, forward,
+backward and copies read as ``other``. Each such step keeps its own duration and the stages that
+are recorded on every step (checkpoints, logging and syncs: rare, long, and not to be averaged
+away); the rest of it is split among the other stages in the shares the fully recorded steps
+nearest it give them. Per-step sums still make the step's time, and every reader of the breakdown (stage shares,
+bottleneck, plan, step table) reads the same estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from perfmagic.collect.schedule import WINDOW
+from perfmagic.schema import RECORDING_MARK
+
+if TYPE_CHECKING:
+    from perfmagic.analyze.steps import StepBreakdown
+    from perfmagic.contract import Recording
+    from perfmagic.timeline import Timeline
+
+EVERY_STEP_STAGES = frozenset({"checkpoint", "logging"})
+"""Stages whose hooks stay in place on every step: measured in each step, never estimated."""
+
+FULL_CALLS_PER_STEP = 35.0
+"""Python calls the full stage hooks add to a plain step (DataLoader, forward, loss, backward, SGD):
+``benchmarks/hot_path_calls.py``, the thread clock's periodic reads left out."""
+
+BOUNDARY_CALLS_PER_STEP = 9.0
+"""Python calls a plain step pays outside the windows: its optimizer step's hooks and its end."""
+
+CALL_COST_S = 1.5e-6
+"""What one added Python call costs a fast training loop in place (1 to 2 µs: README *Measured*)."""
+
+NEAREST = 2 * WINDOW
+"""Fully recorded steps on each side of a step that was not whose shares it takes: two windows' worth,
+so a run whose stages drift (loading that slows, a warm-up) is estimated from its own stretch."""
+
+_TOLERANCE_S = 1e-6
+"""A change of recording this close to a step's end is at its end (folded steps' ends are float32 sums)."""
+
+
+def full_steps(timeline: Timeline, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per step: whether every stage hook was in place from its start to its end (``RECORDING_MARK``s)."""
+    marks = sorted(timeline.marks(RECORDING_MARK), key=lambda m: m.t)
+    if not marks:
+        return np.ones(len(start), dtype=bool)
+    t = np.array([m.t for m in marks])
+    on = np.array([bool(m.data.get("full")) for m in marks])
+    before = np.searchsorted(t, start + _TOLERANCE_S, side="right")  # the last change at or before it
+    state = np.where(before > 0, on[np.maximum(before - 1, 0)], True)
+    changed_inside = np.searchsorted(t, end - _TOLERANCE_S, side="left") > before
+    full: np.ndarray = state & ~changed_inside
+    return full
+
+
+def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:
+    """``b`` with the stage seconds of its steps that were not fully recorded estimated from the fully
+    recorded steps nearest them (see the module's doc); ``b.full`` says which were. Unchanged where no
+    step is fully recorded."""
+    b = replace(b, full=full)
+    # the window's first step is warm-up: its shares are not the steady ones
+    model = np.flatnonzero(full)
+    if len(model) > 1 and model[0] == 0:
+        model = model[1:]
+    partial = np.flatnonzero(~full)
+    if not len(partial) or not len(model):
+        return b
+    kept = np.array([s in EVERY_STEP_STAGES for s in b.stages], dtype=bool)
+    seconds = b.seconds.copy()
+    rest = np.maximum(b.durations - seconds[:, kept].sum(axis=1), 0.0)
+    # per partial step, the NEAREST fully recorded steps on each side (a window before it, one after)
+    at = np.searchsorted(model, partial)
+    lo, hi = np.maximum(at - NEAREST, 0), np.minimum(at + NEAREST, len(model))
+    cum_seconds = np.vstack((np.zeros((1, int((~kept).sum()))), np.cumsum(seconds[model][:, ~kept], axis=0)))
+    cum_rest = np.concatenate(([0.0], np.cumsum(rest[model])))
+    near_rest = cum_rest[hi] - cum_rest[lo]
+    shares = (cum_seconds[hi] - cum_seconds[lo]) / np.where(near_rest > 0, near_rest, np.inf)[:, None]
+    seconds[np.ix_(partial, ~kept)] = rest[partial, None] * shares
+    return replace(b, seconds=seconds)
+
+
+def windowed(timeline: Timeline) -> bool:
+    """Whether some of the timeline's steps were recorded at their ends only."""
+    return any(not m.data.get("full") for m in timeline.marks(RECORDING_MARK))
+
+
+def step_stage_clocks(b: StepBreakdown) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per stage, the knots of its cumulative seconds over the steps, each step's (estimated) seconds
+    spread evenly over it: what splits a sampled figure (power) among stages where the spans alone
+    would leave the steps outside the windows to ``other`` (as ``steps.stage_clocks``, ``other`` left
+    for the rest)."""
+    if not b.count:
+        return {}
+    order = np.argsort(b.start)
+    knots = np.column_stack((b.start[order], b.end[order])).ravel()
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for j, name in enumerate(b.stages):
+        if name == "other":
+            continue
+        cumulative = np.cumsum(b.seconds[order, j])
+        before = np.concatenate(([0.0], cumulative[:-1]))
+        out[name] = (knots, np.column_stack((before, cumulative)).ravel())
+    return out
+
+
+def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None) -> Recording:
+    """``recording``: how the steps were recorded, and what the hooks cost them (an estimate: the calls a
+    plain step's hooks add, as counted by ``benchmarks/hot_path_calls.py``, at :data:`CALL_COST_S` each)."""
+    full = b.full if b.full is not None else np.ones(b.count, dtype=bool)
+    n_full = int(full.sum())
+    calls = (
+        (n_full * FULL_CALLS_PER_STEP + (b.count - n_full) * BOUNDARY_CALLS_PER_STEP) / b.count
+        if b.count
+        else None
+    )
+    return {
+        "mode": "windowed" if windowed(timeline) else "full",
+        "full_steps": n_full,
+        "steps": b.count,
+        "calls_per_step": calls,
+        "overhead_fraction": calls * CALL_COST_S / step_s if calls is not None and step_s else None,
+    }

@@ -1,0 +1,89 @@
+"""A real torch loop profiled with stages recorded in windows and with every step recorded: the same
+stage shares, bottleneck and checkpoint share, measured in the same test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torchloops import SleepyDataset, SlowPickle, Stopwatch, train
+
+import perfmagic
+from perfmagic import Report
+from perfmagic.collect import schedule
+
+STEPS = 270
+"""With windows from step 20 on: 20 + 5 windows of 5 steps recorded fully, 225 steps at their ends only."""
+
+SAVE_EVERY = 50
+
+
+def profiled(tmp_path: Path, *, full: bool) -> Report:
+    """The loop, profiled: a slow DataLoader (the bottleneck), forward, backward and optimizer steps,
+    and a ``torch.save`` every :data:`SAVE_EVERY` steps that falls outside the windows."""
+    state = {"weights": torch.randn(100_000), "slow": SlowPickle(0.2)}
+    path = tmp_path / "checkpoint.pt"
+
+    def save(step: int) -> None:
+        if step % SAVE_EVERY == SAVE_EVERY // 2:
+            torch.save(state, path)
+
+    outdir = tmp_path / ("full" if full else "windowed")
+    with perfmagic.profile(sources=[], outdir=outdir, full=full) as session:
+        train(STEPS, data_s=0.02, forward_s=0.005, backward_s=0.008, optimizer_s=0.003, extra=save)
+    return session.report
+
+
+def test_windows_give_the_stage_shares_of_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # windows from the 20th step on, not after 200 steps and 30 s: the loop stays short
+    monkeypatch.setattr(schedule, "FULL_STEPS", 20)
+    monkeypatch.setattr(schedule, "FULL_SECONDS", 0.0)
+    windowed = profiled(tmp_path, full=False)
+    full = profiled(tmp_path, full=True)
+
+    recording = windowed["recording"]
+    assert recording is not None and recording["mode"] == "windowed" and recording["steps"] == STEPS
+    assert recording["full_steps"] <= 20 + 6 * schedule.WINDOW
+    assert full["recording"] is not None and full["recording"]["full_steps"] == STEPS
+    assert windowed.steps["count"] == full.steps["count"] == STEPS
+
+    shares = {
+        name: (windowed.stages.get(name, {}).get("fraction", 0.0), s["fraction"])
+        for name, s in full.stages.items()
+    }
+    for name, (got, truth) in shares.items():
+        assert abs(got - truth) <= 0.01, (name, shares)
+    assert windowed["bottleneck"] == full["bottleneck"] == "data"
+    # the saves fall outside the windows: their hook is on every step, their share is whole
+    assert full.stages["checkpoint"]["fraction"] >= 0.05, shares
+
+
+def test_an_evaluation_pass_outside_the_windows_is_seen_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A validation pass after each epoch, past the start: its DataLoader pass puts the stage hooks back
+    for its length, so it is an evaluation (out of the steps) as with every step recorded."""
+    monkeypatch.setattr(schedule, "FULL_STEPS", 5)
+    monkeypatch.setattr(schedule, "FULL_SECONDS", 0.0)
+    epochs, batches = 3, 60
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train_loader = DataLoader(TensorDataset(torch.randn(batches, 8), torch.randn(batches, 1)), batch_size=1)
+    val_loader = DataLoader(SleepyDataset(4, delay_s=0.05), batch_size=1)
+    evaluations = Stopwatch()
+    with perfmagic.profile(sources=[], outdir=tmp_path / "perfmagic") as session:
+        for _ in range(epochs):
+            for x, y in train_loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            with evaluations(), torch.no_grad():
+                for x, _y in val_loader:
+                    model(x)
+    report = session.report
+    assert report["recording"] is not None and report["recording"]["mode"] == "windowed"
+    assert report.steps["count"] == epochs * batches
+    assert report["evaluation"]["passes"] == epochs
+    assert report["evaluation"]["total_s"] == pytest.approx(evaluations.total_s, rel=0.2)

@@ -1,0 +1,192 @@
+"""Stages recorded in windows: the schedule on a fake clock, the hooks' coming and going, and the
+analysis that takes stage shares from the fully recorded steps and the rhythm from all of them."""
+
+from __future__ import annotations
+
+import os
+import types
+from pathlib import Path
+
+import pytest
+from fakeclock import FakeClock
+
+from perfmagic import bootstrap, cli
+from perfmagic.analyze import analyze
+from perfmagic.analyze.running import RunningStages
+from perfmagic.children import FULL_ENV, RUN_DIR_ENV, ChildProfiling
+from perfmagic.collect.patching import Patcher
+from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.schedule import FULL_SECONDS, FULL_STEPS, PERIOD, WINDOW, RecordingSchedule
+from perfmagic.report import build_report
+from perfmagic.schema import RECORDING_MARK
+from perfmagic.session import Session
+from perfmagic.timeline import Timeline
+
+
+def recorded_fully(clock: FakeClock, schedule: RecordingSchedule, steps: int, step_s: float) -> list[bool]:
+    """Per step, whether it is recorded fully, asking the schedule as the recorder does (at step ends,
+    once each answer's steps are over)."""
+    full, left, out = True, 0.0, []
+    for ended in range(steps):
+        out.append(full)
+        clock.advance(step_s)
+        left -= 1
+        if left <= 0:
+            full, left = schedule.plan(ended + 1)
+    return out
+
+
+def test_a_short_profile_records_every_step(fake_clock: FakeClock) -> None:
+    full = recorded_fully(fake_clock, RecordingSchedule(fake_clock), FULL_STEPS, step_s=0.5)
+    assert all(full)
+
+
+def test_after_the_start_five_steps_in_every_fifty_are_recorded(fake_clock: FakeClock) -> None:
+    steps = FULL_STEPS + 10 * PERIOD
+    full = recorded_fully(fake_clock, RecordingSchedule(fake_clock), steps, step_s=1.0)  # 30 s: step 30
+    assert all(full[:FULL_STEPS])
+    later = full[FULL_STEPS:]
+    assert [sum(later[i : i + PERIOD]) for i in range(0, len(later), PERIOD)] == [WINDOW] * 10
+    # each window is whole: WINDOW steps in a row, not scattered
+    runs = "".join("1" if f else "0" for f in later).split("0")
+    assert sorted({len(run) for run in runs} - {0}) == [WINDOW]
+
+
+def test_the_first_thirty_seconds_are_recorded_fully_however_many_steps(fake_clock: FakeClock) -> None:
+    step_s = 0.01  # 3000 steps in the first 30 s
+    steps = int(FULL_SECONDS / step_s) + 3 * PERIOD
+    full = recorded_fully(fake_clock, RecordingSchedule(fake_clock), steps, step_s)
+    first_partial = full.index(False)
+    assert first_partial * step_s >= FULL_SECONDS - WINDOW * step_s
+    assert sum(full[first_partial : first_partial + 2 * PERIOD]) == 2 * WINDOW
+
+
+def test_full_records_every_step(fake_clock: FakeClock) -> None:
+    full = recorded_fully(fake_clock, RecordingSchedule(fake_clock, every_step=True), 1000, step_s=1.0)
+    assert all(full)
+
+
+def test_patches_come_and_go_and_an_exit_restores_them_in_either_state() -> None:
+    owner = types.SimpleNamespace(f="original", g="g original")
+    p = Patcher()
+    p.set(owner, "f", "patched")
+    assert p.suspend() == [] and owner.f == "original"
+    assert p.resume() == [] and owner.f == "patched"
+    p.suspend()
+    assert p.restore() == [] and owner.f == "original"
+    # someone replaced the original while the patch was out: theirs stays, the patch is not set again
+    q = Patcher()
+    q.set(owner, "g", "patched")
+    q.suspend()
+    owner.g = "theirs"
+    assert q.resume() and owner.g == "theirs"
+    assert q.restore() == [] and owner.g == "theirs"
+
+
+def windowed_loop(clock: FakeClock, *, full: bool, steps: int, checkpoint_every: int) -> Timeline:
+    """A loop on the fake clock whose per-step stages (data, forward, backward) are recorded only while the
+    recorder's windowed hooks are in: the optimizer step, its end and checkpoints on every step."""
+    tl = Timeline()
+    tl.meta["wall_s"] = 0.0
+    rec = StageRecorder(tl, origin=clock.now(), clock=clock)
+    rec.schedule = RecordingSchedule(clock, every_step=full)
+    switched: list[bool] = []
+    rec.record_in_windows(lambda on: switched.append(on) or [])
+
+    def stage(name: str, seconds: float) -> None:
+        if name in ("data", "forward", "backward") and not rec.full:
+            clock.advance(seconds)  # no hook in place: the time passes unrecorded
+            return
+        with rec.stage(name):
+            clock.advance(seconds)
+
+    for i in range(steps):  # 0.25 s steps: the first FULL_STEPS outlast FULL_SECONDS
+        stage("data", 0.1)
+        stage("forward", 0.05 + 0.01 * (i % 3))
+        stage("backward", 0.07)
+        clock.advance(0.01)  # the loop's own Python: other
+        if i % checkpoint_every == checkpoint_every // 2:
+            stage("checkpoint", 2.0)
+        stage("optimizer", 0.01)
+        rec.boundary("optimizer")
+    rec.close()
+    tl.meta["wall_s"] = clock.now()
+    assert bool(switched) is not full  # the windows came and went, or never did
+    return tl
+
+
+def test_stage_shares_from_windows_are_those_of_every_step(fake_clock: FakeClock) -> None:
+    steps = FULL_STEPS + 8 * PERIOD
+    full = windowed_loop(fake_clock, full=True, steps=steps, checkpoint_every=PERIOD)
+    windowed = windowed_loop(fake_clock, full=False, steps=steps, checkpoint_every=PERIOD)
+    assert any(not m.data["full"] for m in windowed.marks(RECORDING_MARK))
+    a, b = analyze([full]), analyze([windowed])
+    assert b.steps.count == a.steps.count == steps
+    assert b.breakdown.full is not None and b.breakdown.full.sum() == FULL_STEPS + 8 * WINDOW
+    # the checkpoints after the start fall outside the windows: measured on every step all the same
+    saved = b.breakdown.column("checkpoint") > 0
+    assert saved[FULL_STEPS:].sum() == 8 and not b.breakdown.full[FULL_STEPS:][saved[FULL_STEPS:]].any()
+    for name, stats in a.stages.items():
+        assert b.stages[name].fraction == pytest.approx(stats.fraction, abs=0.002), name
+    assert b.bottleneck == a.bottleneck == "data"
+    assert b.steps.median_s == pytest.approx(a.steps.median_s)
+    # how often each stage is entered a step: the windows' count of the per-step stages, every step's of
+    # the checkpoints
+    assert b.loop.calls_per_step == pytest.approx(a.loop.calls_per_step)
+
+    recording = build_report(b)["recording"]
+    assert recording is not None
+    assert (recording["mode"], recording["full_steps"], recording["steps"]) == (
+        "windowed",
+        FULL_STEPS + 8 * WINDOW,
+        steps,
+    )
+    full_recording = build_report(a)["recording"]
+    assert full_recording is not None and full_recording["mode"] == "full"
+    assert recording["calls_per_step"] is not None and full_recording["calls_per_step"] is not None
+    assert recording["calls_per_step"] < full_recording["calls_per_step"]
+
+
+def test_live_totals_read_the_windows_too(fake_clock: FakeClock) -> None:
+    steps = FULL_STEPS + 8 * PERIOD
+    full = windowed_loop(fake_clock, full=True, steps=steps, checkpoint_every=PERIOD)
+    windowed = windowed_loop(fake_clock, full=False, steps=steps, checkpoint_every=PERIOD)
+    shares = []
+    for timeline in (full, windowed):
+        running = RunningStages()
+        running.add_ended(timeline)
+        total = sum(running.totals.values())
+        shares.append({name: s / total for name, s in running.totals.items()})
+    assert shares[1].keys() == shares[0].keys() and "checkpoint" in shares[0]
+    for name, share in shares[0].items():
+        assert shares[1][name] == pytest.approx(share, abs=0.005), name
+
+
+@pytest.mark.parametrize(("options", "every_step"), [(["--full"], True), ([], False)])
+def test_run_full_reaches_each_process_session(
+    options: list[str], every_step: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``perfmagic run --full``: each profiled process's session records every step."""
+    args = cli._parser().parse_args(["run", *options, "python", "x.py"])
+    monkeypatch.setattr(os, "environ", cli._child_env(args, tmp_path, tmp_path, None))
+    started: list[Session] = []
+    monkeypatch.setattr(bootstrap.Session, "start", lambda self: started.append(self) or self)
+    monkeypatch.setattr(bootstrap.atexit, "register", lambda *a: None)
+    monkeypatch.setattr(bootstrap, "ENDING_SIGNALS", ())
+    bootstrap.start_from_env()
+    assert started[0].options.full is every_step
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_a_profiles_children_record_as_it_does(
+    full: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``perfmagic.profile(full=True)``: the Python processes the block starts record every step too."""
+    monkeypatch.setattr(
+        os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("PERFMAGIC_")}
+    )
+    children = ChildProfiling(tmp_path, 0.1, full)
+    children.start()
+    assert (FULL_ENV in os.environ) is full
+    children.stop()
+    assert FULL_ENV not in os.environ and RUN_DIR_ENV not in os.environ
