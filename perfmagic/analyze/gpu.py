@@ -72,14 +72,17 @@ KERNEL_TABLE = 200
 def _window(
     events: GpuEvents, launched_before: float | None, whole_us: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(events kept, their start, end and launch times): HTA's window and its whole-µs counting."""
-    start, end, launch = events.start, events.start + events.dur, events.launch
-    if whole_us:
-        start, end, launch = np.ceil(start), np.floor(end), np.ceil(launch)
-        if launched_before is not None:
-            launched_before = float(np.ceil(launched_before))
+    """(events kept, and the kept ones' start, end and launch times): HTA's window and its whole-µs
+    counting. The times of the kept events only, so the events dropped are never copied."""
+    launch = np.ceil(events.launch) if whole_us else events.launch
+    if whole_us and launched_before is not None:
+        launched_before = float(np.ceil(launched_before))
     keep = np.ones(len(events), dtype=bool) if launched_before is None else launch < launched_before
-    return keep, start, end, launch
+    start = events.start[keep]
+    end = start + events.dur[keep]
+    if whole_us:
+        start, end = np.ceil(start), np.floor(end)
+    return keep, start, end, launch[keep]
 
 
 def gpu_summary(
@@ -101,8 +104,10 @@ def gpu_summary(
     keep, start, end, launch = _window(events, launched_before, whole_us)
     if not keep.any():
         return None
-    ev = events.take(keep)
-    start, end, launch = start[keep], end[keep], launch[keep]
+    # the columns the figures read, kept once: the windowed times stand for the events' own and the links
+    # to their calls are not needed, so a capture's millions of events are not copied whole
+    ev = GpuEvents(events.names, events.name_id[keep], events.kind[keep], start, events.dur[keep],
+                   events.device[keep], events.stream[keep], launch, events.bytes[keep])  # fmt: skip
 
     busy_start, busy_end = merge_intervals(start, end)
     span = float(busy_end[-1] - busy_start[0])
@@ -208,7 +213,10 @@ def _breakdown(gap: np.ndarray, category: np.ndarray) -> IdleBreakdown:
 
 def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> list[StreamIdle]:
     out: list[StreamIdle] = []
-    keys = np.unique(np.column_stack((ev.device, ev.stream)), axis=0)
+    # (device, stream) in sorted order, each device's own streams found apart: a unique over stacked
+    # columns would copy and sort every event twice
+    devices = np.unique(ev.device)
+    keys = [(d, s) for d in devices for s in np.unique(ev.stream[ev.device == d])]
     for device, stream in keys:
         on = np.flatnonzero((ev.device == device) & (ev.stream == stream))
         on = on[np.argsort(start[on], kind="stable")]
