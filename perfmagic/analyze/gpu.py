@@ -186,7 +186,8 @@ def _classify(gap_start: np.ndarray, gap: np.ndarray, next_launch: np.ndarray) -
     """Index into ``IDLE_CATEGORIES`` of each gap (HTA's rule; a NaN launch is not host wait)."""
     host = next_launch > gap_start
     # int8: one byte per gap, of which a capture has millions
-    return np.where(host, np.int8(0), np.where(gap < KERNEL_WAIT_US, np.int8(1), np.int8(2)))
+    out: np.ndarray = np.where(host, np.int8(0), np.where(gap < KERNEL_WAIT_US, np.int8(1), np.int8(2)))
+    return out
 
 
 def _gaps(

@@ -21,7 +21,9 @@ A capture of several processes gives one trace per process that ran GPU work (co
 count per process), ranked in process id order. Times are nanoseconds from the session's start in
 the export, microseconds out. Every table is
 read through a cursor a chunk of rows at a time, the rows turned into integer columns before
-the next chunk is read; strings are fetched once per distinct id.
+the next chunk is read; strings are fetched once per distinct id, and names and threads are kept as
+int32 ids. Every event is still a row of columns (about 47 B at rest, a kernel and its launch call
+each), so memory grows with the events read, not with the tables left unread.
 """
 
 from __future__ import annotations
@@ -212,18 +214,18 @@ def _read(
     gpu = gpu_rows.done()
     processes = np.unique(gpu[-1][gpu[-1] > 0]).tolist()
     whole = len(processes) < 2  # one process: no masks, no copies of the columns
-    name_id, start, dur, tid, corr = cpu_rows.done()
-    cpu_pid = None if whole else threads.pids()[tid]
+    name_id, start, dur, thread, corr = cpu_rows.done()
+    cpu_pid = None if whole else threads.pids()[thread]
     found = False
     for pid in [None] if whole else processes:
         mine = slice(None) if cpu_pid is None else np.flatnonzero(cpu_pid == pid)
         steps = _steps(
-            names, name_id[mine], start[mine], start[mine] + dur[mine], tid[mine], corr[mine], step_range
+            names, name_id[mine], start[mine], start[mine] + dur[mine], thread[mine], corr[mine], step_range
         )
         found = found or steps is not None
         if steps is not None:
-            step_ids, s, e, step_tid = steps
-            cpu_rows.add(step_ids, s, e - s, step_tid, np.full(len(s), -1))
+            step_ids, s, e, step_thread = steps
+            cpu_rows.add(step_ids, s, e - s, step_thread, np.full(len(s), -1))
     if step_range is not None and not found:
         raise TraceFormatError(f"{schema.path}: no NVTX range matches --step-range {step_range.pattern!r}")
     columns = cpu_rows.done()
