@@ -22,8 +22,8 @@ count per process), ranked in process id order. Times are nanoseconds from the s
 the export, microseconds out. Every table is
 read through a cursor a chunk of rows at a time, the rows turned into integer columns before
 the next chunk is read; strings are fetched once per distinct id, and names and threads are kept as
-int32 ids. Every event is still a row of columns (about 47 B at rest, a kernel and its launch call
-each), so memory grows with the events read, not with the tables left unread.
+int32 ids. Every event is still a row of columns (32 B a runtime call or NVTX range, 61 B a GPU event
+with its link to its call), so memory grows with the events read, not with the tables left unread.
 """
 
 from __future__ import annotations
