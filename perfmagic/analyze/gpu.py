@@ -72,14 +72,17 @@ KERNEL_TABLE = 200
 def _window(
     events: GpuEvents, launched_before: float | None, whole_us: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(events kept, their start, end and launch times): HTA's window and its whole-µs counting."""
-    start, end, launch = events.start, events.start + events.dur, events.launch
-    if whole_us:
-        start, end, launch = np.ceil(start), np.floor(end), np.ceil(launch)
-        if launched_before is not None:
-            launched_before = float(np.ceil(launched_before))
+    """(events kept, and the kept ones' start, end and launch times): HTA's window and its whole-µs
+    counting. The times of the kept events only, so the events dropped are never copied."""
+    launch = np.ceil(events.launch) if whole_us else events.launch
+    if whole_us and launched_before is not None:
+        launched_before = float(np.ceil(launched_before))
     keep = np.ones(len(events), dtype=bool) if launched_before is None else launch < launched_before
-    return keep, start, end, launch
+    start = events.start[keep]
+    end = start + events.dur[keep]
+    if whole_us:
+        start, end = np.ceil(start), np.floor(end)
+    return keep, start, end, launch[keep]
 
 
 def gpu_summary(
@@ -101,20 +104,20 @@ def gpu_summary(
     keep, start, end, launch = _window(events, launched_before, whole_us)
     if not keep.any():
         return None
-    ev = events.take(keep)
-    start, end, launch = start[keep], end[keep], launch[keep]
-
+    # the window's events are not copied whole (a capture holds millions): its times and kinds are, the
+    # figures by name read the events through masks, and each stream's its own columns
+    kind = events.kind[keep]
     busy_start, busy_end = merge_intervals(start, end)
     span = float(busy_end[-1] - busy_start[0])
     busy = float((busy_end - busy_start).sum())
-    kind_time = [union_length(start[ev.kind == k], end[ev.kind == k]) for k in range(len(KINDS))]
+    kind_time = [union_length(start[kind == k], end[kind == k]) for k in range(len(KINDS))]
     compute = kind_time[COMPUTATION]
 
     def share(t: float) -> float | None:
         return t / span if span > 0 else None
 
     gaps = _gaps(start, end, launch, busy_start, busy_end)
-    is_kernel = ev.kind != MEMORY
+    kernels = keep & (events.kind != MEMORY)
     return {
         "window_s": span / 1e6,
         "busy_fraction": share(busy),
@@ -125,14 +128,14 @@ def gpu_summary(
         "memory_fraction": share(kind_time[MEMORY]),
         "idle_s": (span - busy) / 1e6,
         "idle_breakdown": _breakdown(*gaps),
-        "idle_breakdown_by_stream": _by_stream(ev, start, end, launch),
-        "event_count": len(ev),
-        "kernel_count": int(is_kernel.sum()),
-        "streams": np.unique(ev.stream).tolist(),
-        **_kernels_by_time(ev, is_kernel, span),
-        "comm": _comm(ev, start, end, span),
-        **_kernel_table(ev),
-        "memcpy_bytes": _memcpy_bytes(ev),
+        "idle_breakdown_by_stream": _by_stream(events.device[keep], events.stream[keep], start, end, launch),
+        "event_count": len(start),
+        "kernel_count": int(kernels.sum()),
+        "streams": np.unique(events.stream[keep]).tolist(),
+        **_kernels_by_time(events, kernels, span),
+        "comm": _comm(kind, start, end, span),
+        **_kernel_table(events, keep),
+        "memcpy_bytes": _memcpy_bytes(events, keep),
         "gaps": _long_gaps(busy_start, busy_end, span),
     }
 
@@ -182,7 +185,9 @@ def _long_gaps(busy_start: np.ndarray, busy_end: np.ndarray, span: float) -> Gap
 def _classify(gap_start: np.ndarray, gap: np.ndarray, next_launch: np.ndarray) -> np.ndarray:
     """Index into ``IDLE_CATEGORIES`` of each gap (HTA's rule; a NaN launch is not host wait)."""
     host = next_launch > gap_start
-    return np.where(host, 0, np.where(gap < KERNEL_WAIT_US, 1, 2))
+    # int8: one byte per gap, of which a capture has millions
+    out: np.ndarray = np.where(host, np.int8(0), np.where(gap < KERNEL_WAIT_US, np.int8(1), np.int8(2)))
+    return out
 
 
 def _gaps(
@@ -206,11 +211,17 @@ def _breakdown(gap: np.ndarray, category: np.ndarray) -> IdleBreakdown:
     return {"host_wait": host_wait, "kernel_wait": kernel_wait, "other": other}
 
 
-def _by_stream(ev: GpuEvents, start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> list[StreamIdle]:
+def _by_stream(
+    device_of: np.ndarray, stream_of: np.ndarray, start: np.ndarray, end: np.ndarray, launch: np.ndarray
+) -> list[StreamIdle]:
+    """``idle_breakdown_by_stream`` of the events whose device, stream and times the arrays give."""
     out: list[StreamIdle] = []
-    keys = np.unique(np.column_stack((ev.device, ev.stream)), axis=0)
+    # (device, stream) in sorted order, each device's own streams found apart: a unique over stacked
+    # columns would copy and sort every event twice
+    devices = np.unique(device_of)
+    keys = [(d, s) for d in devices for s in np.unique(stream_of[device_of == d])]
     for device, stream in keys:
-        on = np.flatnonzero((ev.device == device) & (ev.stream == stream))
+        on = np.flatnonzero((device_of == device) & (stream_of == stream))
         on = on[np.argsort(start[on], kind="stable")]
         # HTA: the gap before each event is its start minus the previous event's end
         gap = start[on][1:] - end[on][:-1]
@@ -279,10 +290,11 @@ def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> Kerne
     }
 
 
-def _comm(ev: GpuEvents, start: np.ndarray, end: np.ndarray, span: float) -> Comm | None:
+def _comm(kind: np.ndarray, start: np.ndarray, end: np.ndarray, span: float) -> Comm | None:
     """Communication kernels' time (their union), the part overlapped by computation kernels and the
-    exposed rest, in seconds and as a share of the span; None without communication kernels."""
-    comm, compute = ev.kind == COMMUNICATION, ev.kind == COMPUTATION
+    exposed rest, in seconds and as a share of the span (``kind``: each event's); None without
+    communication kernels."""
+    comm, compute = kind == COMMUNICATION, kind == COMPUTATION
     if not comm.any():
         return None
     total = union_length(start[comm], end[comm])
@@ -317,10 +329,11 @@ def memory_peaks(memory: MemoryEvents) -> list[MemoryPeak] | None:
     return out
 
 
-def _kernel_table(ev: GpuEvents) -> KernelTable:
-    """``kernels``: every GPU event name (kernels, memcpy, memset) with its count and total time, the
-    ``KERNEL_TABLE`` longest; ``kernels_omitted``: the rest summed (None when nothing was left out)."""
-    total, count, kind, order = _by_name(ev, np.ones(len(ev), dtype=bool))
+def _kernel_table(ev: GpuEvents, mask: np.ndarray) -> KernelTable:
+    """``kernels``: every GPU event name (kernels, memcpy, memset) of the events in ``mask`` with its count
+    and total time, the ``KERNEL_TABLE`` longest; ``kernels_omitted``: the rest summed (None when nothing
+    was left out)."""
+    total, count, kind, order = _by_name(ev, mask)
     rest = order[KERNEL_TABLE:]
     return {
         "kernels": [
@@ -342,9 +355,10 @@ def _kernel_table(ev: GpuEvents) -> KernelTable:
     }
 
 
-def _memcpy_bytes(ev: GpuEvents) -> dict[str, float]:
-    """Bytes copied per direction (``HtoD``, ``DtoH``, ``DtoD``, ...), from ``Memcpy XtoY (...)`` names."""
-    copies = np.flatnonzero((ev.kind == MEMORY) & (ev.bytes > 0))
+def _memcpy_bytes(ev: GpuEvents, mask: np.ndarray) -> dict[str, float]:
+    """Bytes copied per direction (``HtoD``, ``DtoH``, ``DtoD``, ...) by the events in ``mask``, from
+    ``Memcpy XtoY (...)`` names."""
+    copies = np.flatnonzero(mask & (ev.kind == MEMORY) & (ev.bytes > 0))
     out: dict[str, float] = {}
     for i in np.unique(ev.name_id[copies]):
         words = ev.names[i].split()

@@ -167,8 +167,7 @@ class KinetoTrace:
     @property
     def ns_resolution(self) -> bool:
         """Timestamps carry fractions of a microsecond (newer PyTorch writes ns resolution)."""
-        starts = np.concatenate((self.cpu.start, self.gpu.start))
-        return bool(np.any(starts != np.floor(starts)))
+        return any(bool(np.any(t != np.floor(t))) for t in (self.cpu.start, self.gpu.start))
 
     @property
     def rank(self) -> int | None:

@@ -21,7 +21,9 @@ A capture of several processes gives one trace per process that ran GPU work (co
 count per process), ranked in process id order. Times are nanoseconds from the session's start in
 the export, microseconds out. Every table is
 read through a cursor a chunk of rows at a time, the rows turned into integer columns before
-the next chunk is read; strings are fetched once per distinct id.
+the next chunk is read; strings are fetched once per distinct id, and names and threads are kept as
+int32 ids. Every event is still a row of columns (32 B a runtime call or NVTX range, 61 B a GPU event
+with its link to its call), so memory grows with the events read, not with the tables left unread.
 """
 
 from __future__ import annotations
@@ -121,6 +123,34 @@ class _Names:
         return list(self.ids)
 
 
+class _Threads:
+    """Threads, interned: an index per distinct ``globalTid`` (in the order first read), so each row holds
+    4 bytes for its thread and the few threads are sorted, not the rows."""
+
+    def __init__(self) -> None:
+        self.ids: dict[int, int] = {}
+
+    def of(self, global_tids: np.ndarray) -> np.ndarray:
+        uniq, inverse = np.unique(global_tids, return_inverse=True)
+        table = np.array([self.ids.setdefault(t, len(self.ids)) for t in uniq.tolist()], np.int32)
+        out: np.ndarray = table[inverse.reshape(-1)] if len(uniq) else np.zeros(0, np.int32)
+        return out
+
+    def pids(self) -> np.ndarray:
+        """The process id of each thread, by index."""
+        return _pid(np.array(list(self.ids), dtype=np.int64))
+
+    def listed(self, thread: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """The (pid, tid) pairs of the threads ``thread`` holds, in ``globalTid`` order, and each row's
+        index into them."""
+        tids = np.array(list(self.ids), dtype=np.int64)
+        used = np.flatnonzero(np.bincount(thread, minlength=len(tids)))
+        used = used[np.argsort(tids[used])]
+        remap = np.full(len(tids), -1, np.int32)
+        remap[used] = np.arange(len(used), dtype=np.int32)
+        return [(int(t >> 24) & 0xFFFFFF, int(t) & 0xFFFFFF) for t in tids[used]], remap[thread]
+
+
 def _chunks(db: sqlite3.Connection, sql: str, width: int) -> Iterator[np.ndarray]:
     """The rows of an all-integer query, ``CHUNK_ROWS`` at a time, as (n, width) int64 arrays."""
     cursor = db.execute(sql)
@@ -156,10 +186,10 @@ _CPU = (
     np.int32,
     np.float64,
     np.float64,
+    np.int32,
     np.int64,
-    np.int64,
-)  # name, start µs, dur µs, globalTid, correlation
-_GPU = (np.int32, np.float64, np.float64, np.int64, np.int64, np.int64, np.float64, np.bool_, np.int64)
+)  # name, start µs, dur µs, thread (:class:`_Threads`), correlation
+_GPU = (np.int32, np.float64, np.float64, np.int32, np.int32, np.int64, np.float64, np.bool_, np.int32)
 """name, start µs, dur µs, device, stream, correlation, bytes, memory (a copy or memset), process id."""
 
 
@@ -172,11 +202,11 @@ def _pid(global_id: np.ndarray) -> np.ndarray:
 def _read(
     db: sqlite3.Connection, schema: NsysSchema, step_range: re.Pattern[str] | None
 ) -> list[KinetoTrace]:
-    names = _Names(db)
+    names, threads = _Names(db), _Threads()
     # an NVTX range may also be a step: room for each twice
     cpu_rows = _Filled(_rows(db, schema, RUNTIME) + 2 * _rows(db, schema, NVTX), _CPU)
-    _runtime(db, schema, names, cpu_rows)
-    _nvtx(db, schema, names, cpu_rows)
+    _runtime(db, schema, names, threads, cpu_rows)
+    _nvtx(db, schema, names, threads, cpu_rows)
     gpu_rows = _Filled(_rows(db, schema, KERNEL, MEMCPY, MEMSET), _GPU)
     _kernels(db, schema, names, gpu_rows)
     _copies(db, schema, names, gpu_rows)
@@ -184,39 +214,39 @@ def _read(
     gpu = gpu_rows.done()
     processes = np.unique(gpu[-1][gpu[-1] > 0]).tolist()
     whole = len(processes) < 2  # one process: no masks, no copies of the columns
-    name_id, start, dur, tid, corr = cpu_rows.done()
-    cpu_pid = None if whole else _pid(tid)
+    name_id, start, dur, thread, corr = cpu_rows.done()
+    cpu_pid = None if whole else threads.pids()[thread]
     found = False
     for pid in [None] if whole else processes:
         mine = slice(None) if cpu_pid is None else np.flatnonzero(cpu_pid == pid)
         steps = _steps(
-            names, name_id[mine], start[mine], start[mine] + dur[mine], tid[mine], corr[mine], step_range
+            names, name_id[mine], start[mine], start[mine] + dur[mine], thread[mine], corr[mine], step_range
         )
         found = found or steps is not None
         if steps is not None:
-            step_ids, s, e, step_tid = steps
-            cpu_rows.add(step_ids, s, e - s, step_tid, np.full(len(s), -1))
+            step_ids, s, e, step_thread = steps
+            cpu_rows.add(step_ids, s, e - s, step_thread, np.full(len(s), -1))
     if step_range is not None and not found:
         raise TraceFormatError(f"{schema.path}: no NVTX range matches --step-range {step_range.pattern!r}")
     columns = cpu_rows.done()
     facts = {"device_properties": _devices(db, schema), "base_time_ns": _session_start(db, schema)}
     if whole:
-        return [_trace(schema.path, names.names, columns, gpu[:-1], facts)]
-    cpu_pid = _pid(columns[3])
+        return [_trace(schema.path, names.names, threads, columns, gpu[:-1], facts)]
+    cpu_pid = threads.pids()[columns[3]]
     return [
-        _trace(schema.path, names.names, [c[cpu_pid == pid] for c in columns], [c[gpu[-1] == pid] for c in gpu[:-1]],
+        _trace(schema.path, names.names, threads, [c[cpu_pid == pid] for c in columns],
+               [c[gpu[-1] == pid] for c in gpu[:-1]],
                {**facts, "distributed": {"rank": k, "world_size": len(processes)}})
         for k, pid in enumerate(processes)
     ]  # fmt: skip
 
 
-def _trace(path: Path, names: list[str], cpu_columns: Sequence[np.ndarray], gpu_columns: Sequence[np.ndarray],
-           facts: dict[str, Any]) -> KinetoTrace:  # fmt: skip
-    """One process's trace from its CPU (name, start, dur, globalTid, correlation) and GPU columns."""
-    name_id, start, dur, tid, corr = cpu_columns
-    pairs, thread = np.unique(tid, return_inverse=True)
-    threads = [(int(t >> 24) & 0xFFFFFF, int(t) & 0xFFFFFF) for t in pairs]
-    cpu = CpuEvents(names, name_id, start, dur, threads, thread.reshape(-1).astype(np.int32), corr)
+def _trace(path: Path, names: list[str], threads: _Threads, cpu_columns: Sequence[np.ndarray],
+           gpu_columns: Sequence[np.ndarray], facts: dict[str, Any]) -> KinetoTrace:  # fmt: skip
+    """One process's trace from its CPU (name, start, dur, thread, correlation) and GPU columns."""
+    name_id, start, dur, thread, corr = cpu_columns
+    pairs, index = threads.listed(thread)
+    cpu = CpuEvents(names, name_id, start, dur, pairs, index, corr)
     return KinetoTrace(path=path, cpu=cpu, gpu=_linked(cpu, *gpu_columns), memory=no_memory(), **facts)
 
 
@@ -225,8 +255,10 @@ def _us(ns: np.ndarray) -> np.ndarray:
     return out
 
 
-def _runtime(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
-    """The CUDA runtime calls: (name id, start, duration, globalTid, correlation)."""
+def _runtime(
+    db: sqlite3.Connection, schema: NsysSchema, names: _Names, threads: _Threads, rows: _Filled
+) -> None:
+    """The CUDA runtime calls: (name id, start, duration, thread, correlation)."""
     if not schema.has(RUNTIME):
         return
     sql = (
@@ -235,11 +267,17 @@ def _runtime(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _F
     )
     for c in _chunks(db, sql, 5):
         rows.add(
-            names.of_strings(c[:, 0], runtime=True), _us(c[:, 1]), _us(c[:, 2] - c[:, 1]), c[:, 3], c[:, 4]
+            names.of_strings(c[:, 0], runtime=True),
+            _us(c[:, 1]),
+            _us(c[:, 2] - c[:, 1]),
+            threads.of(c[:, 3]),
+            c[:, 4],
         )
 
 
-def _nvtx(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Filled) -> None:
+def _nvtx(
+    db: sqlite3.Connection, schema: NsysSchema, names: _Names, threads: _Threads, rows: _Filled
+) -> None:
     """The NVTX ranges (correlation -1); perfmagic's stages as ``## stage ##``."""
     if not schema.has(NVTX):
         return
@@ -261,7 +299,11 @@ def _nvtx(db: sqlite3.Connection, schema: NsysSchema, names: _Names, rows: _Fill
         ids = [names.of(f"## {text} ##" if domain in domains else str(text)) for text, domain, *_ in chunk]
         c = np.array([r[2:] for r in chunk], dtype=np.int64).reshape(-1, 3)
         rows.add(
-            np.array(ids, np.int32), _us(c[:, 0]), _us(c[:, 1] - c[:, 0]), c[:, 2], np.full(len(ids), -1)
+            np.array(ids, np.int32),
+            _us(c[:, 0]),
+            _us(c[:, 1] - c[:, 0]),
+            threads.of(c[:, 2]),
+            np.full(len(ids), -1),
         )
 
 
@@ -364,7 +406,7 @@ def _session_start(db: sqlite3.Connection, schema: NsysSchema) -> int:
 
 def _steps(names: _Names, name_id: np.ndarray, start: np.ndarray, end: np.ndarray, tid: np.ndarray,
            corr: np.ndarray, step_range: re.Pattern[str] | None) -> _Cols | None:  # fmt: skip
-    """(name ids, starts, ends, globalTids) of ``ProfilerStep#N`` events to add for one process: the
+    """(name ids, starts, ends, threads) of ``ProfilerStep#N`` events to add for one process: the
     ranges ``step_range`` matches, or one per perfmagic ``optimizer`` range; None where ``step_range``
     matches nothing, or the process has ``ProfilerStep#`` ranges, or neither."""
     listed = names.names

@@ -117,9 +117,9 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     cpu, gpu = trace.cpu, trace.gpu
     cpu_end = cpu.end
     # the allocator's events too: a trace of them alone (profile_memory, no activities) lasts as long as they do
-    starts = np.concatenate((cpu.start, gpu.start, trace.memory.start))
-    ends = np.concatenate((cpu_end, gpu.start + gpu.dur, trace.memory.start))
-    origin = float(starts.min()) if len(starts) else 0.0
+    origin, last = _extent(
+        ((cpu.start, cpu_end), (gpu.start, gpu.start + gpu.dur), (trace.memory.start, trace.memory.start))
+    )
     step_no, step_rows, annotated = _step_rows(trace)
     step_start, step_end = cpu.start[step_rows], cpu_end[step_rows]
     main = _main_thread(cpu, step_rows)
@@ -127,11 +127,12 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     on_main = cpu.thread == main
 
     h2d_start, h2d_end = _h2d_copies(trace, on_main)
-    row_stage = stage[cpu.name_id]
+    # by name, then per event: an object array of every event's stage would cost more than the events
+    rows = np.flatnonzero(on_main & (stage != "")[cpu.name_id])
     # the sync a blocking copy makes is the copy's wait, not a sync of its own
-    in_copy = (_holder(cpu.start, h2d_start, h2d_end) >= 0) & (row_stage == "logging")
-    rows = np.flatnonzero(on_main & (row_stage != "") & ~in_copy)
-    names = row_stage[rows].tolist()
+    in_copy = (_holder(cpu.start[rows], h2d_start, h2d_end) >= 0) & (stage == "logging")[cpu.name_id[rows]]
+    rows = rows[~in_copy]
+    names = stage[cpu.name_id[rows]].tolist()
     spans = list(zip(cpu.start[rows].tolist(), cpu_end[rows].tolist(), names, strict=True))
     spans += [(float(s), float(e), "h2d") for s, e in zip(h2d_start, h2d_end, strict=True)]
     spans += [(float(s), float(e), "other") for s, e in zip(step_start, step_end, strict=True)]
@@ -167,7 +168,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
             "backend": trace.distributed.get("backend"),
             "trace_file": str(trace.path),
             "pid": pid if isinstance(pid, int) else None,
-            "wall_s": (float(ends.max()) - origin) / 1e6 if len(ends) else 0.0,
+            "wall_s": (last - origin) / 1e6 if last is not None else 0.0,
             "epoch": origin / 1e6 + trace.base_time_ns / 1e9,
             "profiler_steps": step_no.tolist(),
             "warnings": warnings,
@@ -182,6 +183,15 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
         t = (float(e) - origin) / 1e6
         timeline.add_span(boundary, t, t, -1)
     return timeline
+
+
+def _extent(spans: tuple[tuple[np.ndarray, np.ndarray], ...]) -> tuple[float, float | None]:
+    """(first start, last end) over the (starts, ends) pairs: (0, None) when all are empty. Each pair
+    apart, as concatenating a trace's every event would copy them all."""
+    full = [(s, e) for s, e in spans if len(s)]
+    if not full:
+        return 0.0, None
+    return min(float(s.min()) for s, _ in full), max(float(e.max()) for _, e in full)
 
 
 def _framework(cpu: CpuEvents, annotated: bool) -> str:

@@ -179,6 +179,23 @@ def test_rows_are_read_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> Non
         assert [a.names[i] for i in a.name_id] == [b.names[i] for i in b.name_id]
 
 
+def test_a_capture_read_in_tiny_chunks_gives_the_same_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two processes (threads and names first met in different chunks), pageable and blocking copies,
+    # memsets, syncs and all-reduces: every table spread over many chunks, runs of rows cut anywhere
+    loop = Loop(pageable=True, sync_copies=True, blocking_sync=True, allreduce_us=50.0, steps=6)
+    path = write_capture(tmp_path / "job.sqlite", loop, processes=2)
+    with sqlite3.connect(path) as db:
+        memsets = db.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET").fetchone()[0]
+    chunk = 5
+    assert memsets > 2 * chunk  # the smallest table read in several chunks too
+    whole = perfmagic.load_trace(path).to_dict()
+    monkeypatch.setattr(nsys_reader, "CHUNK_ROWS", chunk)
+    assert perfmagic.load_trace(path).to_dict() == whole
+    assert [r["steps"]["count"] for r in whole["ranks"]] == [loop.steps, loop.steps]
+
+
 # -- synthetic training captures (tests/nsys_capture.py) -------------------------------------------
 
 
