@@ -32,12 +32,11 @@ from perfmagic.collect.forked_child import keep_until_exit
 from perfmagic.collect.nvtx_ranges import NVTX as _NVTX
 from perfmagic.collect.nvtx_ranges import nvtx_pop as _nvtx_pop
 from perfmagic.collect.nvtx_ranges import nvtx_push as _nvtx_push
-from perfmagic.collect.schedule import RecordingSchedule
+from perfmagic.collect.schedule import HookWindows, RecordingSchedule
+from perfmagic.collect.stage_wrapper import recorded_as_stage
 from perfmagic.collect.threadclock import ThreadClock
-from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.schema import (
     OPAQUE_STAGES,
-    RECORDING_MARK,
     STAGES,
     STEP_BOUNDARY_PREFIX,
     THREAD_CPU,
@@ -116,11 +115,10 @@ class StageRecorder:
         self._boundary_ids: dict[str, int] = {}
         # a boundary held back (kind, time, device event token, thread clock reading): see ``boundary``
         self._held: tuple[str, float, object | None, _ClockReading | None] | None = None
-        # which steps are recorded fully (None: all), and what installs or removes the stage hooks
-        # recorded in windows (``record_in_windows``); a ``recording`` mark at each change
+        # which steps are recorded fully (None: all), and the hooks it installs and removes at step
+        # ends (``record_in_windows``)
         self.schedule: RecordingSchedule | None = None
-        self._switch: Callable[[bool], list[str]] | None = None
-        self.full = True  # the windowed stage hooks are in place
+        self._windows: HookWindows | None = None
         self._step_ends = 0  # optimizer and user step ends marked: what the schedule counts
         self._window_left = math.inf  # step ends until the schedule is asked again
 
@@ -273,42 +271,28 @@ class StageRecorder:
         in windows, at step ends; ``switch`` returns warnings. Without a schedule every step stays full."""
         if self.schedule is None or self.schedule.every_step:
             return
-        self._switch = switch
+        self._windows = HookWindows(self.schedule, switch, self.timeline, self._warnings)
         self._window_left = 0  # asked at the next step end
 
     def record_fully_now(self) -> None:
         """Install the windowed hooks now, until the next step end (a DataLoader pass begins: an
         evaluation pass is seen by them whole)."""
-        if not self.full and self._switch is not None and _get_ident() == self.thread_id:
-            self._set_full(True, self._now() - self.origin)
+        windows = self._windows
+        if (
+            windows is not None
+            and _get_ident() == self.thread_id
+            and windows.record_fully(self._now() - self.origin)
+        ):
             self._window_left = 1
 
-    def _next_window(self, t: float) -> None:
-        schedule = self.schedule
-        if self._switch is None or schedule is None:
-            self._window_left = math.inf
-            return
-        full, self._window_left = schedule.plan(self._step_ends)
-        if full != self.full:
-            self._set_full(full, t)
+    @property
+    def full(self) -> bool:
+        """Whether the windowed stage hooks are in place (always, without windows)."""
+        return self._windows is None or self._windows.full
 
-    def _set_full(self, full: bool, t: float) -> None:
-        """Install or remove the windowed hooks, marked at ``t``. A switch that fails ends the windows with a
-        warning: where removing failed, every step is recorded fully from then on."""
-        switch = self._switch
-        assert switch is not None
-        try:
-            self._warnings += switch(full)
-        except Exception as e:  # recording every step costs more, but the training goes on
-            self._switch, self._window_left = None, math.inf
-            self._warnings.append(
-                f"the stage hooks could not be {'installed' if full else 'removed'} ({e!r})"
-            )
-            if full:
-                return
-            full = True
-        self.full = full
-        self.timeline.add_mark(t, RECORDING_MARK, full=full)
+    def _next_window(self, t: float) -> None:
+        windows = self._windows
+        self._window_left = math.inf if windows is None else windows.next(self._step_ends, t)
 
     def boundary_at(self, kind: str, t: float) -> None:
         """A boundary at an earlier time ``t`` that no step ends at (an evaluation pass's start, known once
@@ -474,25 +458,7 @@ class StageRecorder:
 
     def wrap(self, fn: Callable[..., Any], stage: str) -> Callable[..., Any]:
         """``fn`` recorded as ``stage`` whenever the recorder takes it."""
-        sid = self.stage_id(stage)
-        enter, exit_ = self.enter, self.exit
-
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            try:
-                if not enter(sid):
-                    return fn(*args, **kwargs)
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    exit_()
-            except BaseException as e:
-                drop_own_frame(e)
-                raise
-
-        recorded.__wrapped__ = fn  # type: ignore[attr-defined]
-        recorded.__name__ = getattr(fn, "__name__", "recorded")
-        recorded.__doc__ = getattr(fn, "__doc__", None)
-        return recorded
+        return recorded_as_stage(fn, self.enter, self.exit, self.stage_id(stage))
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:

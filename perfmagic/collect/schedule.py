@@ -14,8 +14,11 @@ profile is the same as with every hook on; after that, :data:`WINDOW` steps in e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from perfmagic.clock import Clock
+from perfmagic.schema import RECORDING_MARK
+from perfmagic.timeline import Timeline
 
 FULL_STEPS = 200
 """Steps recorded fully from the start: a profile shorter than this is recorded whole."""
@@ -57,3 +60,51 @@ class RecordingSchedule:
         if phase < PERIOD - WINDOW:
             return False, PERIOD - WINDOW - phase
         return True, PERIOD - phase
+
+
+class HookWindows:
+    """A schedule applied: ``switch`` installs (True) or removes (False) the stage hooks recorded in
+    windows, at step ends, with a ``recording`` mark at each change. A switch that fails ends the
+    windows with a warning: where removing failed, every step is recorded fully from then on."""
+
+    def __init__(
+        self,
+        schedule: RecordingSchedule,
+        switch: Callable[[bool], list[str]],
+        timeline: Timeline,
+        warnings: list[str],
+    ) -> None:
+        self.schedule, self.timeline, self.warnings = schedule, timeline, warnings
+        self._switch: Callable[[bool], list[str]] | None = switch
+        self.full = True  # the windowed hooks are in place
+
+    def next(self, steps: int, t: float) -> float:
+        """At the step end ``steps`` (timeline time ``t``): install or remove the hooks as the schedule
+        says; the step ends until it is asked again."""
+        if self._switch is None:
+            return math.inf
+        full, left = self.schedule.plan(steps)
+        if full != self.full:
+            self._set_full(full, t)
+        return left if self._switch is not None else math.inf
+
+    def record_fully(self, t: float) -> bool:
+        """Install the hooks now, if they are out; whether they were."""
+        if self.full or self._switch is None:
+            return False
+        self._set_full(True, t)
+        return True
+
+    def _set_full(self, full: bool, t: float) -> None:
+        switch = self._switch
+        assert switch is not None
+        try:
+            self.warnings += switch(full)
+        except Exception as e:  # recording every step costs more, but the training goes on
+            self._switch = None
+            self.warnings.append(f"the stage hooks could not be {'installed' if full else 'removed'} ({e!r})")
+            if full:
+                return
+            full = True
+        self.full = full
+        self.timeline.add_mark(t, RECORDING_MARK, full=full)

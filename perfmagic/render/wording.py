@@ -167,7 +167,7 @@ def rank_stages(ranks: list[Rank]) -> list[str]:
 
 def recording_line(report: ReportData) -> str | None:
     """How the steps were recorded and what that cost them (the report's footer); None without steps."""
-    rec = report.get("recording")
+    rec = report["recording"]
     if not rec or not rec["steps"]:
         return None
     if rec["mode"] == "windowed":
@@ -177,7 +177,7 @@ def recording_line(report: ReportData) -> str | None:
         )
     else:
         said = f"recording: the stages of every step ({rec['steps']:,})"
-    calls, share = rec.get("calls_per_step"), rec.get("overhead_fraction")
+    calls, share = rec["calls_per_step"], rec["overhead_fraction"]
     if calls is not None:
         said += f"; about {calls:.0f} Python calls added per step"
         if share is not None:
