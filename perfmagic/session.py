@@ -6,6 +6,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -35,16 +36,12 @@ if TYPE_CHECKING:
 class Session:
     """One profiled window: collectors on at ``start``, all off at ``stop``.
 
-    ``outdir`` receives the spool (``timeline.jsonl``, appended about once a
-    second so a killed process leaves a readable record) and ``report.json``.
-    Without it, a temporary directory is used. With ``children`` (the default), the
-    Python interpreters the block starts (``torch.multiprocessing.spawn`` workers,
-    subprocesses) are profiled into ``outdir/children`` and are the report's ranks.
-    ``price_per_gpu_hour`` (else ``$PERFMAGIC_PRICE_PER_GPU_HOUR``) puts money on the energy figures;
-    without it the report has none. ``full`` records every step's stages; by default, after the first
-    200 steps and 30 s, stages are recorded in windows of 5 steps in 50 and every step's end on every
-    step (``collect.schedule``). ``clock`` is what every collector times on (a test's fake one
-    drives the whole window).
+    ``outdir`` (else a temporary directory) receives the spool (``timeline.jsonl``, appended about once
+    a second so a killed process leaves a readable record) and ``report.json``. With ``children``, the
+    Python interpreters the block starts (spawn workers, subprocesses) are profiled into
+    ``outdir/children`` as the report's ranks. ``price_per_gpu_hour`` (else
+    ``$PERFMAGIC_PRICE_PER_GPU_HOUR``) puts money on the energy figures. ``full`` records every step's
+    stages, not windows of steps (``collect.schedule``). ``clock``: what every collector times on.
     """
 
     def __init__(
@@ -124,9 +121,7 @@ class Session:
             )
         if o.hooks:
             self.recorder = recorder = StageRecorder(self.timeline, self._origin, clock=self.clock)
-            # tuning needs what every step's hooks keep, a trace the stages of its steps: both record all
-            every_step = o.full or o.tune or bool(o.trace_steps)
-            recorder.schedule = RecordingSchedule(self.clock, every_step=every_step)
+            recorder.schedule = RecordingSchedule(self.clock, every_step=o.every_step)
             self._upkeep.watch(recorder)
             self._collectors.start("the stage recorder", Switch(lambda: None, recorder.close))
             self._training = TrainingHooks(recorder, self.outdir, o.trace_steps, o.tune, self.warnings)
@@ -172,9 +167,7 @@ class Session:
         # only once it reports
         from perfmagic.records import REPORT_NAME, window_report
 
-        def report() -> Report:
-            return window_report(self.timeline, self.outdir, self.options.source, self.warnings)
-
+        report = partial(window_report, self.timeline, self.outdir, self.options.source, self.warnings)
         if self._forked:  # the parent's record is the parent's: report what was seen, write nothing
             self._report = self._report or report()
             return self._report

@@ -22,6 +22,12 @@ class SessionOptions:
     price_per_gpu_hour: float | None = None
     full: bool = False  # record every step's stages (else windows of steps: ``collect.schedule``)
 
+    @property
+    def every_step(self) -> bool:
+        """Whether every step's stages are recorded: asked for, or needed by tuning (what every step's
+        hooks keep) or a trace (the stages of its steps)."""
+        return self.full or self.tune or bool(self.trace_steps)
+
 
 def checked_options(
     *,
