@@ -30,6 +30,7 @@ from typing import Any
 
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.stage_wrapper import named_like
 from perfmagic.collect.tracebacks import drop_own_frame
 
 
@@ -97,10 +98,7 @@ class ReducerWait:
                 drop_own_frame(e)
                 raise
 
-        recorded.__wrapped__ = fn  # type: ignore[attr-defined]
-        recorded.__name__ = getattr(fn, "__name__", "recorded")
-        recorded.__doc__ = getattr(fn, "__doc__", None)
-        return recorded
+        return named_like(recorded, fn)
 
     def _arm(self, roots: Any) -> Any:
         """Queue the callbacks around the Reducer's finalize when the engine starts this graph; the pre-hook's handle."""

@@ -26,7 +26,13 @@ def recorded_as_stage(
             drop_own_frame(e)
             raise
 
-    recorded.__wrapped__ = fn  # type: ignore[attr-defined]
-    recorded.__name__ = getattr(fn, "__name__", "recorded")
-    recorded.__doc__ = getattr(fn, "__doc__", None)
-    return recorded
+    return named_like(recorded, fn)
+
+
+def named_like(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrapper`` with ``fn``'s name and docstring, and ``fn`` as its ``__wrapped__`` (what
+    ``inspect.unwrap`` and the user's introspection find)."""
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(fn, "__name__", wrapper.__name__)
+    wrapper.__doc__ = getattr(fn, "__doc__", None)
+    return wrapper

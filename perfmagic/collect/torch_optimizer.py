@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
+from perfmagic.collect.stage_wrapper import recorded_as_stage
 from perfmagic.collect.tracebacks import drop_own_frame
 
 if TYPE_CHECKING:
@@ -159,19 +160,7 @@ def _with_timed_closure(
     closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
     if closure is None or not callable(closure):
         return None
-    enter, exit_ = rec.enter, rec.exit
-
-    def timed_closure(*a: Any, **k: Any) -> Any:
-        try:
-            if not enter(other_id):
-                return closure(*a, **k)
-            try:
-                return closure(*a, **k)
-            finally:
-                exit_()
-        except BaseException as e:
-            drop_own_frame(e)
-            raise
+    timed_closure = recorded_as_stage(closure, rec.enter, rec.exit, other_id)
 
     if "closure" in kwargs:
         return args, {**kwargs, "closure": timed_closure}
