@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from perfmagic.collect.schedule import WINDOW
+from perfmagic.collect.schedule import BOUNDARY_CALLS_PER_STEP, CALL_COST_S, FULL_CALLS_PER_STEP, WINDOW
 from perfmagic.schema import RECORDING_MARK
 
 if TYPE_CHECKING:
@@ -25,16 +25,6 @@ if TYPE_CHECKING:
 
 EVERY_STEP_STAGES = frozenset({"checkpoint", "logging"})
 """Stages whose hooks stay in place on every step: measured in each step, never estimated."""
-
-FULL_CALLS_PER_STEP = 35.0
-"""Python calls the full stage hooks add to a plain step (DataLoader, forward, loss, backward, SGD):
-``benchmarks/hot_path_calls.py``, the thread clock's periodic reads left out."""
-
-BOUNDARY_CALLS_PER_STEP = 9.0
-"""Python calls a plain step pays outside the windows: its optimizer step's hooks and its end."""
-
-CALL_COST_S = 1.5e-6
-"""What one added Python call costs a fast training loop in place (1 to 2 µs: README *Measured*)."""
 
 NEAREST = 2 * WINDOW
 """Fully recorded steps on each side of a step that was not whose shares it takes: two windows' worth,

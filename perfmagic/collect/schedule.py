@@ -7,8 +7,9 @@ stages' shares from the full ones (``analyze.steps``).
 
 The schedule counts step ends and reads the session's clock (a test's fake one drives it): the
 first :data:`FULL_STEPS` steps and :data:`FULL_SECONDS` seconds are recorded fully, so a short
-profile is the same as with every hook on; after that, :data:`WINDOW` steps in every
-:data:`PERIOD`. ``every_step`` (``perfmagic.profile(full=True)``, ``--full``) records all of them.
+profile is the same as with every hook on; after that, :data:`WINDOW` steps in every :data:`PERIOD`,
+or in a longer period where the start's steps were too short for that to cost under 1% of them
+(:func:`period_for`). ``every_step`` (``perfmagic.profile(full=True)``, ``--full``) records all of them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,24 @@ WINDOW = 5
 """Steps recorded fully in each period once the start is over."""
 
 PERIOD = 50
-"""Steps in a period: the last :data:`WINDOW` of them are recorded fully."""
+"""Steps in a period (the last :data:`WINDOW` of them are recorded fully), where that keeps the hooks
+under :data:`OVERHEAD_TARGET` of a step; longer for shorter steps, up to :data:`LONGEST_PERIOD`."""
+
+LONGEST_PERIOD = 500
+"""The longest period: a window every few seconds even for steps of a millisecond or less."""
+
+OVERHEAD_TARGET = 0.01
+"""The share of the step the hooks may cost, on average over a period (an estimate, below)."""
+
+FULL_CALLS_PER_STEP = 35.0
+"""Python calls the full stage hooks add to a plain step (DataLoader, forward, loss, backward, SGD):
+``benchmarks/hot_path_calls.py``, the thread clock's periodic reads left out."""
+
+BOUNDARY_CALLS_PER_STEP = 9.0
+"""Python calls a plain step pays outside the windows: its optimizer step's hooks and its end."""
+
+CALL_COST_S = 1.5e-6
+"""What one added Python call costs a fast training loop in place (1 to 2 µs: docs/benchmarks.md)."""
 
 _LOOK_AGAIN = WINDOW
 """Steps between two looks at the clock while the first :data:`FULL_SECONDS` last."""
@@ -44,6 +62,7 @@ class RecordingSchedule:
         self._now = clock.now
         self._began = clock.now()
         self._windows_from: int | None = None  # the step count at which windows began
+        self.period = PERIOD
 
     def plan(self, steps: int) -> tuple[bool, float]:
         """``(full, for_steps)`` once ``steps`` steps have ended: whether the next ones are recorded
@@ -56,10 +75,23 @@ class RecordingSchedule:
             if self._now() - self._began < FULL_SECONDS:
                 return True, _LOOK_AGAIN
             self._windows_from = steps
-        phase = (steps - self._windows_from) % PERIOD
-        if phase < PERIOD - WINDOW:
-            return False, PERIOD - WINDOW - phase
-        return True, PERIOD - phase
+            self.period = period_for((self._now() - self._began) / steps)
+        period = self.period
+        phase = (steps - self._windows_from) % period
+        if phase < period - WINDOW:
+            return False, period - WINDOW - phase
+        return True, period - phase
+
+
+def period_for(step_s: float) -> int:
+    """The period whose windows keep the hooks' estimated cost under :data:`OVERHEAD_TARGET` of a
+    ``step_s`` step: :data:`PERIOD` at least, :data:`LONGEST_PERIOD` where no period would (the steps'
+    ends alone cost more)."""
+    full, boundary = FULL_CALLS_PER_STEP * CALL_COST_S, BOUNDARY_CALLS_PER_STEP * CALL_COST_S
+    room = OVERHEAD_TARGET * step_s - boundary  # what the windows may add per step, on average
+    if room <= 0:
+        return LONGEST_PERIOD
+    return max(PERIOD, min(LONGEST_PERIOD, math.ceil(WINDOW * (full - boundary) / room)))
 
 
 class HookWindows:

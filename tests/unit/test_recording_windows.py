@@ -16,7 +16,19 @@ from perfmagic.analyze.running import RunningStages
 from perfmagic.children import FULL_ENV, RUN_DIR_ENV, ChildProfiling
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
-from perfmagic.collect.schedule import FULL_SECONDS, FULL_STEPS, PERIOD, WINDOW, RecordingSchedule
+from perfmagic.collect.schedule import (
+    BOUNDARY_CALLS_PER_STEP,
+    CALL_COST_S,
+    FULL_CALLS_PER_STEP,
+    FULL_SECONDS,
+    FULL_STEPS,
+    LONGEST_PERIOD,
+    OVERHEAD_TARGET,
+    PERIOD,
+    WINDOW,
+    RecordingSchedule,
+    period_for,
+)
 from perfmagic.report import build_report
 from perfmagic.schema import RECORDING_MARK
 from perfmagic.session import Session
@@ -190,3 +202,25 @@ def test_a_profiles_children_record_as_it_does(
     assert (FULL_ENV in os.environ) is full
     children.stop()
     assert FULL_ENV not in os.environ and RUN_DIR_ENV not in os.environ
+
+
+def test_short_steps_get_fewer_windows_so_the_hooks_stay_near_one_percent(fake_clock: FakeClock) -> None:
+    """The estimated cost of a period's hooks, over its steps, against the step: 2 ms steps keep the
+    default period; shorter ones get a longer one, down to the longest where even the steps' ends
+    alone would pass 1%."""
+
+    def cost_share(period: int, step_s: float) -> float:
+        calls = WINDOW * FULL_CALLS_PER_STEP + (period - WINDOW) * BOUNDARY_CALLS_PER_STEP
+        return calls * CALL_COST_S / period / step_s / (1 + 1e-9)  # not failed by a rounding
+
+    assert period_for(0.002) == PERIOD and cost_share(PERIOD, 0.002) <= OVERHEAD_TARGET
+    for step_s in (0.0014, 0.0015, 0.0017):
+        period = period_for(step_s)
+        assert PERIOD < period < LONGEST_PERIOD and cost_share(period, step_s) <= OVERHEAD_TARGET
+        assert cost_share(period - 1, step_s) > OVERHEAD_TARGET  # the shortest such period
+    assert period_for(0.001) == LONGEST_PERIOD
+    # the schedule measures the start's steps on its clock: 1 ms steps, one window in the longest period
+    steps = int(FULL_SECONDS / 0.001) + 2 * LONGEST_PERIOD
+    full = recorded_fully(fake_clock, RecordingSchedule(fake_clock), steps, step_s=0.001)
+    later = full[full.index(False) :]
+    assert sum(later[:LONGEST_PERIOD]) == WINDOW
