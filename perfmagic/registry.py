@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -48,8 +48,7 @@ class StatusFile:
         self.path = (directory or registry_dir()) / f"{os.getpid()}.json"
         self.identity = identity
         self._written = -PUBLISH_EVERY_S
-        self._steps: deque[tuple[float, int]] = deque()
-        self._samples: deque[tuple[float, float]] = deque()
+        self._counts: deque[tuple[float, float, float | None]] = deque()  # (time, steps, samples)
         self._totals: deque[tuple[float, dict[str, float]]] = deque()
         self.failed: str | None = None
 
@@ -65,12 +64,12 @@ class StatusFile:
         :data:`PUBLISH_EVERY_S`, write the status with the seconds per stage of the steps ended so
         far (``stage_seconds``, asked only then)."""
         now = time.monotonic() if now is None else now
-        # Rates start at the loop's first step and batch: a window reaching back into the start-up
-        # (imports, workers starting) would read as slow steps, and the two rates would disagree.
+        # Rates start at the loop's first step (a window reaching back into the start-up would read as
+        # slow steps), steps and samples over the same readings: the samples per step come out whole.
         if steps:
-            _note(self._steps, now, steps)
-        if samples:
-            _note(self._samples, now, samples)
+            self._counts.append((now, steps, samples))
+            while len(self._counts) > 2 and now - self._counts[0][0] > RATE_WINDOW_S:
+                self._counts.popleft()
         if self.failed is not None or now - self._written < PUBLISH_EVERY_S:
             return
         self._written = now
@@ -84,9 +83,9 @@ class StatusFile:
             **self.identity,
             "updated": time.time(),
             "steps": steps,
-            "steps_per_s": _rate(self._steps),
+            "steps_per_s": _rate([(t, n) for t, n, _ in self._counts]),
             # None for a loop whose samples are not counted (no DataLoader batch seen yet)
-            "samples_per_s": _rate(self._samples),
+            "samples_per_s": _rate([(t, n) for t, _, n in self._counts if n is not None]),
             "stage": stage,
             "stage_seconds": totals,
             # where the last ten seconds' steps spent most of their time
@@ -107,15 +106,8 @@ class StatusFile:
             self.path.unlink()
 
 
-def _note(counts: deque[tuple[float, Any]], now: float, count: float) -> None:
-    """Add a count to a rate window of :data:`RATE_WINDOW_S` (two readings kept at least)."""
-    counts.append((now, count))
-    while len(counts) > 2 and now - counts[0][0] > RATE_WINDOW_S:
-        counts.popleft()
-
-
-def _rate(counts: deque[tuple[float, Any]]) -> float | None:
-    """Per second over the window; None before two readings apart in time."""
+def _rate(counts: Sequence[tuple[float, float]]) -> float | None:
+    """Per second from the first reading to the last; None before two readings apart in time."""
     if len(counts) < 2:
         return None
     (t0, c0), (t1, c1) = counts[0], counts[-1]

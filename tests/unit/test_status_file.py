@@ -22,6 +22,20 @@ def test_rates_start_at_the_loops_first_step_not_at_the_start_up(tmp_path: Path)
     assert written["samples_per_s"] == pytest.approx(80.0)
 
 
+def test_samples_per_step_are_whole_though_the_first_batch_came_long_before_the_first_step(
+    tmp_path: Path,
+) -> None:
+    """The first batch is fetched at once, the first step ends a second later (the first forward's
+    start-up); from then on 10 steps a second: 8 samples per step, not more."""
+    status = StatusFile({"pid": 1}, directory=tmp_path)
+    for tick in range(30):
+        now = tick / 10
+        steps = 0 if tick < 10 else tick - 9
+        status.publish(steps, "forward", dict, now=now, samples=8.0 * (steps + 1))
+    written = json.loads(status.path.read_text())
+    assert written["samples_per_s"] == pytest.approx(8 * written["steps_per_s"])
+
+
 def test_no_rate_before_the_loop_and_no_samples_rate_where_samples_are_not_counted(tmp_path: Path) -> None:
     status = StatusFile({"pid": 1}, directory=tmp_path)
     for tick in range(20):
