@@ -20,9 +20,10 @@ STEPS = 270
 SAVE_EVERY = 50
 
 
-def profiled(tmp_path: Path, *, full: bool) -> Report:
+def profiled(tmp_path: Path, *, full: bool) -> tuple[Report, dict[str, float]]:
     """The loop, profiled: a slow DataLoader (the bottleneck), forward, backward and optimizer steps,
-    and a ``torch.save`` every :data:`SAVE_EVERY` steps that falls outside the windows."""
+    and a ``torch.save`` every :data:`SAVE_EVERY` steps that falls outside the windows; with the
+    shares of the steps the loop measured itself (the truth of this run, whatever the machine did)."""
     state = {"weights": torch.randn(100_000), "slow": SlowPickle(0.2)}
     path = tmp_path / "checkpoint.pt"
 
@@ -32,16 +33,21 @@ def profiled(tmp_path: Path, *, full: bool) -> Report:
 
     outdir = tmp_path / ("full" if full else "windowed")
     with perfmagic.profile(sources=[], outdir=outdir, full=full) as session:
-        train(STEPS, data_s=0.02, forward_s=0.005, backward_s=0.008, optimizer_s=0.003, extra=save)
-    return session.report
+        t = train(STEPS, data_s=0.02, forward_s=0.005, backward_s=0.008, optimizer_s=0.003, extra=save)
+    steps_s = sum(t.step_s)
+    measured = {"data": t.data, "forward": t.forward, "backward": t.backward, "optimizer": t.optimizer}
+    truth = {name: w.total_s / steps_s for name, w in {**measured, "checkpoint": t.extra}.items()}
+    return session.report, truth
 
 
 def test_windows_give_the_stage_shares_of_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each run is held to its own loop's timers: the stage shares from the windows are as close to them
+    as full recording's are to its own, within a point (two runs of one loop differ on a busy machine)."""
     # windows from the 20th step on, not after 200 steps and 30 s: the loop stays short
     monkeypatch.setattr(schedule, "FULL_STEPS", 20)
     monkeypatch.setattr(schedule, "FULL_SECONDS", 0.0)
-    windowed = profiled(tmp_path, full=False)
-    full = profiled(tmp_path, full=True)
+    windowed, windowed_truth = profiled(tmp_path, full=False)
+    full, full_truth = profiled(tmp_path, full=True)
 
     recording = windowed["recording"]
     assert recording is not None and recording["mode"] == "windowed" and recording["steps"] == STEPS
@@ -49,15 +55,17 @@ def test_windows_give_the_stage_shares_of_every_step(tmp_path: Path, monkeypatch
     assert full["recording"] is not None and full["recording"]["full_steps"] == STEPS
     assert windowed.steps["count"] == full.steps["count"] == STEPS
 
-    shares = {
-        name: (windowed.stages.get(name, {}).get("fraction", 0.0), s["fraction"])
-        for name, s in full.stages.items()
+    def error(report: Report, truth: dict[str, float], name: str) -> float:
+        return abs(report.stages.get(name, {}).get("fraction", 0.0) - truth[name])
+
+    errors = {
+        name: (error(windowed, windowed_truth, name), error(full, full_truth, name)) for name in full_truth
     }
-    for name, (got, truth) in shares.items():
-        assert abs(got - truth) <= 0.01, (name, shares)
+    for name, (windows_error, full_error) in errors.items():
+        assert windows_error <= full_error + 0.01, (name, errors)
     assert windowed["bottleneck"] == full["bottleneck"] == "data"
     # the saves fall outside the windows: their hook is on every step, their share is whole
-    assert full.stages["checkpoint"]["fraction"] >= 0.05, shares
+    assert full.stages["checkpoint"]["fraction"] >= 0.05, errors
 
 
 def test_an_evaluation_pass_outside_the_windows_is_seen_whole(
