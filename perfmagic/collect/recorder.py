@@ -248,8 +248,8 @@ class StageRecorder:
         if kind in ENDS_BATCH_STEPS:  # a step end the windows count (the countdown: no call a step)
             self._step_ends += 1
             self._window_left -= 1
-            if self._window_left <= 0:
-                self._next_window(t)
+            if self._window_left <= 0 and (windows := self._windows) is not None:
+                self._window_left = windows.next(self._step_ends, t)
         token = self._event_token() if self._device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
         clock_reading = None
@@ -289,10 +289,6 @@ class StageRecorder:
     def full(self) -> bool:
         """Whether the windowed stage hooks are in place (always, without windows)."""
         return self._windows is None or self._windows.full
-
-    def _next_window(self, t: float) -> None:
-        windows = self._windows
-        self._window_left = math.inf if windows is None else windows.next(self._step_ends, t)
 
     def boundary_at(self, kind: str, t: float) -> None:
         """A boundary at an earlier time ``t`` that no step ends at (an evaluation pass's start, known once
