@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 import torch
-from analysis_builder import GiB, memory_meta, plain
+from analysis_builder import CUDA_TORCH, GiB, gpu_static, memory_meta, plain, timeline
 from report_checks import assert_consistent
 from sim_cuda import SimCuda, install
 
 from perfmagic.advise.memory import activation_memory
 from perfmagic.analyze.memory import memory_section
 from perfmagic.contract import KnobResult
+from perfmagic.report import report_from_timelines
 from perfmagic.tuning.compute import TrainingStep, with_peaks
 
 PER_SAMPLE = 3 * 2**20
@@ -83,6 +84,15 @@ def test_the_card_says_how_the_doubled_batch_checked_the_estimate() -> None:
     off = card_evidence(doubled(40 * GiB, 70 * GiB))
     assert "A batch of about 87 would fit (an estimate at the measured growth of 960.0 MiB per sample" in off
     assert "peaked at 58.0 GiB, the estimate said 48.0 GiB" in off and "takes the measured growth" in off
+
+
+def test_the_report_carries_the_check_from_the_recorded_tuning() -> None:
+    tl = timeline(devices=[gpu_static()], torch=CUDA_TORCH)
+    tl.meta["memory"] = memory_meta()  # type: ignore[typeddict-item]
+    tl.meta["tuning"] = [doubled(40 * GiB, 70 * GiB)]
+    (d,) = report_from_timelines([tl]).to_dict()["memory"]["devices"]
+    assert d["batch_check"]["doubled_peak_bytes"] == 70 * GiB and not d["batch_check"]["agrees"]
+    assert d["largest_batch"] == 87
 
 
 class HoldsPerSample(torch.nn.Module):
