@@ -226,10 +226,7 @@ def step_peak_bytes(step: TrainingStep) -> int | None:
 def with_peaks(step: TrainingStep, tried: list[tuple[TrainingStep, Trial]], notes: list[str]) -> None:
     """Each trial's ``peak_bytes`` (its step run once more, on CUDA), and a note saying how they were read;
     a step that raises now (out of memory, say) is noted and keeps no peak."""
-    device = step.device.type if step.device is not None else "cpu"
-    notes.append(PEAKS_NOTE["cuda" if device == "cuda" else "cpu"])
-    if device != "cuda":
-        return
+    notes.append(PEAKS_NOTE["cuda" if step.device is not None and step.device.type == "cuda" else "cpu"])
     for variant, trial in tried:
         try:
             peak = step_peak_bytes(variant)
