@@ -608,7 +608,34 @@ def check_tuning_gpu_knobs(check: Check, torch: Any) -> None:
     )
     wanted = {"num_workers", "pin_memory", "autocast", "batch_size"} | ({"tf32"} if not flags else set())
     check.record("tuning gpu knobs", wanted <= knobs.keys() and same and restored, summary)
+    if "batch_size" in knobs:
+        _check_doubled_batch_peaks(check, torch, model, opt, x, knobs["batch_size"])
     torch.cuda.empty_cache()
+
+
+def _check_doubled_batch_peaks(check: Check, torch: Any, model: Any, opt: Any, x: Any, tuned: Any) -> None:
+    """Tuning's doubled batch rose above the single one's peak as a plain step of the user's model does
+    (the allocator's peak counter around each, after a warm step), within 10%."""
+
+    def peak(batch: Any) -> int:
+        for _ in range(2):  # the first step makes the optimizer's state
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            model(batch).float().mean().backward()
+            opt.step()
+            torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated())
+
+    twice = torch.cat([x, x])  # held through both, as tuning's doubled batch is: the inputs cancel
+    rise = peak(twice) - peak(x)
+    peaks = [t.get("peak_bytes") for t in tuned["tried"]]
+    measured = peaks[1] - peaks[0] if len(peaks) == 2 and None not in peaks else None
+    check.record(
+        "doubled batch peaks",
+        measured is not None and abs(measured - rise) <= 0.1 * rise,
+        f"tuning's doubled batch rose {measured} B above the single one; a plain step's rise {rise} B",
+    )
 
 
 def check_ddp_nccl(check: Check, torch: Any) -> None:

@@ -482,16 +482,21 @@ def with_host_memory(
     start_method: str = "fork",
     containers: Sequence[dict[str, Any]] = (ROWS_CONTAINER,),
     means: dict[str, float] | None = None,
+    loader: dict[str, Any] | None = None,
+    run: dict[str, Any] | None = None,
     **host: Any,
 ) -> Analysis:
     """A CPU run whose DataLoader ``train_set`` has ``workers`` workers, each of which grew by ``growth``
     bytes (None: none measured, as under spawn), and the memory section of that alone (``host``: other
-    ``memory.host`` fields; ``means``: steady means of sampled metrics beside the defaults)."""
+    ``memory.host`` fields; ``means``: steady means of sampled metrics beside the defaults; ``loader``: other
+    DataLoader settings; ``run``: other options of :func:`plain`)."""
     from perfmagic.analyze.memory import memory_section
 
-    loader = {**LOADER, "num_workers": workers, "start_method": start_method, "dataset_name": "train_set"}
+    mark = {**LOADER, "num_workers": workers, "start_method": start_method, "dataset_name": "train_set"}
     a = plain(
-        loader={**loader, "containers": list(containers)}, steady_means={**STEADY_MEANS, **(means or {})}
+        loader={**mark, "containers": list(containers), **(loader or {})},
+        steady_means={**STEADY_MEANS, **(means or {})},
+        **(run or {}),
     )
     measured = (
         []
@@ -520,6 +525,31 @@ def with_host_memory(
         **host,
     }
     return dataclasses.replace(a, memory=memory_section(None, a.devices, section))
+
+
+def with_pinned(
+    pinned: int, *, h2d_s: float = 0.002, available: int = 40 * GiB, prefetch: int = 2, **host: Any
+) -> Analysis:
+    """A run whose DataLoader (4 workers, ``pin_memory=True``, ``prefetch_factor=prefetch``) pins 2 GiB batches
+    that take ``h2d_s`` of a step to copy, its host allocator holding up to ``pinned`` bytes of the machine's
+    64 GiB, ``available`` of it left at the lowest (``host``: other ``memory.host`` fields)."""
+    batches = 30
+    return with_host_memory(
+        workers=4,
+        containers=(),
+        loader={"pin_memory": True, "prefetch_factor": prefetch},
+        run={
+            "stages": {**HEALTHY, "h2d": h2d_s},
+            "counters": {
+                "h2d_copies": batches,
+                "h2d_bytes": batches * 2 * GiB,
+                "h2d_pinned_bytes": batches * 2 * GiB,
+            },
+            "host": {**HOST_SUMMARY, "mem_available_min_bytes": available},
+        },
+        pinned_bytes=pinned,
+        **host,
+    )
 
 
 def with_host_table(a: Analysis, forward_s: float, table: int = 10 * GiB, **memory: Any) -> Analysis:

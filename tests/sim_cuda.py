@@ -122,8 +122,9 @@ class SimCuda:
     def is_current_stream_capturing(self) -> bool:
         return self.capturing
 
-    def synchronize(self, device: int | None = None) -> None:
+    def synchronize(self, device: Any = None) -> None:
         self.device_syncs += 1
+        device = getattr(device, "index", device)  # a torch.device, as torch.cuda takes one
         streams = self.streams if device is None else [self.streams[device]]
         _sleep_until(max(s.busy_until for s in streams))
 
@@ -140,6 +141,10 @@ class SimCuda:
             "num_alloc_retries": a.retries,
             "num_ooms": a.ooms,
         }
+
+    def reset_peak_memory_stats(self, device: int | None = None) -> None:
+        a = self.allocators[self.current if device is None else device]
+        a.allocated_peak, a.reserved_peak = a.allocated, a.reserved
 
     def host_memory_stats(self) -> dict[str, Any]:
         return {"allocated_bytes.current": self.pinned_bytes, "num_host_alloc": int(self.pinned_bytes > 0)}
@@ -214,6 +219,7 @@ SURFACE = (
     "synchronize",
     "Event",
     "memory_stats",
+    "reset_peak_memory_stats",
     "memory_reserved",
     "mem_get_info",
     "host_memory_stats",

@@ -55,6 +55,7 @@ ABOUT: dict[str, About] = {
     "weight_memory": About("device memory", None),
     "allocator_fragmentation": About("device memory", None),
     "dataloader_copy_on_read": About("host memory", None),
+    "pinned_memory_held": About("host memory", None),
     "swap_growth": About("swapping", None),
     "host_embedding": About("embedding lookups on the host", None),
     "low_gpu_util": About("idle GPU", None),

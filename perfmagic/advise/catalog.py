@@ -43,6 +43,7 @@ RULES: list[Rule] = [
     memory.weight_memory,
     memory.allocator_fragmentation,
     host_memory.dataloader_copy_on_read,
+    host_memory.pinned_memory_held,
     host_memory.swap_growth,
     host_memory.host_embedding,
     gpu.low_gpu_util,

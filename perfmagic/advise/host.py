@@ -245,9 +245,10 @@ def host_memory_pressure(a: Analysis) -> Card | None:
     ld = a.config.loader
     lines = ["# Each DataLoader worker holds its own copy of what the Dataset references; keep it small:"]
     if ld and ld.num_workers > 1:
+        # no prefetch_factor here: the batches a pinning loader queues are pinned_memory_held's to change
         lines.append(
-            f"loader = DataLoader(dataset, num_workers={max(1, ld.num_workers // 2)}, prefetch_factor=2)"
-            f"  # was num_workers={ld.num_workers}"
+            f"loader = DataLoader(dataset, num_workers={max(1, ld.num_workers // 2)})"
+            f"  # half of {ld.num_workers}: each worker holds its copy and its prefetched batches"
         )
     lines += [
         "# store samples in numpy arrays or a memmap, not Python lists of objects (copy-on-read refcounts):",

@@ -1,5 +1,6 @@
 """Host memory rules (report key ``memory.host``): DataLoader workers that copy the dataset they read,
-swap that grows while the training runs, and embedding tables left in host memory.
+pinned memory that takes a large share of the machine, swap that grows while the training runs, and
+embedding tables left in host memory.
 
 Each card says the bytes its fix frees and the step time it costs, as the device memory cards do
 (:mod:`perfmagic.advise.memory`).
@@ -8,6 +9,10 @@ Each card says the bytes its fix frees and the step time it costs, as the device
 from __future__ import annotations
 
 from perfmagic.advise.card import Card, make_card
+from perfmagic.advise.data import PIN_H2D_SHARE
+from perfmagic.advise.host import LOW_AVAILABLE
+from perfmagic.advise.storage import io_bound
+from perfmagic.advise.trainer_fixes import loader_code, loader_fix_site
 from perfmagic.analyze import Analysis
 from perfmagic.contract.memory import DatasetContainer, HostMemory
 from perfmagic.schema import MAJOR_FAULTS, memory_kind, memory_name
@@ -29,6 +34,12 @@ EMBEDDING_SHARE = 0.05
 """Share of the step a host embedding table's lookups take (measured on the sampled forward) worth a card."""
 ROOM = 0.85
 """The device's memory the table may bring it to, with its gradient: the device memory cards' ``PRESSED``."""
+PINNED_SHARE = 0.25
+"""Pinned memory held at this share of the machine's memory or more is worth a card: the kernel can neither
+swap it out nor reclaim it for the page cache."""
+PINNED_PRESSED_SHARE = 0.10
+"""The share that is worth a card where the machine ran short: available memory under ``LOW_AVAILABLE``
+of it, or swap grown by ``SWAP_MIN_BYTES``."""
 NUMPY_ITEMS = ("tuple", "list", "int", "float", "str", "bool")
 """Items ``np.array`` turns into one array (a list of tuples of numbers: a 2-D array)."""
 
@@ -139,6 +150,83 @@ def _columns_fix(target: str, c: DatasetContainer, pickled: bool, workers: int) 
         "# datasets.Dataset), or read them in fewer workers (each copies what it reads):",
         f"# DataLoader(..., num_workers={max(1, workers // 2)})  # was {workers}",
     ]
+
+
+def pinned_memory_held(a: Analysis) -> Card | None:
+    """The DataLoader's pinned batches hold a large share of the machine's memory, or a part of it while
+    memory ran short: fewer batches in flight, or pageable batches where their copies take little of the step."""
+    host, ld, s = _host(a), a.config.loader, a.steady
+    pinned, total = (host["pinned_bytes"] if host else None), a.host["mem_total_bytes"]
+    if host is None or pinned is None or not total or ld is None or not ld.pin_memory:
+        return None  # no pinned memory read, or none of it the DataLoader's to change
+    available, grown = a.host["mem_available_min_bytes"], host["swap_growth_bytes"] or 0
+    short = (available is not None and available < LOW_AVAILABLE * total) or grown >= SWAP_MIN_BYTES
+    if pinned < (PINNED_PRESSED_SHARE if short else PINNED_SHARE) * total:
+        return None
+    per_batch = _pinned_per_batch(a)
+    prefetch = ld.prefetch_factor or 2  # the DataLoader's default with workers
+    in_flight = ld.num_workers * prefetch + 1 if ld.num_workers else 1
+    # the loader's part of what was held: its batches in flight, at most all of it
+    by_loader = min(pinned, per_batch * in_flight) if per_batch else pinned
+    change: dict[str, object]
+    if s is not None and s.share("h2d") < PIN_H2D_SHARE:
+        # pinning pays where copies take a share of the step (the pin_memory card's); here they take little
+        change, freed, cost = {"pin_memory": False}, by_loader, s.stage_s("h2d")
+        says = (
+            f"Host-to-device copies take {fmt_fraction(s.share('h2d'))} of the step: from pageable memory they "
+            f"run about half as fast, about {fmt_seconds(cost)} more per step, and the loader's pinned batches, "
+            f"about {fmt_bytes(freed)}, are freed (estimates)."
+        )
+    elif ld.num_workers and prefetch > 1 and io_bound(a) is None:  # io_bound queues more reads instead
+        kept = ld.num_workers + 1
+        change, freed, cost = {"prefetch_factor": 1}, by_loader * (in_flight - kept) // in_flight, 0.0
+        says = (
+            f"With prefetch_factor=1, {kept} batches are in flight instead of {in_flight}: about "
+            f"{fmt_bytes(freed)} freed (an estimate, in proportion), at no step time while the workers keep a "
+            f"batch ready (the data wait is {fmt_fraction(s.share('data')) if s else 'unmeasured'} of the step now)."
+        )
+    else:
+        return None  # pinning pays and no fewer batches can be queued: the memory buys the copies' speed
+    queued = (
+        f"{ld.num_workers} workers × prefetch_factor {prefetch}, and the one in use" if ld.num_workers else ""
+    )
+    evidence = (
+        f"PyTorch's CUDA host allocator held up to {fmt_bytes(pinned)} of page-locked (pinned) memory, "
+        f"{fmt_fraction(pinned / total)} of the machine's {fmt_bytes(total)}, which the kernel can neither swap "
+        "out nor reclaim for cached files"
+        + (f"; available memory fell to {fmt_bytes(available)}" if short and available is not None else "")
+        + (f"; swap grew by {fmt_bytes(grown)} during the run" if grown >= SWAP_MIN_BYTES else "")
+        + ". The DataLoader pins each batch"
+        + (f" (about {fmt_bytes(per_batch)}, from its copies)" if per_batch else "")
+        + (f" and keeps up to {in_flight} in flight ({queued}). " if queued else " in the training thread. ")
+        + says
+    )
+    return make_card(
+        "pinned_memory_held",
+        f"Pinned batches hold {fmt_fraction(pinned / total)} of the machine's memory",
+        evidence,
+        loader_code(a, ld, **change),
+        {
+            "pinned_bytes": pinned,
+            "mem_total_bytes": total,
+            "pinned_share": pinned / total,
+            "batches_in_flight": in_flight,
+            "pinned_batch_bytes": per_batch,
+            "freed_bytes": int(freed),
+            "step_cost_s": cost,
+        },
+        saving_s=None,  # it frees memory; the copies' time it may cost is step_cost_s
+        step_s=s.step_s if s else None,
+        model=None,
+        severity="medium" if short else "low",
+        replaces=loader_fix_site(a, ld),
+    )
+
+
+def _pinned_per_batch(a: Analysis) -> int | None:
+    """Bytes copied to the device from pinned memory per DataLoader batch (None: not counted)."""
+    c = a.config.counters
+    return c["h2d_pinned_bytes"] // c["batches"] if c["h2d_pinned_bytes"] and c["batches"] else None
 
 
 def swap_growth(a: Analysis) -> Card | None:

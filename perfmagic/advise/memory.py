@@ -13,7 +13,7 @@ from typing import Literal
 
 from perfmagic.advise.card import Card, make_card
 from perfmagic.analyze import Analysis
-from perfmagic.analyze.memory import parts
+from perfmagic.analyze.memory import CHECK_TOLERANCE, parts
 from perfmagic.contract.memory import MemoryDevice, MemorySection
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
@@ -220,6 +220,7 @@ def _card(
             "peak_bytes": d["peak_bytes"],
             "peak_fraction": d["peak_fraction"],
             "largest_batch": d["largest_batch"],
+            "batch_check": d["batch_check"],
             "alloc_retries": retries,
             "ooms": ooms,
         },
@@ -249,13 +250,31 @@ def _breakdown_words(memory: MemorySection, d: MemoryDevice) -> str:
         if d["alloc_retries"] or d["ooms"]
         else ""
     )
-    batch = (
-        f" A batch of about {d['largest_batch']} would fit (an estimate: activations grow with the batch at "
-        f"{fmt_bytes(d['activation_bytes_per_sample'])} per sample, the rest stays)."
-        if d["largest_batch"] is not None and d["activation_bytes_per_sample"]
-        else ""
+    return f"{d['device']} on step {memory['step']}: {said};{peak}{failures}.{_batch_words(d)}"
+
+
+def _batch_words(d: MemoryDevice) -> str:
+    """The largest batch that fits, said as an estimate, and how tuning's doubled batch checked it."""
+    per_sample, check, largest = d["activation_bytes_per_sample"], d["batch_check"], d["largest_batch"]
+    if largest is None or not per_sample:
+        return ""
+    grows = f"activations grow with the batch at {fmt_bytes(per_sample)} per sample, the rest stays"
+    if check is None:
+        return f" A batch of about {largest} would fit (an estimate: {grows})."
+    b = check["batch"]
+    checked = (
+        f"checked: the doubled batch ({2 * b}) peaked at {fmt_bytes(check['measured_peak_bytes'])}, the estimate "
+        f"said {fmt_bytes(check['predicted_peak_bytes'])} (tuning ran it on copies of the model: the sampled "
+        f"peak plus its measured rise over a batch of {b})"
     )
-    return f"{d['device']} on step {memory['step']}: {said};{peak}{failures}.{batch}"
+    if check["agrees"]:
+        return f" A batch of about {largest} would fit (an estimate: {grows}; {checked})."
+    measured = (check["doubled_peak_bytes"] - check["single_peak_bytes"]) / b
+    return (
+        f" A batch of about {largest} would fit (an estimate at the measured growth of {fmt_bytes(measured)} per "
+        f"sample: {checked}, more than {fmt_fraction(CHECK_TOLERANCE)} apart, so the estimate takes the "
+        f"measured growth, not the activations' {fmt_bytes(per_sample)} per sample)."
+    )
 
 
 def _checkpoint_lines(model: str, list_path: str | None, paths: list[str]) -> list[str]:

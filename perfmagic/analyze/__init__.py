@@ -294,7 +294,9 @@ def analyze(timelines: list[Timeline], gpu: GpuSection | None = None) -> Analysi
         torch_traces=profiler_traces(timelines),
         tuning=list(tl.meta.get("tuning") or []),
         straggler=straggler,
-        memory=memory_section(tl.meta.get("memory"), devices, host_memory(tl, sampled, config.loader)),
+        memory=memory_section(
+            tl.meta.get("memory"), devices, host_memory(tl, sampled, config.loader), tl.meta.get("tuning")
+        ),
         gpu_memory=tl.meta.get("gpu_memory"),
         recording=recording_section(tl, primary.breakdown, steps.median_s) if steps.count else None,
     )

@@ -9,9 +9,10 @@ before activations were made, say), ``other`` is 0.
 
 from __future__ import annotations
 
-from perfmagic.contract import Device
+from perfmagic.contract import Device, KnobResult
 from perfmagic.contract.loader import LoaderConfig
 from perfmagic.contract.memory import (
+    BatchCheck,
     Category,
     HostMemory,
     MemoryDevice,
@@ -34,12 +35,20 @@ CATEGORIES: tuple[Category, ...] = (
 )
 """The parts of a device's bar, bottom first (``MemoryDevice.largest`` names one)."""
 
+CHECK_TOLERANCE = 0.10
+"""How far tuning's measured doubled peak may fall from the estimate's before the largest batch is
+estimated from the measured growth instead of the activations."""
+
 
 def memory_section(
-    meta: MemoryMeta | None, devices: list[Device], host: HostMemory | None = None
+    meta: MemoryMeta | None,
+    devices: list[Device],
+    host: HostMemory | None = None,
+    tuning: list[KnobResult] | None = None,
 ) -> MemorySection | None:
     """The ``memory`` section of the probe's record and the host's figures; None where neither was
-    measured (without a sampled step its per-device fields are empty)."""
+    measured (without a sampled step its per-device fields are empty). ``tuning``: its results, whose
+    ``batch_size`` peaks check the largest-batch estimate."""
     if not meta or not meta.get("devices"):
         if host is None:
             return None
@@ -59,6 +68,7 @@ def memory_section(
             "host": host,
         }
     totals = {f"cuda:{d.get('index')}": d.get("mem_total_bytes") for d in devices}
+    batch_size = next((t for t in tuning or [] if t["knob"] == "batch_size"), None)
     return {
         "step": meta["step"],
         "model": meta["model"],
@@ -71,7 +81,9 @@ def memory_section(
         "batch_size": meta["batch_size"],
         "blocks_path": meta["blocks_path"],
         "blocks": meta["blocks"],
-        "devices": [_device(d, meta["batch_size"], totals.get(d["device"])) for d in meta["devices"]],
+        "devices": [
+            _device(d, meta["batch_size"], totals.get(d["device"]), batch_size) for d in meta["devices"]
+        ],
         "host": host,
     }
 
@@ -115,7 +127,9 @@ def parts(d: MemoryDevice) -> dict[Category, int]:
     }
 
 
-def _device(m: MemoryDeviceMeta, batch: int | None, nvml_total: int | None) -> MemoryDevice:
+def _device(
+    m: MemoryDeviceMeta, batch: int | None, nvml_total: int | None, tried: KnobResult | None
+) -> MemoryDevice:
     known = m["parameters_bytes"] + m["gradients_bytes"] + m["optimizer_state_bytes"] + m["activations_bytes"]
     peak, reserved = m["peak_bytes"], m["reserved_at_peak_bytes"]
     fragmentation = max(0, reserved - peak) if reserved is not None and peak is not None else None
@@ -141,6 +155,7 @@ def _device(m: MemoryDeviceMeta, batch: int | None, nvml_total: int | None) -> M
         "alloc_retries": m["alloc_retries"],
         "ooms": m["ooms"],
         "largest_batch": None,
+        "batch_check": None,
     }
     bar = parts(d)
     whole = sum(bar.values())
@@ -148,8 +163,36 @@ def _device(m: MemoryDeviceMeta, batch: int | None, nvml_total: int | None) -> M
         largest = max(CATEGORIES, key=lambda c: bar[c])
         d["largest"] = largest
         d["largest_fraction"] = bar[largest] / whole
-    if per_sample and total and in_use is not None:
-        # activations grow with the batch, the rest stays: an estimate, no batch of that size was run
-        fixed = max(in_use, whole) - m["activations_bytes"]
-        d["largest_batch"] = max(0, int((total - fixed) // per_sample))
+    check = d["batch_check"] = batch_check(d, tried)
+    rate = per_sample
+    if check is not None and not check["agrees"]:  # the doubled batch measured another growth: it stands
+        rate = (check["doubled_peak_bytes"] - check["single_peak_bytes"]) / check["batch"]
+    if batch and rate and rate > 0 and total and in_use is not None:
+        # what grows with the batch grows at ``rate`` per sample, the rest stays: an estimate, no batch
+        # of that size was run
+        d["largest_batch"] = max(0, batch + int((total - max(in_use, whole)) // rate))
     return d
+
+
+def batch_check(d: MemoryDevice, tried: KnobResult | None) -> BatchCheck | None:
+    """Tuning's doubled batch against the estimate for ``d``: the sampled peak plus what the doubled
+    step rose above the single one, beside the peak plus the activations of that many more samples;
+    None where tuning did not read both peaks on this device or activations were not measured."""
+    per_sample, peak = d["activation_bytes_per_sample"], d["peak_bytes"]
+    if tried is None or tried.get("device") != d["device"] or tried["baseline"] is None:
+        return None
+    batch = tried["baseline"]["value"]
+    peaks = {t["value"]: t.get("peak_bytes") for t in tried["tried"]}
+    single, doubled = peaks.get(batch), peaks.get(2 * batch)
+    if single is None or doubled is None or peak is None or not per_sample or not batch:
+        return None
+    measured = peak + doubled - single
+    predicted = peak + int(per_sample * batch)
+    return {
+        "batch": batch,
+        "single_peak_bytes": single,
+        "doubled_peak_bytes": doubled,
+        "measured_peak_bytes": measured,
+        "predicted_peak_bytes": predicted,
+        "agrees": abs(measured - predicted) <= CHECK_TOLERANCE * predicted,
+    }

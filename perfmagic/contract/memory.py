@@ -59,6 +59,18 @@ class MemoryMeta(TypedDict):
     host_embeddings: list[HostEmbedding]  # the model on a GPU: its large embedding tables left on the host
 
 
+class BatchCheck(TypedDict):
+    """``memory.devices[i].batch_check``: tuning's doubled batch (copies of the model, on this device)
+    against the estimate's prediction for it."""
+
+    batch: int  # the batch tuning ran, and doubled
+    single_peak_bytes: int  # tuning's step at that batch: the allocator's peak (its copies counted)
+    doubled_peak_bytes: int  # at twice that batch
+    measured_peak_bytes: int  # peak_bytes plus the doubled step's rise over the single one's
+    predicted_peak_bytes: int  # peak_bytes plus activation_bytes_per_sample times the batch
+    agrees: bool  # within CHECK_TOLERANCE of each other; else largest_batch takes the measured growth
+
+
 class MemoryDevice(TypedDict):
     """``memory.devices[i]``: where one device's memory went on the sampled step."""
 
@@ -81,7 +93,8 @@ class MemoryDevice(TypedDict):
     largest_fraction: float | None  # its share of the bar
     alloc_retries: int | None
     ooms: int | None
-    largest_batch: int | None  # estimate: batches of this size fit the free memory, by activations per sample
+    largest_batch: int | None  # estimate: batches of this size fit the free memory, by the growth per sample
+    batch_check: BatchCheck | None  # tuning's doubled batch measured against the estimate; None: not run here
 
 
 class DatasetContainer(TypedDict):

@@ -15,6 +15,7 @@ class Trial(_Trial, total=False):
 
     start_s: float  # num_workers: seconds to the first batch
     batches: int  # num_workers: batches timed
+    peak_bytes: int  # batch_size on CUDA: the allocator's most in use over one step (all it held counted)
 
 
 class Confirmation(TypedDict):
@@ -42,3 +43,4 @@ class KnobResult(_KnobResult, total=False):
     budget_s: float | None  # the seconds it was given
     confirmed: Confirmation  # num_workers: the best count against the baseline, in pairs
     interval_s: list[float]  # step: the predicted step's 10th and 90th percentiles
+    device: str  # batch_size: the device the step ran on ("cuda:0", "cpu")

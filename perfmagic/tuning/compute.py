@@ -201,6 +201,41 @@ _NOTES = {
     "batch_size": "seconds per sample: a larger batch changes the optimisation (learning rate, steps per epoch)",
 }
 
+PEAKS_NOTE = {
+    "cuda": "peak_bytes: the allocator's peak over one more step of each after the timing, its peak "
+    "counters reset for it (torch.cuda.reset_peak_memory_stats); tuning's copies of the model are in it",
+    "cpu": "peak memory not measured on the CPU: the process's high-water mark is not one step's",
+}
+
+
+def step_peak_bytes(step: TrainingStep) -> int | None:
+    """The CUDA allocator's most bytes in use over one run of ``step``, all the device held counted (the
+    user's tensors, tuning's copies); None off CUDA, where no reading is one step's alone."""
+    device = step.device
+    if device is None or device.type != "cuda":
+        return None
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    # the counter is the process's high-water mark: without the reset an earlier, larger peak hides this one
+    torch.cuda.reset_peak_memory_stats(index)
+    step()
+    return int(torch.cuda.memory_stats(index).get("allocated_bytes.all.peak") or 0)
+
+
+def with_peaks(step: TrainingStep, tried: list[tuple[TrainingStep, Trial]], notes: list[str]) -> None:
+    """Each trial's ``peak_bytes`` (its step run once more, on CUDA), and a note saying how they were read;
+    a step that raises now (out of memory, say) is noted and keeps no peak."""
+    notes.append(PEAKS_NOTE["cuda" if step.device is not None and step.device.type == "cuda" else "cpu"])
+    for variant, trial in tried:
+        try:
+            peak = step_peak_bytes(variant)
+        except Exception as e:
+            notes.append(f"the peak of {trial['value']} was not read: the step raised {e!r}")
+            continue
+        if peak is not None:
+            trial["peak_bytes"] = peak
+
 
 def tune_compute(
     step: TrainingStep, budget_s: float, autocast_seen: bool, say: Callable[[str], None] = lambda what: None
@@ -224,14 +259,21 @@ def tune_compute(
         notes = [_NOTES[knob]]
         say(f"{knob}: {', '.join(str(value) for value, _ in settings)}")
         seconds = timed_in_turns([variant for _, variant in settings], time.perf_counter() + share, notes)
-        tried: list[Trial] = [
-            {"value": value, "seconds": s / value if knob == "batch_size" else s}
-            for (value, _), s in zip(settings, seconds, strict=True)
+        timed: list[tuple[TrainingStep, Trial]] = [
+            (variant, {"value": value, "seconds": s / value if knob == "batch_size" else s})
+            for (value, variant), s in zip(settings, seconds, strict=True)
             if s is not None
         ]
+        tried = [trial for _, trial in timed]
+        if knob == "batch_size":
+            with_peaks(step, timed, notes)
         baseline = tried[0] if seconds[0] is not None else None
         best = min(tried, key=lambda t: t["seconds"]) if baseline is not None and len(tried) > 1 else None
-        results.append({**knob_result(knob, unit, tried, baseline, best, notes), "budget_s": share})
+        result: KnobResult = {**knob_result(knob, unit, tried, baseline, best, notes), "budget_s": share}
+        if knob == "batch_size" and step.device is not None:
+            d = step.device
+            result["device"] = f"cuda:{d.index if d.index is not None else 0}" if d.type == "cuda" else str(d)
+        results.append(result)
     return results
 
 

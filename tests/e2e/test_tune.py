@@ -298,6 +298,9 @@ def test_compute_knobs_are_timed_in_turns_on_copies_and_leave_torch_as_it_was() 
     doubled = knobs["batch_size"]
     assert doubled["unit"] == "seconds per sample" and doubled["best"]["value"] == 4, doubled
     assert doubled["speedup"] > 1.3, doubled
+    # on the CPU no reading is one step's peak: none is said, and the notes say why
+    assert doubled["device"] == "cpu" and not any("peak_bytes" in t for t in doubled["tried"])
+    assert any("not measured on the CPU" in n for n in doubled["notes"]), doubled
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert not torch.is_autocast_enabled("cpu") and not torch.backends.cuda.matmul.allow_tf32
     assert next(model.parameters()).is_contiguous()  # the user's model is not channels_last

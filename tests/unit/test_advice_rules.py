@@ -32,6 +32,7 @@ IDS = [
     "weight_memory",
     "allocator_fragmentation",
     "dataloader_copy_on_read",
+    "pinned_memory_held",
     "swap_growth",
     "host_embedding",
     "low_gpu_util",

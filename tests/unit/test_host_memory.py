@@ -3,15 +3,18 @@ from them, and the copy-on-read card's fixes run as pasted."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import sys
 from typing import Any
 
 import numpy as np
 import pytest
-from analysis_builder import ROWS_CONTAINER, with_host_memory
+from analysis_builder import ROWS_CONTAINER, GiB, with_host_memory, with_pinned
+from report_checks import assert_consistent
 
-from perfmagic.advise.host_memory import dataloader_copy_on_read
+from perfmagic.advise import advise
+from perfmagic.advise.host_memory import dataloader_copy_on_read, pinned_memory_held
 from perfmagic.analyze.memory import host_memory
 from perfmagic.collect.dataset_memory import MIN_ITEMS, python_containers, start_method
 from perfmagic.collect.worker_load import COLUMNS, PID, SAMPLES, USS_FIRST, USS_LAST, worker_memory
@@ -224,3 +227,45 @@ def test_the_text_and_html_reports_say_the_host_figures_without_a_sampled_step()
         and "grew 300.0 MiB each" in page
         and "Where the memory goes" not in page
     )
+
+
+def test_pinned_batches_of_a_large_share_of_the_machine_get_fewer_batches_in_flight() -> None:
+    a = with_pinned(20 * GiB)  # 31% of 64 GiB; copies take 13% of the step: pinning pays, stays on
+    card = pinned_memory_held(a)
+    assert card is not None and card.severity == "low"  # nothing ran short: a share held, no cost seen
+    assert "prefetch_factor=1,  # was 2" in card.fix and "pin_memory=False" not in card.fix
+    # 4 workers × 2 + 1 batches of 2 GiB in flight; with prefetch_factor=1, 4 + 1
+    assert card.metrics["batches_in_flight"] == 9 and card.metrics["freed_bytes"] == 8 * GiB
+    assert card.saving_s is None and card.metrics["step_cost_s"] == 0.0 and "an estimate" in card.evidence
+    advice = advise(a)
+    assert "pinned_memory_held" in {c.id for c in advice.cards}
+    assert_consistent({"advice": [c.to_dict() for c in advice.cards]})
+
+
+def test_pinned_batches_whose_copies_take_little_of_the_step_go_pageable() -> None:
+    card = pinned_memory_held(with_pinned(20 * GiB, h2d_s=0.0001))
+    assert card is not None and "pin_memory=False,  # was True" in card.fix
+    assert card.metrics["freed_bytes"] == 18 * GiB  # the 9 batches in flight, not the 2 GiB pinned otherwise
+    assert abs(card.metrics["step_cost_s"] - 0.0001) < 1e-12  # pageable copies: about twice the copy time
+
+
+def test_pinned_memory_speaks_where_memory_ran_short_and_never_with_two_values() -> None:
+    assert pinned_memory_held(with_pinned(10 * GiB)) is None  # 16% of the machine, nothing short
+    short = with_pinned(10 * GiB, available=4 * GiB)  # 6% left at the lowest
+    card = pinned_memory_held(short)
+    assert card is not None and card.severity == "medium"
+    assert "available memory fell to 4.0 GiB" in card.evidence
+    assert card.metrics["freed_bytes"] == 10 * GiB * 4 // 9  # 4 of the 9 batches of the 10 GiB held
+    cards = advise(short).cards
+    pressure = next(c for c in cards if c.id == "host_memory_pressure")
+    assert "prefetch_factor" not in pressure.fix and "num_workers=2)" in pressure.fix  # one says the queue
+    assert_consistent({"advice": [c.to_dict() for c in cards]})
+
+
+def test_pinned_memory_the_loader_cannot_lower_gets_no_card() -> None:
+    # copies take 13% of the step and one batch per worker is queued already: the memory buys the copies
+    assert pinned_memory_held(with_pinned(20 * GiB, prefetch=1)) is None
+    unpinned = with_pinned(20 * GiB)
+    ld = dataclasses.replace(unpinned.config.dataloaders[0], pin_memory=False)
+    config = dataclasses.replace(unpinned.config, dataloaders=[ld])
+    assert pinned_memory_held(dataclasses.replace(unpinned, config=config)) is None  # not the loader's

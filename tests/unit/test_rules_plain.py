@@ -27,6 +27,7 @@ from analysis_builder import (
     with_host_memory,
     with_host_table,
     with_memory,
+    with_pinned,
 )
 from report_checks import assert_consistent
 
@@ -186,6 +187,12 @@ CASES: dict[str, tuple[Callable[[Analysis], Card | None], Case, Case]] = {
         host_memory.dataloader_copy_on_read,
         lambda: with_host_memory(growth=300 * 2**20),
         lambda: with_host_memory(growth=4 * 2**20),
+    ),
+    # the DataLoader's pinned batches hold 20 GiB of 64; at 10 GiB, with nothing short, they cost nothing seen
+    "pinned_memory_held": (
+        host_memory.pinned_memory_held,
+        lambda: with_pinned(20 * GiB),
+        lambda: with_pinned(10 * GiB),
     ),
     # swap grew 2 GiB and the training read 500 pages back a second; without faults no step paid
     "swap_growth": (
