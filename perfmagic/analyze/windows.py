@@ -3,9 +3,12 @@
 Outside the recording windows a step's end is marked but its stages are not: its fetches, forward,
 backward and copies read as ``other``. Each such step keeps its own duration and the stages that
 are recorded on every step (checkpoints, logging and syncs: rare, long, and not to be averaged
-away); the rest of it is split among the other stages in the shares the fully recorded steps
-nearest it give them. Per-step sums still make the step's time, and every reader of the breakdown (stage shares,
-bottleneck, plan, step table) reads the same estimate.
+away). The rest of it is estimated: each stage takes its mean seconds in the fully recorded steps
+nearest the step, and the step's difference from their sum goes to the stages in the proportions
+the fully recorded steps' stages grew with their length (least-squares slopes). A stall of the
+loop's own code that the windows missed is then ``other``'s, as the stalls they saw were, not
+spread over the stages. Per-step sums still make the step's time, and every reader of the breakdown
+(stage shares, bottleneck, plan, step table) reads the same estimate.
 """
 
 from __future__ import annotations
@@ -50,10 +53,10 @@ def full_steps(timeline: Timeline, start: np.ndarray, end: np.ndarray) -> np.nda
 
 def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:
     """``b`` with the stage seconds of its steps that were not fully recorded estimated from the fully
-    recorded steps nearest them (see the module's doc); ``b.full`` says which were. Unchanged where no
-    step is fully recorded."""
+    recorded steps (see the module's doc); ``b.full`` says which were. Unchanged where no step is fully
+    recorded."""
     b = replace(b, full=full)
-    # the window's first step is warm-up: its shares are not the steady ones
+    # the window's first step is warm-up: its stages are not the steady ones
     model = np.flatnonzero(full)
     if len(model) > 1 and model[0] == 0:
         model = model[1:]
@@ -63,15 +66,42 @@ def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:
     kept = np.array([s in EVERY_STEP_STAGES for s in b.stages], dtype=bool)
     seconds = b.seconds.copy()
     rest = np.maximum(b.durations - seconds[:, kept].sum(axis=1), 0.0)
-    # per partial step, the NEAREST fully recorded steps on each side (a window before it, one after)
+    recorded = seconds[model][:, ~kept]
+    # per partial step, each stage's mean seconds over the NEAREST fully recorded steps on each side
     at = np.searchsorted(model, partial)
     lo, hi = np.maximum(at - NEAREST, 0), np.minimum(at + NEAREST, len(model))
-    cum_seconds = np.vstack((np.zeros((1, int((~kept).sum()))), np.cumsum(seconds[model][:, ~kept], axis=0)))
-    cum_rest = np.concatenate(([0.0], np.cumsum(rest[model])))
-    near_rest = cum_rest[hi] - cum_rest[lo]
-    shares = (cum_seconds[hi] - cum_seconds[lo]) / np.where(near_rest > 0, near_rest, np.inf)[:, None]
-    seconds[np.ix_(partial, ~kept)] = rest[partial, None] * shares
+    cumulative = np.vstack((np.zeros((1, recorded.shape[1])), np.cumsum(recorded, axis=0)))
+    typical = (cumulative[hi] - cumulative[lo]) / (hi - lo)[:, None]
+    # a step longer or shorter than those is so in the stages whose seconds moved with the fully
+    # recorded steps' length: a hiccup in the loop's own code is ``other``'s, a slow fetch ``data``'s
+    # the slopes leave out the first window's steps: a warm-up's slow first forwards would claim the
+    # length of every longer step
+    after = slice(WINDOW, None) if len(model) >= 4 * WINDOW else slice(None)
+    growth = _growth(recorded[after], rest[model][after])
+    guess = typical + np.outer(rest[partial] - typical.sum(axis=1), growth)
+    guess = np.maximum(guess, 0.0)
+    total = guess.sum(axis=1)
+    scale = np.divide(rest[partial], total, out=np.zeros_like(total), where=total > 0)
+    guess *= scale[:, None]
+    guess[total <= 0, -1] = rest[partial][total <= 0]  # nothing to go by: the step is ``other``
+    seconds[np.ix_(partial, ~kept)] = guess
     return replace(b, seconds=seconds)
+
+
+def _growth(seconds: np.ndarray, rest: np.ndarray) -> np.ndarray:
+    """Per stage, the seconds it gains per second a fully recorded step is longer (a least-squares
+    slope; the slopes sum to 1, as a step's stages sum to its length); in proportion to the stages'
+    totals where the steps are all of one length."""
+    longer = rest - rest.mean()
+    spread = float(longer @ longer)
+    totals = seconds.sum(axis=0)
+    if spread <= 1e-12 * max(float(rest @ rest), 1e-300):
+        share: np.ndarray = (
+            totals / totals.sum() if totals.sum() > 0 else np.full(len(totals), 1 / len(totals))
+        )
+        return share
+    slopes: np.ndarray = (seconds - seconds.mean(axis=0)).T @ longer / spread
+    return slopes
 
 
 def windowed(timeline: Timeline) -> bool:

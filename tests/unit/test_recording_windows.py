@@ -7,6 +7,7 @@ import os
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fakeclock import FakeClock
 
@@ -95,9 +96,12 @@ def test_patches_come_and_go_and_an_exit_restores_them_in_either_state() -> None
     assert q.restore() == [] and owner.g == "theirs"
 
 
-def windowed_loop(clock: FakeClock, *, full: bool, steps: int, checkpoint_every: int) -> Timeline:
+def windowed_loop(
+    clock: FakeClock, *, full: bool, steps: int, checkpoint_every: int, hiccup_every: int = 0
+) -> Timeline:
     """A loop on the fake clock whose per-step stages (data, forward, backward) are recorded only while the
-    recorder's windowed hooks are in: the optimizer step, its end and checkpoints on every step."""
+    recorder's windowed hooks are in: the optimizer step, its end and checkpoints on every step. Every
+    ``hiccup_every`` steps its own Python stalls for a second (``other``)."""
     tl = Timeline()
     tl.meta["wall_s"] = 0.0
     rec = StageRecorder(tl, origin=clock.now(), clock=clock)
@@ -117,6 +121,8 @@ def windowed_loop(clock: FakeClock, *, full: bool, steps: int, checkpoint_every:
         stage("forward", 0.05 + 0.01 * (i % 3))
         stage("backward", 0.07)
         clock.advance(0.01)  # the loop's own Python: other
+        if hiccup_every and i % hiccup_every == 3:
+            clock.advance(1.0)
         if i % checkpoint_every == checkpoint_every // 2:
             stage("checkpoint", 2.0)
         stage("optimizer", 0.01)
@@ -157,6 +163,25 @@ def test_stage_shares_from_windows_are_those_of_every_step(fake_clock: FakeClock
     assert full_recording is not None and full_recording["mode"] == "full"
     assert recording["calls_per_step"] is not None and full_recording["calls_per_step"] is not None
     assert recording["calls_per_step"] < full_recording["calls_per_step"]
+
+
+def test_a_step_longer_than_its_neighbours_is_so_in_the_stage_that_makes_steps_long(
+    fake_clock: FakeClock,
+) -> None:
+    """The loop's own code stalls once in every period, always outside the windows after the start: a long
+    step's extra time is ``other``'s, as the long steps of the start showed, not the stages' in their
+    shares (which would give data most of a second the loop never spent loading)."""
+    steps = FULL_STEPS + 8 * PERIOD
+    loops = [
+        windowed_loop(fake_clock, full=full, steps=steps, checkpoint_every=PERIOD, hiccup_every=PERIOD)
+        for full in (True, False)
+    ]
+    a, b = (analyze([timeline]) for timeline in loops)
+    assert b.breakdown.full is not None
+    stalled = np.arange(FULL_STEPS + 3, steps, PERIOD)  # after the start
+    assert (b.breakdown.durations[stalled] > 1.0).all() and not b.breakdown.full[stalled].any()
+    for name, stats in a.stages.items():
+        assert b.stages[name].fraction == pytest.approx(stats.fraction, abs=0.005), name
 
 
 def test_live_totals_read_the_windows_too(fake_clock: FakeClock) -> None:
