@@ -14,8 +14,10 @@ pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
 @pytest.fixture(autouse=True)
 def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every report a test builds passes the same checks (report_checks.assert_consistent)."""
+    """Every report a test builds passes the same checks (report_checks.assert_consistent), and one
+    recorded fully says what its steps recorded in windows would (windowed_view.assert_windows_agree)."""
     from report_checks import assert_consistent
+    from windowed_view import assert_windows_agree
 
     import perfmagic.report
 
@@ -25,6 +27,7 @@ def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
         build(self, data, *args, **kwargs)
         if "step_table" in data:  # built by the pipeline (hand-made report dicts test other things)
             assert_consistent(data)
+            assert_windows_agree(self)
 
     monkeypatch.setattr(perfmagic.report.Report, "__init__", checked)
 

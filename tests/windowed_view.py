@@ -1,0 +1,159 @@
+"""What stages recorded in windows would have kept of a run recorded fully, and the check that its
+report says what the full one says (``conftest.every_report_is_consistent``, issue 34).
+
+The view is the same run, not a second one: two runs of one loop differ on a busy machine by more
+than the point the windows are allowed. Outside its windows the view keeps what the recorder keeps
+there (step ends, optimizer steps, checkpoints, logging, syncs, evaluation passes, every sample and
+mark) and drops what the windowed hooks record (fetches, forward, backward, copies), with the
+``recording`` marks the recorder writes at each change.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import numpy as np
+
+from perfmagic.analyze import analyze
+from perfmagic.analyze.steps import StepBreakdown, step_breakdown
+from perfmagic.report import Report, build_report
+from perfmagic.schema import RECORDING_MARK, STEP_BOUNDARY_PREFIX
+from perfmagic.timeline import Mark, Timeline
+
+FIRST_FULL = 20
+"""Steps recorded fully from the start in the view: the recorder's 200 would leave the tests' loops whole."""
+
+WINDOW, PERIOD = 5, 10
+"""Steps recorded fully in every period after the start: half the steps are estimated."""
+
+MIN_STEPS = FIRST_FULL + 2 * PERIOD
+"""Runs shorter than this are compared with nothing: the view would be the run itself."""
+
+WINDOWED_SPANS = frozenset({"data", "forward", "backward", "h2d"})
+"""What the hooks installed only in the windows record (``collect.torch_hooks``); ``zero_grad``'s
+optimizer span stays, which only adds to what the view knows of a stage it estimates anyway."""
+
+PASSES = frozenset({"eval_start", "eval_end", "loader_end"})
+"""Boundaries of a DataLoader pass: the recorder installs every hook for the step a pass is in."""
+
+SHARE_POINTS = 0.01
+"""How far a stage's share from the windows may be from the full recording's."""
+
+NOISE_SIGMAS = 3.0
+"""A stage's share may also be off by this many times the sampling error of the run's own steps (the
+square root of the summed squares of the estimated steps' errors): what a sound estimate of steps that
+vary at random may miss by, and what an estimate biased one way on every step exceeds as steps add up."""
+
+
+def windowed_view(timeline: Timeline) -> Timeline | None:
+    """``timeline`` as windows would have recorded it; None where that is the timeline itself (too few
+    steps, steps folded on disk, or already recorded in windows)."""
+    if timeline.folded is not None or timeline.marks(RECORDING_MARK):
+        return None
+    b = step_breakdown(timeline)
+    if b.count < MIN_STEPS:
+        return None
+    spans = timeline.spans
+    full = _scheduled(b.count)
+    passes = [n[len(STEP_BOUNDARY_PREFIX) :] in PASSES for n in spans.names]
+    # the hooks go in as a pass begins and stay to the next step end: the step that holds or follows it
+    begun = spans.start[np.array(passes, dtype=bool)[spans.name_id]] if len(spans) else np.zeros(0)
+    full[np.minimum(np.searchsorted(b.end, begun, side="right"), b.count - 1)] = True
+    windowed = np.array([n in WINDOWED_SPANS for n in spans.names], dtype=bool)[spans.name_id]
+    # a span is in the step whose end is the first at or after its start
+    step = np.minimum(np.searchsorted(b.end, spans.start, side="left"), b.count - 1)
+    inside = (spans.start >= b.start[0]) & (spans.start < b.end[-1])
+    keep = ~(windowed & inside & ~full[step])
+
+    view = Timeline(timeline.meta)
+    view.record = timeline.record
+    idx = np.flatnonzero(keep)
+    view.add_spans(
+        spans.names,
+        array("i", spans.name_id[idx].tolist()),
+        array("d", spans.start[idx].tolist()),
+        array("d", spans.end[idx].tolist()),
+        array("b", spans.depth[idx].tolist()),
+    )
+    for metric in timeline.metrics:
+        t, v = timeline.series(metric)
+        view.add_samples(metric, array("d", t.tolist()), array("d", v.tolist()))
+    changes = np.flatnonzero(np.diff(full.astype(np.int8))) + 1  # steps whose recording differs from the last
+    marks = [Mark(float(b.start[i]), RECORDING_MARK, {"full": bool(full[i])}) for i in changes]
+    view.add_marks(sorted([*timeline.marks(), *marks], key=lambda m: m.t))
+    return view
+
+
+def _scheduled(steps: int) -> np.ndarray:
+    """Per step, whether the view's schedule records it fully: the first :data:`FIRST_FULL`, then
+    :data:`WINDOW` steps at a place in every :data:`PERIOD` that moves from one to the next, so that
+    a loop's own period (a collection every tenth step) neither always falls in the windows nor never."""
+    full = np.zeros(steps, dtype=bool)
+    full[:FIRST_FULL] = True
+    places = np.random.default_rng(0).integers(0, PERIOD - WINDOW + 1, size=steps // PERIOD + 1)
+    for k, start in enumerate(range(FIRST_FULL, steps, PERIOD)):
+        full[start + places[k] : start + places[k] + WINDOW] = True
+    return full
+
+
+def assert_windows_agree(report: Report) -> None:
+    """A report from timelines recorded fully says what the report of their windowed view says: stage
+    shares within :data:`SHARE_POINTS` (or within the run's own noise, :data:`NOISE_SIGMAS`), and where
+    they are within the point, the same bottleneck, cards and plan. Not where the report found other
+    processes taking the CPU: their bursts span steps, so the steps' errors are not independent."""
+    timelines = list(report.timelines)
+    if report["source"] not in ("live", "run") or len(timelines) != 1 or report.analysis is None:
+        return
+    view = windowed_view(timelines[0])
+    if view is None:
+        return
+    if "cpu_contention" in _cards(report.to_dict()):
+        return  # other processes took the CPU in bursts that span steps: no sampling error holds them
+    full = report.analysis
+    windowed = build_report(analyze([view], gpu=full.gpu), report["source"], [view])
+    assert windowed.analysis is not None and windowed["recording"]["mode"] == "windowed"
+    noise = _noise(full.breakdown, windowed.analysis.breakdown)
+    full_data, windowed_data = report.to_dict(), windowed.to_dict()
+    within_a_point = True
+    for name in set(full_data["stages"]) | set(windowed_data["stages"]):
+        a, b = (_share(d, name) for d in (full_data, windowed_data))
+        within_a_point &= abs(a - b) <= SHARE_POINTS
+        assert abs(a - b) <= max(SHARE_POINTS, NOISE_SIGMAS * noise.get(name, 0.0)), (
+            f"{name}: {a:.3f} of the step recorded fully, {b:.3f} in windows (noise {noise.get(name, 0.0):.3f}); "
+            f"full {_shares(full_data)}, windows {_shares(windowed_data)}"
+        )
+    if within_a_point:  # a report that says the same figures says the same things
+        assert windowed_data["bottleneck"] == full_data["bottleneck"], _shares(windowed_data)
+        assert _cards(windowed_data) == _cards(full_data)
+        assert _plan(windowed_data) == _plan(full_data)
+
+
+def _noise(full: StepBreakdown, windowed: StepBreakdown) -> dict[str, float]:
+    """Per stage, the sampling error of its share from the windows: the estimated steady steps' errors
+    against the full recording, summed in squares, as a share of the steady steps' time."""
+    assert windowed.full is not None and windowed.count == full.count
+    first = 1 if full.count >= 3 else 0  # the steady steps (analyze.steady)
+    estimated = ~windowed.full[first:]
+    total = float(full.durations[first:].sum())
+    out = {}
+    for name in set(full.stages) & set(windowed.stages):
+        error = (full.column(name) - windowed.column(name))[first:][estimated]
+        out[name] = float(np.sqrt((error**2).sum())) / total if total > 0 else 0.0
+    return out
+
+
+def _share(data: dict[str, Any], stage: str) -> float:
+    return float((data["stages"].get(stage) or {}).get("fraction") or 0.0)
+
+
+def _shares(data: dict[str, Any]) -> dict[str, float]:
+    return {name: round(_share(data, name), 3) for name in data["stages"]}
+
+
+def _cards(data: dict[str, Any]) -> list[str]:
+    return [c["id"] for c in data["advice"]]
+
+
+def _plan(data: dict[str, Any]) -> list[str]:
+    return [c["id"] for c in data["plan"]["changes"]] if data["plan"] else []
