@@ -13,6 +13,9 @@ import nbformat
 import pytest
 from paths import EXAMPLES
 
+import perfmagic
+from perfmagic.timeline.file import SPOOL_NAME
+
 pytestmark = pytest.mark.slow
 
 
@@ -86,9 +89,17 @@ def test_example_notebooks_are_committed_without_outputs() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_ADVICE))
-def test_example_notebook_runs_and_shows_reports(name: str, tmp_path: Path) -> None:
+def test_example_notebook_runs_and_shows_reports(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = tmp_path / "records"
+    records.mkdir()
+    monkeypatch.setenv("TMPDIR", str(records))  # the kernel's profiles record there (no --outdir given)
     nb, profiled = executed(name, tmp_path)
     assert len(profiled) == 2
+    # each profile's record, rebuilt here: its report passes every check, windows against full included
+    rebuilt = [perfmagic.load(d) for d in sorted(records.glob("perfmagic-*")) if (d / SPOOL_NAME).exists()]
+    assert len(rebuilt) == 2, sorted(records.iterdir())
     for cell in profiled:
         reports = [o for o in outputs_of(cell) if "pm-report" in o["data"].get("text/html", "")]
         assert len(reports) == 1, "the live panel turned into the report"
