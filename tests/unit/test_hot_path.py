@@ -39,7 +39,7 @@ def added_calls(steps: int) -> tuple[float, collections.Counter[tuple[str, str]]
         profiled = python_calls(steps)
     added = profiled.copy()
     added.subtract(plain)
-    assert session.report.steps["count"] == steps
+    assert session.report.steps["count"] == steps, session.report.warnings
     return (sum(profiled.values()) - sum(plain.values())) / steps, added
 
 
