@@ -5,7 +5,8 @@ backward and copies read as ``other``. Each such step keeps its own duration and
 are recorded on every step (checkpoints, logging and syncs: rare, long, and not to be averaged
 away). The rest of it is estimated: each stage takes its mean seconds in the fully recorded steps
 nearest the step, and the step's difference from their sum goes to the stages in the proportions
-the fully recorded steps' stages grew with their length (least-squares slopes). A stall of the
+the fully recorded steps' stages grew with their length (least-squares slopes); what passes the
+longest of those steps, which nothing recorded explains, goes in the stages' typical shares. A stall of the
 loop's own code that the windows missed is then ``other``'s, as the stalls they saw were, not
 spread over the stages. Per-step sums still make the step's time, and every reader of the breakdown
 (stage shares, bottleneck, plan, step table) reads the same estimate.
@@ -78,7 +79,15 @@ def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:
     # length of every longer step
     after = slice(WINDOW, None) if len(model) >= 4 * WINDOW else slice(None)
     growth = _growth(recorded[after], rest[model][after])
-    guess = typical + np.outer(rest[partial] - typical.sum(axis=1), growth)
+    # past the longest the fully recorded steps were, nothing says where the time went: that part of
+    # a step goes to the stages in their typical shares (a preemption lands in a stage as often as the
+    # stage runs)
+    lengths = rest[model][after]
+    reach = float(np.abs(lengths - lengths.mean()).max())
+    excess = rest[partial] - typical.sum(axis=1)
+    seen = np.minimum(excess, reach)
+    shares = typical / np.where(typical.sum(axis=1) > 0, typical.sum(axis=1), np.inf)[:, None]
+    guess = typical + np.outer(seen, growth) + (excess - seen)[:, None] * shares
     guess = np.maximum(guess, 0.0)
     total = guess.sum(axis=1)
     scale = np.divide(rest[partial], total, out=np.zeros_like(total), where=total > 0)
