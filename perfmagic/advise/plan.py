@@ -30,6 +30,10 @@ from perfmagic.analyze.steady import Steady
 UNCERTAIN = 0.25
 """A saving whose p10–p90 half-width exceeds this share of it is called uncertain."""
 
+RESIDUE = 0.005
+"""A symptom left less than this share of the step by the fixes before it is no change of the plan:
+half a point is within what the step's own estimates move by between runs and recordings."""
+
 CHANGE = re.compile(r"([A-Za-z_][\w.]*)\s*[=(]\s*([^\s,()#]+)\)?,?\s*#\s*was\s+([^\s,;)]+)")
 """A fix line that changes a setting, with the value it had: ``num_workers=2,  # was 0``,
 ``torch.set_num_threads(1)  # was 2`` (the knob, the new value, the old one)."""
@@ -118,9 +122,9 @@ def plan_of(
         # saves only what that card did not
         already = taken.get(card.metrics.get("saving_of") or "", 0.0)
         saving = max(0.0, min(card.saving_s - already, sum(left[n] for n in names)))
-        if (
-            card.id in symptoms and saving <= 0
-        ):  # all of it saved by the fixes before: what remains, no change
+        if card.id in symptoms and saving <= RESIDUE * steady.step_s:
+            # all of it saved by the fixes before, but for a sliver no estimate can tell from none:
+            # what remains, no change
             metrics = {**card.metrics, "saving_alone_s": card.saving_s}
             out.append(replace(card, saving_s=None, speedup=None, metrics=metrics))
             continue
