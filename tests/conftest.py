@@ -13,9 +13,11 @@ pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
 
 @pytest.fixture(autouse=True)
-def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
+def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every report a test builds passes the same checks (report_checks.assert_consistent), and one
-    recorded fully says what its steps recorded in windows would (windowed_view.assert_windows_agree)."""
+    recorded fully says what its steps recorded in windows would (windowed_view.assert_windows_agree).
+    A check that fails fails the test, also where perfmagic turned the failure into a warning (a
+    session's report is built behind a guard that keeps the user's cell alive)."""
     from report_checks import assert_consistent
     from windowed_view import assert_windows_agree
 
@@ -23,13 +25,22 @@ def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> None:
 
     build = perfmagic.report.Report.__init__
 
+    failed: list[AssertionError] = []
+
     def checked(self: perfmagic.report.Report, data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         build(self, data, *args, **kwargs)
         if "step_table" in data:  # built by the pipeline (hand-made report dicts test other things)
-            assert_consistent(data)
-            assert_windows_agree(self)
+            try:
+                assert_consistent(data)
+                assert_windows_agree(self)
+            except AssertionError as e:
+                failed.append(e)
+                raise
 
     monkeypatch.setattr(perfmagic.report.Report, "__init__", checked)
+    yield
+    if failed:
+        raise failed[0]
 
 
 @pytest.fixture
