@@ -115,9 +115,9 @@ def test_a_notebook_names_the_set_up_cells_line(tmp_path: Path) -> None:
     assert data_spots(in_loop)[0] == (fft, "training thread"), in_loop["hotspots"]
     # the profiled cell's own line, counted from the magic's line as the notebook shows the cell
     busy_line = profiled.splitlines().index(busy) + 1
-    assert in_loop["hotspots"]["other"][0]["where"].endswith(f"(In [4], line {busy_line})"), in_loop[
-        "hotspots"
-    ]
+    assert in_loop["hotspots"]["other"][0]["where"].endswith(f"(In [4], line {busy_line})"), json.dumps(
+        in_loop["hotspots"]["other"]
+    )
 
     in_workers = out["in_workers"]
     spots = data_spots(in_workers)
