@@ -120,9 +120,12 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     origin, last = _extent(
         ((cpu.start, cpu_end), (gpu.start, gpu.start + gpu.dur), (trace.memory.start, trace.memory.start))
     )
+    counted = trace.aggregates  # a reader that kept only some events counted these over all
+    if counted is not None and counted.first_us is not None:
+        origin, last = counted.first_us, counted.last_us
     step_no, step_rows, annotated = _step_rows(trace)
     step_start, step_end = cpu.start[step_rows], cpu_end[step_rows]
-    main = _main_thread(cpu, step_rows)
+    main = _main_thread(cpu, step_rows) if counted is None or len(step_rows) else counted.busiest_thread
     stage = np.array([stage_of(n) or "" for n in cpu.names], dtype=object)
     on_main = cpu.thread == main
 
