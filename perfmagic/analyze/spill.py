@@ -27,8 +27,8 @@ BINS = 4096
 class Values:
     """float64 values, added an array at a time."""
 
-    def __init__(self, spill_values: int = SPILL_VALUES) -> None:
-        self.spill_values = spill_values
+    def __init__(self) -> None:
+        self.spill_values = SPILL_VALUES
         self.parts: list[np.ndarray] = []
         self.n = 0
         self.file: IO[bytes] | None = None

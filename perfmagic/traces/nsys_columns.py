@@ -89,10 +89,13 @@ class Threads:
         return [(int(t >> 24) & 0xFFFFFF, int(t) & 0xFFFFFF) for t in tids[used]], remap[thread]
 
 
-def chunks(db: sqlite3.Connection, sql: str, width: int) -> Iterator[np.ndarray]:
-    """The rows of an all-integer query, ``CHUNK_ROWS`` at a time, as (n, width) int64 arrays."""
+def chunks(
+    db: sqlite3.Connection, sql: str, width: int, at_a_time: int | None = None
+) -> Iterator[np.ndarray]:
+    """The rows of an all-integer query, ``at_a_time`` (else ``CHUNK_ROWS``) at a time, as (n, width)
+    int64 arrays."""
     cursor = db.execute(sql)
-    while rows := cursor.fetchmany(CHUNK_ROWS):
+    while rows := cursor.fetchmany(at_a_time or CHUNK_ROWS):
         yield np.array(rows, dtype=np.int64).reshape(-1, width)
 
 

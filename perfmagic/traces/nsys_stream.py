@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmagic.traces import nsys_columns
 from perfmagic.traces.events import COMMUNICATION, Aggregates, GpuChunk, GpuFigures, kernel_kind
 from perfmagic.traces.nsys_columns import (
     RUNTIME_CLASSES,
@@ -57,6 +58,8 @@ _ARMS = {
     MEMSET: f"2, rowid, 0, {_COMMON}, coalesce(bytes, 0), coalesce(memKind, -1), 0, 0",
 }
 _WIDTH = 17  # the columns of _ordered's rows
+STREAM_ROWS = 8192
+"""GPU events fetched at a time: as Python tuples a row of 17 numbers costs ~700 B (65536 rows: 45 MB)."""
 
 
 def kept_calls(db: sqlite3.Connection, schema: NsysSchema) -> str:
@@ -159,7 +162,7 @@ def stream_gpu(
     kept: dict[int | None, list[list[np.ndarray]]] = {p: [] for p in figures}
     kinds = _Kinds(names)
     last = (-1, -1)  # (table, rowid) of the row before: a call found twice launched it once
-    for c in chunks(db, _ordered(schema, whole), _WIDTH):
+    for c in chunks(db, _ordered(schema, whole), _WIDTH, min(STREAM_ROWS, nsys_columns.CHUNK_ROWS)):
         again = np.zeros(len(c), bool)
         again[0] = (int(c[0, 0]), int(c[0, 1])) == last
         again[1:] = (c[1:, 0] == c[:-1, 0]) & (c[1:, 1] == c[:-1, 1])
