@@ -20,8 +20,7 @@ from nsys_capture import CLOVERLEAF, PID, SAXPY, Loop, write_capture
 
 import perfmagic
 from perfmagic.cli import main
-from perfmagic.traces import TraceFormatError
-from perfmagic.traces import nsys_columns
+from perfmagic.traces import TraceFormatError, nsys_columns
 from perfmagic.traces.events import MEMORY
 from perfmagic.traces.nsys import read_capture
 from perfmagic.traces.nsys_schema import NsysSchema, open_capture
