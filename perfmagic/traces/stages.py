@@ -36,6 +36,7 @@ a stage does not nest in itself, and no built-in stage nests inside ``data`` or 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -53,6 +54,7 @@ STEP_START = STEP_BOUNDARY_PREFIX + "profiler_step_start"
 BACKWARD_EVENT = "autograd::engine::evaluate_function: "
 H2D_MEMCPY = "Memcpy HtoD"  # "Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)"
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+_NEST_BLOCK = 65536
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 """CUDA runtime calls that make the host wait for the GPU (``cudaMemcpy`` blocks until its copy ends)."""
@@ -135,16 +137,25 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     # the sync a blocking copy makes is the copy's wait, not a sync of its own
     in_copy = (_holder(cpu.start[rows], h2d_start, h2d_end) >= 0) & (stage == "logging")[cpu.name_id[rows]]
     rows = rows[~in_copy]
-    names = stage[cpu.name_id[rows]].tolist()
-    spans = list(zip(cpu.start[rows].tolist(), cpu_end[rows].tolist(), names, strict=True))
-    spans += [(float(s), float(e), "h2d") for s, e in zip(h2d_start, h2d_end, strict=True)]
-    spans += [(float(s), float(e), "other") for s, e in zip(step_start, step_end, strict=True)]
+    # the spans as columns (start, end, index into labels): a capture has hundreds of thousands of steps,
+    # and a tuple per span cost ~1 KB a step
+    labels = list(dict.fromkeys(["h2d", "other", "backward", *(x for x in stage.tolist() if x)]))
+    code = np.array([labels.index(x) if x else -1 for x in stage.tolist()], np.int16)
     backward = _backward(trace, main, on_main)
-    spans += [(float(s), float(e), "backward") for s, e in zip(*backward, strict=True)]
+    spans = (
+        np.concatenate((cpu.start[rows], h2d_start, step_start, backward[0])),
+        np.concatenate((cpu_end[rows], h2d_end, step_end, backward[1])),
+        np.concatenate(
+            (
+                code[cpu.name_id[rows]],
+                np.repeat(np.arange(3, dtype=np.int16), [len(h2d_start), len(step_start), len(backward[0])]),
+            )
+        ),
+    )
 
     pid = cpu.threads[main][0] if len(cpu.threads) else None
     warnings = step_warnings(trace, step_no, step_start, step_end, "step" if annotated else "ProfilerStep#")
-    seen = {s for _, _, s in spans}
+    seen = {labels[k] for k in np.unique(spans[2]).tolist()}
     framework = _framework(trace.cpu, annotated)
     if framework != "torch":
         warnings.append(
@@ -177,7 +188,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
             "warnings": warnings,
         }
     )
-    for s, e, name, depth in _nest(spans):
+    for s, e, name, depth in _nest(*spans, labels):
         timeline.add_span(timeline.name_id(name), (s - origin) / 1e6, (e - origin) / 1e6, depth)
     boundary, began = timeline.name_id(BOUNDARY), timeline.name_id(STEP_START)
     for s, e in zip(step_start, step_end, strict=True):
@@ -283,17 +294,22 @@ def _backward(trace: KinetoTrace, main: int, on_main: np.ndarray) -> tuple[np.nd
     return s[heads], e[tails]
 
 
-def _nest(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str, int]]:
-    """Depth of each span on one thread, children clipped to their parent, recorder rules applied."""
-    out: list[tuple[float, float, str, int]] = []
+def _nest(
+    start: np.ndarray, end: np.ndarray, label: np.ndarray, labels: list[str]
+) -> Iterator[tuple[float, float, str, int]]:
+    """Depth of each span (``labels[label]``) on one thread, children clipped to their parent, recorder
+    rules applied; in order of start, the longer first, ties as given."""
     stack: list[tuple[float, str]] = []  # (end, stage) of the open spans
-    for s, e, name in sorted(spans, key=lambda x: (x[0], -x[1])):
-        while stack and stack[-1][0] <= s:
-            stack.pop()
-        if stack:
-            e = min(e, stack[-1][0])
-        if e <= s or not nests_inside(name, [open_ for _, open_ in stack]):
-            continue
-        out.append((s, e, name, len(stack)))
-        stack.append((e, name))
-    return out
+    order = np.lexsort((-end, start))
+    for at in range(0, len(order), _NEST_BLOCK):  # Python floats for a block at a time
+        block = order[at : at + _NEST_BLOCK]
+        for s, e, k in zip(start[block].tolist(), end[block].tolist(), label[block].tolist(), strict=True):
+            name = labels[k]
+            while stack and stack[-1][0] <= s:
+                stack.pop()
+            if stack:
+                e = min(e, stack[-1][0])
+            if e <= s or not nests_inside(name, [open_ for _, open_ in stack]):
+                continue
+            yield s, e, name, len(stack)
+            stack.append((e, name))
