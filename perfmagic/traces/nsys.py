@@ -19,11 +19,13 @@ So a capture becomes the same timeline, ``gpu`` section and advice as a torch.pr
 
 A capture of several processes gives one trace per process that ran GPU work (correlation ids
 count per process), ranked in process id order. Times are nanoseconds from the session's start in
-the export, microseconds out. Every table is
-read through a cursor a chunk of rows at a time, the rows turned into integer columns before
-the next chunk is read; strings are fetched once per distinct id, and names and threads are kept as
-int32 ids. Every event is still a row of columns (32 B a runtime call or NVTX range, 61 B a GPU event
-with its link to its call), so memory grows with the events read, not with the tables left unread.
+the export, microseconds out. Every table is read through a cursor a chunk of rows at a time
+(:mod:`perfmagic.traces.nsys_columns`), the rows turned into integer columns before the next chunk
+is read; strings are fetched once per distinct id, and names and threads are kept as int32 ids.
+Read whole, every event is a row of columns (32 B a runtime call or NVTX range, 61 B a GPU event
+with its link to its call). ``perfmagic report`` reads a capture streamed instead
+(:mod:`perfmagic.traces.nsys_stream`): the GPU events go through the ``gpu`` section's figures in
+start order and few events are kept, so memory does not grow with the GPU events and runtime calls.
 """
 
 from __future__ import annotations

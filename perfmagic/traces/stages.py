@@ -55,6 +55,7 @@ BACKWARD_EVENT = "autograd::engine::evaluate_function: "
 H2D_MEMCPY = "Memcpy HtoD"  # "Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)"
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 _NEST_BLOCK = 65536
+_OTHER_LABELS = ("h2d", "other", "backward")  # the spans _spans adds besides the staged events, in order
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 """CUDA runtime calls that make the host wait for the GPU (``cudaMemcpy`` blocks until its copy ends)."""
@@ -137,22 +138,9 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     # the sync a blocking copy makes is the copy's wait, not a sync of its own
     in_copy = (_holder(cpu.start[rows], h2d_start, h2d_end) >= 0) & (stage == "logging")[cpu.name_id[rows]]
     rows = rows[~in_copy]
-    # the spans as columns (start, end, index into labels): a capture has hundreds of thousands of steps,
-    # and a tuple per span cost ~1 KB a step
-    labels = list(dict.fromkeys(["h2d", "other", "backward", *(x for x in stage.tolist() if x)]))
-    code = np.array([labels.index(x) if x else -1 for x in stage.tolist()], np.int16)
     backward = _backward(trace, main, on_main)
-    spans = (
-        np.concatenate((cpu.start[rows], h2d_start, step_start, backward[0])),
-        np.concatenate((cpu_end[rows], h2d_end, step_end, backward[1])),
-        np.concatenate(
-            (
-                code[cpu.name_id[rows]],
-                np.repeat(np.arange(3, dtype=np.int16), [len(h2d_start), len(step_start), len(backward[0])]),
-            )
-        ),
-    )
-
+    spans, labels = _spans(stage, (cpu.start[rows], cpu_end[rows], cpu.name_id[rows]),
+                           ((h2d_start, h2d_end), (step_start, step_end), backward))  # fmt: skip
     pid = cpu.threads[main][0] if len(cpu.threads) else None
     warnings = step_warnings(trace, step_no, step_start, step_end, "step" if annotated else "ProfilerStep#")
     seen = {labels[k] for k in np.unique(spans[2]).tolist()}
@@ -197,6 +185,29 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
         t = (float(e) - origin) / 1e6
         timeline.add_span(boundary, t, t, -1)
     return timeline
+
+
+_Spans = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _spans(
+    stage: np.ndarray, staged: _Spans, others: tuple[tuple[np.ndarray, np.ndarray], ...]
+) -> tuple[_Spans, list[str]]:
+    """The spans as columns (start, end, index into the labels) and their labels: the events ``staged``
+    (start, end, name id) with the stage their name has, then the h2d copies, steps (``other``) and
+    backward passes ``others`` gives. Columns, as a capture has hundreds of thousands of steps and a
+    tuple per span cost ~1 KB a step."""
+    labels = list(dict.fromkeys([*_OTHER_LABELS, *(x for x in stage.tolist() if x)]))
+    code = np.array([labels.index(x) if x else -1 for x in stage.tolist()], np.int16)
+    start, end, name_id = staged
+    spans = (
+        np.concatenate((start, *(s for s, _ in others))),
+        np.concatenate((end, *(e for _, e in others))),
+        np.concatenate(
+            (code[name_id], np.repeat(np.arange(len(others), dtype=np.int16), [len(s) for s, _ in others]))
+        ),
+    )
+    return spans, labels
 
 
 def _extent(spans: tuple[tuple[np.ndarray, np.ndarray], ...]) -> tuple[float, float | None]:
