@@ -100,8 +100,9 @@ def chunks(
 
 
 class Filled:
-    """Columns allocated once for at most ``capacity`` rows and filled a chunk at a time, so the
-    events are never held twice (as a list of chunks and their concatenation)."""
+    """Columns allocated for ``capacity`` rows (doubled when more come) and filled a chunk at a time, so
+    the events are never held twice (as a list of chunks and their concatenation), nor a small array
+    per chunk kept (each would pin the memory of the chunk's freed rows around it)."""
 
     def __init__(self, capacity: int, dtypes: Sequence[type]) -> None:
         self.columns: list[np.ndarray] = [np.empty(capacity, dtype) for dtype in dtypes]
@@ -109,6 +110,11 @@ class Filled:
 
     def add(self, *columns: np.ndarray) -> None:
         k = len(columns[0])
+        if self.n + k > len(self.columns[0]):
+            size = max(2 * len(self.columns[0]), self.n + k)
+            self.columns = [
+                np.concatenate((c[: self.n], np.empty(size - self.n, c.dtype))) for c in self.columns
+            ]
         for column, values in zip(self.columns, columns, strict=True):
             column[self.n : self.n + k] = values
         self.n += k

@@ -32,6 +32,7 @@ from perfmagic.traces.events import COMMUNICATION, Aggregates, GpuChunk, GpuFigu
 from perfmagic.traces.nsys_columns import (
     RUNTIME_CLASSES,
     VERSION_SUFFIX,
+    Filled,
     Names,
     Threads,
     chunks,
@@ -58,6 +59,8 @@ _ARMS = {
     MEMSET: f"2, rowid, 0, {_COMMON}, coalesce(bytes, 0), coalesce(memKind, -1), 0, 0",
 }
 _WIDTH = 17  # the columns of _ordered's rows
+_KEPT = (np.int32, np.float64, np.float64, np.int64, np.int64, np.int64, np.float64, np.bool_)
+"""The columns of the GPU events kept: name, start, dur, device, stream, correlation, bytes, memory."""
 STREAM_ROWS = 8192
 """GPU events fetched at a time: as Python tuples a row of 17 numbers costs ~700 B (65536 rows: 45 MB)."""
 
@@ -159,7 +162,7 @@ def stream_gpu(
     capture's); the copies, memsets and communication kernels kept, per process, as (name, start, dur,
     device, stream, correlation, bytes, memory) columns."""
     whole = None in figures
-    kept: dict[int | None, list[list[np.ndarray]]] = {p: [] for p in figures}
+    kept = {p: Filled(1024, _KEPT) for p in figures}
     kinds = _Kinds(names)
     last = (-1, -1)  # (table, rowid) of the row before: a call found twice launched it once
     for c in chunks(db, _ordered(schema, whole), _WIDTH, min(STREAM_ROWS, nsys_columns.CHUNK_ROWS)):
@@ -173,14 +176,13 @@ def stream_gpu(
             mine = slice(None) if p is None else process == p
             sink.add(_taken(chunk, mine))
             keep = (memory | (chunk.kind == COMMUNICATION)) & (True if p is None else process == p)
-            kept[p].append(
-                [chunk.name_id[keep], chunk.start[keep], chunk.dur[keep], chunk.device[keep], chunk.stream[keep],
-                 corr[keep], chunk.bytes[keep], memory[keep]]
-            )  # fmt: skip
+            if keep.any():
+                kept[p].add(chunk.name_id[keep], chunk.start[keep], chunk.dur[keep], chunk.device[keep],
+                            chunk.stream[keep], corr[keep], chunk.bytes[keep], memory[keep])  # fmt: skip
     empty = _taken(_chunk(np.zeros((0, _WIDTH), np.int64), names, schema, kinds)[0], slice(None))
     for sink in figures.values():
         sink.add(empty, final=True)
-    return {p: _joined(parts) for p, parts in kept.items()}
+    return {p: [c.copy() for c in rows.done()] for p, rows in kept.items()}
 
 
 def _ordered(schema: NsysSchema, whole: bool) -> str:
@@ -264,10 +266,3 @@ def _taken(chunk: GpuChunk, rows: np.ndarray | slice) -> GpuChunk:
         chunk.name_id[rows], chunk.kind[rows], chunk.start[rows], chunk.dur[rows], chunk.device[rows],
         chunk.stream[rows], chunk.launch[rows], chunk.bytes[rows], chunk.launch_name[rows], chunk.launch_dur[rows],
     )  # fmt: skip
-
-
-def _joined(parts: list[list[np.ndarray]]) -> list[np.ndarray]:
-    types = (np.int32, np.float64, np.float64, np.int64, np.int64, np.int64, np.float64, np.bool_)
-    if not parts:
-        return [np.zeros(0, t) for t in types]
-    return [np.concatenate([p[i] for p in parts]).astype(t, copy=False) for i, t in enumerate(types)]
