@@ -306,8 +306,9 @@ def _kernel_table(names: list[str], events: ByName) -> KernelTable:
 def _memcpy_bytes(names: list[str], events: ByName) -> dict[str, float]:
     """Bytes copied per direction (``HtoD``, ``DtoH``, ``DtoD``, ...), from ``Memcpy XtoY (...)`` names."""
     out: dict[str, float] = {}
-    for i in np.flatnonzero(events.copied > 0):
+    copied = events.copied
+    for i in np.flatnonzero(copied > 0):
         words = names[i].split()
         if len(words) > 1 and words[0] == "Memcpy":
-            out[words[1]] = out.get(words[1], 0.0) + float(events.copied[i])
+            out[words[1]] = out.get(words[1], 0.0) + float(copied[i])
     return out

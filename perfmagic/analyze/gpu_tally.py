@@ -73,29 +73,70 @@ class Union:
 
 
 class ByName:
-    """Per event name: total duration, count, the kind last seen, bytes, bytes copied by copies."""
+    """Per event name: total duration, count, the kind last seen, bytes, bytes copied by copies.
+
+    Kept per name seen (a slot each), not per name id: a capture's names are mostly its steps'."""
 
     def __init__(self) -> None:
-        self.total = np.zeros(0)
-        self.count = np.zeros(0, np.int64)
-        self.kind = np.zeros(0, np.int8)
-        self.bytes = np.zeros(0)
-        self.copied = np.zeros(0)
+        self.slot = np.zeros(0, np.int64)  # per name id, its slot + 1 (0: not seen)
+        self.ids = np.zeros(0, np.int64)  # per slot, its name id
+        self.columns: list[np.ndarray] = [
+            np.zeros(0),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int8),
+            np.zeros(0),
+            np.zeros(0),
+        ]
 
     def add(self, ids: np.ndarray, dur: np.ndarray, kind: np.ndarray, nbytes: np.ndarray) -> None:
-        n = max(len(self.total), int(ids.max()) + 1 if len(ids) else 0)
+        if not len(ids):
+            return
+        self.slot = _grown(self.slot, int(ids.max()) + 1)
+        new = np.unique(ids[self.slot[ids] == 0])
+        self.slot[new] = np.arange(len(self.ids) + 1, len(self.ids) + 1 + len(new))
+        self.ids = np.concatenate((self.ids, new))
+        at, n = self.slot[ids] - 1, len(self.ids)
         copy = (kind == MEMORY) & (nbytes > 0)
-        self.total = _grown(self.total, n) + np.bincount(ids, weights=dur, minlength=n)
-        self.count = _grown(self.count, n) + np.bincount(ids, minlength=n)
-        self.bytes = _grown(self.bytes, n) + np.bincount(ids, weights=nbytes, minlength=n)
-        self.copied = _grown(self.copied, n) + np.bincount(ids[copy], weights=nbytes[copy], minlength=n)
-        self.kind = _grown(self.kind, n)
-        self.kind[ids] = kind
+        total, count, kinds, nbytes_, copied = (_grown(c, n) for c in self.columns)
+        kinds[at] = kind
+        self.columns = [
+            total + np.bincount(at, weights=dur, minlength=n),
+            count + np.bincount(at, minlength=n),
+            kinds,
+            nbytes_ + np.bincount(at, weights=nbytes, minlength=n),
+            copied + np.bincount(at[copy], weights=nbytes[copy], minlength=n),
+        ]
+
+    def _by_id(self, k: int) -> np.ndarray:
+        out = np.zeros(len(self.slot), self.columns[k].dtype)
+        out[self.ids] = self.columns[k]
+        return out
+
+    @property
+    def total(self) -> np.ndarray:
+        """Per name id, the events' total duration (µs)."""
+        return self._by_id(0)
+
+    @property
+    def count(self) -> np.ndarray:
+        return self._by_id(1)
+
+    @property
+    def kind(self) -> np.ndarray:
+        return self._by_id(2)
+
+    @property
+    def bytes(self) -> np.ndarray:
+        return self._by_id(3)
+
+    @property
+    def copied(self) -> np.ndarray:
+        """Per name id, the bytes its copies (not memsets) moved."""
+        return self._by_id(4)
 
     def ranked(self) -> np.ndarray:
-        """The name ids seen, by total time, longest first."""
-        order = np.argsort(-self.total, kind="stable")
-        out: np.ndarray = order[self.count[order] > 0]
+        """The name ids seen, by total time, longest first (ties by name id)."""
+        out: np.ndarray = self.ids[np.lexsort((self.ids, -self.columns[0]))]
         return out
 
 
