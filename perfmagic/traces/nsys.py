@@ -184,7 +184,8 @@ def _read(
         for k, pid in enumerate(processes)
     ]  # fmt: skip
     if counted is not None and figures is not None:
-        runtime = np.arange(len(columns[0])) < runtime_rows
+        runtime = np.zeros(len(columns[0]), bool)
+        runtime[:runtime_rows] = True
         return _streamed(db, schema, (names, threads), columns, runtime, parts, counted, figures)
     return [
         _trace(schema.path, names.names, threads, [c[mine] for c in columns],
