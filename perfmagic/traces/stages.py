@@ -54,7 +54,7 @@ STEP_START = STEP_BOUNDARY_PREFIX + "profiler_step_start"
 BACKWARD_EVENT = "autograd::engine::evaluate_function: "
 H2D_MEMCPY = "Memcpy HtoD"  # "Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)"
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
-_NEST_BLOCK = 65536
+_NEST_BLOCK = 8192
 _OTHER_LABELS = ("h2d", "other", "backward")  # the spans _spans adds besides the staged events, in order
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
@@ -118,29 +118,17 @@ def _step_rows(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray, bool]:
 def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     """The timeline of one rank's trace (times in seconds from the trace's first event)."""
     cpu, gpu = trace.cpu, trace.gpu
-    cpu_end = cpu.end
-    # the allocator's events too: a trace of them alone (profile_memory, no activities) lasts as long as they do
-    origin, last = _extent(
-        ((cpu.start, cpu_end), (gpu.start, gpu.start + gpu.dur), (trace.memory.start, trace.memory.start))
-    )
     counted = trace.aggregates  # a reader that kept only some events counted these over all
     if counted is not None and counted.first_us is not None:
         origin, last = counted.first_us, counted.last_us
+    else:  # the allocator's events too: a trace of them alone (profile_memory, no activities) lasts as long
+        origin, last = _extent(
+            ((cpu.start, cpu.end), (gpu.start, gpu.start + gpu.dur), (trace.memory.start, trace.memory.start))
+        )
     step_no, step_rows, annotated = _step_rows(trace)
-    step_start, step_end = cpu.start[step_rows], cpu_end[step_rows]
+    step_start, step_end = cpu.start[step_rows], cpu.start[step_rows] + cpu.dur[step_rows]
     main = _main_thread(cpu, step_rows) if counted is None or len(step_rows) else counted.busiest_thread
-    stage = np.array([stage_of(n) or "" for n in cpu.names], dtype=object)
-    on_main = cpu.thread == main
-
-    h2d_start, h2d_end = _h2d_copies(trace, on_main)
-    # by name, then per event: an object array of every event's stage would cost more than the events
-    rows = np.flatnonzero(on_main & (stage != "")[cpu.name_id])
-    # the sync a blocking copy makes is the copy's wait, not a sync of its own
-    in_copy = (_holder(cpu.start[rows], h2d_start, h2d_end) >= 0) & (stage == "logging")[cpu.name_id[rows]]
-    rows = rows[~in_copy]
-    backward = _backward(trace, main, on_main)
-    spans, labels = _spans(stage, (cpu.start[rows], cpu_end[rows], cpu.name_id[rows]),
-                           ((h2d_start, h2d_end), (step_start, step_end), backward))  # fmt: skip
+    spans, labels = _spans(trace, main, (step_start, step_end))
     pid = cpu.threads[main][0] if len(cpu.threads) else None
     warnings = step_warnings(trace, step_no, step_start, step_end, "step" if annotated else "ProfilerStep#")
     seen = {labels[k] for k in np.unique(spans[2]).tolist()}
@@ -190,21 +178,31 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
 _Spans = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _spans(
-    stage: np.ndarray, staged: _Spans, others: tuple[tuple[np.ndarray, np.ndarray], ...]
-) -> tuple[_Spans, list[str]]:
-    """The spans as columns (start, end, index into the labels) and their labels: the events ``staged``
-    (start, end, name id) with the stage their name has, then the h2d copies, steps (``other``) and
-    backward passes ``others`` gives. Columns, as a capture has hundreds of thousands of steps and a
-    tuple per span cost ~1 KB a step."""
+def _spans(trace: KinetoTrace, main: int, steps: tuple[np.ndarray, np.ndarray]) -> tuple[_Spans, list[str]]:
+    """The spans as columns (start, end, index into the labels) and their labels: the main thread's events
+    that have a stage, its host-to-device copies, the ``steps`` (``other``) and backward passes.
+    Columns, and the rows that chose them freed here: a capture has hundreds of thousands of steps, and
+    a tuple per span cost ~1 KB a step."""
+    cpu = trace.cpu
+    stage = np.array([stage_of(n) or "" for n in cpu.names], dtype=object)
+    on_main = cpu.thread == main
+    h2d_start, h2d_end = _h2d_copies(trace, on_main)
+    # by name, then per event: an object array of every event's stage would cost more than the events
+    rows = np.flatnonzero(on_main & (stage != "")[cpu.name_id])
+    # the sync a blocking copy makes is the copy's wait, not a sync of its own
+    in_copy = (_holder(cpu.start[rows], h2d_start, h2d_end) >= 0) & (stage == "logging")[cpu.name_id[rows]]
+    rows = rows[~in_copy]
+    others = ((h2d_start, h2d_end), steps, _backward(trace, main, on_main))
     labels = list(dict.fromkeys([*_OTHER_LABELS, *(x for x in stage.tolist() if x)]))
     code = np.array([labels.index(x) if x else -1 for x in stage.tolist()], np.int16)
-    start, end, name_id = staged
     spans = (
-        np.concatenate((start, *(s for s, _ in others))),
-        np.concatenate((end, *(e for _, e in others))),
+        np.concatenate((cpu.start[rows], *(s for s, _ in others))),
+        np.concatenate((cpu.start[rows] + cpu.dur[rows], *(e for _, e in others))),
         np.concatenate(
-            (code[name_id], np.repeat(np.arange(len(others), dtype=np.int16), [len(s) for s, _ in others]))
+            (
+                code[cpu.name_id[rows]],
+                np.repeat(np.arange(len(others), dtype=np.int16), [len(s) for s, _ in others]),
+            )
         ),
     )
     return spans, labels
