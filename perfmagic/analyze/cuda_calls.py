@@ -70,13 +70,15 @@ def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> Sync
     dtoh = np.array([n.startswith("Memcpy DtoH") for n in gpu.names], dtype=bool)[gpu.name_id]
     copies = rows[dtoh & (rows >= 0)]
     sync[copies[names[cpu.name_id[copies]] == BLOCKING_COPY]] = True
-    counted = sync & _in_steps(cpu.start, starts, ends)
+    # the syncs only, in row order: a step's index per row of a capture would cost more than its rows
+    calls = np.flatnonzero(sync)
+    counted = calls[_in_steps(cpu.start[calls], starts, ends)]
     n = len(starts)
     per_name = np.bincount(cpu.name_id[counted], minlength=len(names))
     per_call = {str(names[i]): int(per_name[i]) / n for i in np.flatnonzero(per_name)}
     return {
         "steps": n,
-        "per_step": float(counted.sum()) / n,
+        "per_step": float(len(counted)) / n,
         "calls_per_step": per_call,
         "time_per_step_s": float(cpu.dur[counted].sum()) / n / 1e6,
     }
@@ -101,13 +103,14 @@ def blocking_copies(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) ->
     cpu = trace.cpu
     copy = np.array([n in BLOCKING_MEMCPY for n in cpu.names], dtype=bool)[cpu.name_id]
     memset = np.array([n in BLOCKING_MEMSET for n in cpu.names], dtype=bool)[cpu.name_id]
-    inside = _in_steps(cpu.start, starts, ends)
+    calls = np.flatnonzero(copy | memset)
+    inside = calls[_in_steps(cpu.start[calls], starts, ends)]
     n = len(starts)
     return {
         "steps": n,
-        "memcpy_per_step": float((copy & inside).sum()) / n,
-        "memset_per_step": float((memset & inside).sum()) / n,
-        "time_per_step_s": float(cpu.dur[(copy | memset) & inside].sum()) / n / 1e6,
+        "memcpy_per_step": float(copy[inside].sum()) / n,
+        "memset_per_step": float(memset[inside].sum()) / n,
+        "time_per_step_s": float(cpu.dur[inside].sum()) / n / 1e6,
     }
 
 

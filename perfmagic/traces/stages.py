@@ -105,7 +105,7 @@ def _step_rows(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray, bool]:
         m = PROFILER_STEP.match(name)
         if m:
             number[i] = int(m.group(1))
-    rows = np.flatnonzero(number[cpu.name_id] >= 0)
+    rows = np.flatnonzero((number >= 0)[cpu.name_id])
     if not len(rows) and trace.step_names:
         annotated = np.array([name in trace.step_names for name in cpu.names], dtype=bool)
         rows = np.flatnonzero(annotated[cpu.name_id])
@@ -247,7 +247,10 @@ def _h2d_copies(trace: KinetoTrace, on_main: np.ndarray) -> tuple[np.ndarray, np
         return none
     htod_ids = [i for i, n in enumerate(gpu.names) if n.startswith(H2D_MEMCPY)]
     htod = gpu.correlation[np.isin(gpu.name_id, htod_ids) & (gpu.correlation >= 0)]
-    launches = np.flatnonzero(on_main & (cpu.correlation >= 0) & np.isin(cpu.correlation, htod))
+    calls = np.flatnonzero(
+        on_main & (cpu.correlation >= 0)
+    )  # the calls only: an isin over every row sorts them
+    launches = calls[np.isin(cpu.correlation[calls], htod)]
     if not len(launches):
         return none
     copy_ids = [i for i, n in enumerate(cpu.names) if n in COPY_OPS]
