@@ -22,6 +22,7 @@ from perfmagic.analyze.gpu_tally import GpuTally
 from perfmagic.traces import nsys_columns
 from perfmagic.traces.events import GpuChunk
 from perfmagic.traces.nsys import read_capture
+from perfmagic.traces.nsys_columns import Filled
 from perfmagic.traces.stages import trace_timeline
 
 KERNEL, MEMCPY = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -115,3 +116,12 @@ def test_a_gap_is_classified_by_the_first_event_after_it_though_a_chunk_cuts_bet
     want, got = summary(whole), summary(cut)
     assert want is not None and want["idle_breakdown"] == {"host_wait": 0.0, "kernel_wait": 0.0, "other": 1.0}
     assert got == want
+
+
+def test_kept_columns_grow_past_their_first_capacity() -> None:
+    rows = Filled(2, (np.int32, np.float64))
+    for k in range(5):
+        rows.add(np.full(k, k, np.int32), np.arange(k, dtype=np.float64))
+    ids, values = rows.done()
+    assert ids.tolist() == [1, 2, 2, 3, 3, 3, 4, 4, 4, 4]
+    assert values.tolist() == [0, 0, 1, 0, 1, 2, 0, 1, 2, 3]
