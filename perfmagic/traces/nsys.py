@@ -389,7 +389,7 @@ def _steps(names: Names, name_id: np.ndarray, start: np.ndarray, end: np.ndarray
         )
         e = end[rows]
         s = np.concatenate(([start[ours].min()], e[:-1]))
-    step_ids = np.array([names.of(f"ProfilerStep#{k}") for k in range(len(s))], np.int32)
+    step_ids = names.numbered("ProfilerStep#", len(s))
     return step_ids, s, e, tid[rows]
 
 

@@ -26,11 +26,13 @@ class Names:
         self.db = db
         self.ids: dict[str, int] = {}
         self.listed: list[str] = []  # the names by id, appended to as they are met
+        self._numbered: dict[str, list[int]] = {}
         self._by_string: dict[tuple[int, bool], int] = {}
 
     def of(self, name: str) -> int:
-        got = self.ids.setdefault(name, len(self.ids))
-        if got == len(self.listed):
+        got = self.ids.get(name)
+        if got is None:
+            got = self.ids[name] = len(self.listed)
             self.listed.append(name)
         return got
 
@@ -51,6 +53,14 @@ class Names:
         table = np.array([self._by_string[(int(u), runtime)] for u in uniq], dtype=np.int32)
         out: np.ndarray = table[inverse.reshape(-1)] if len(uniq) else np.zeros(0, np.int32)
         return out
+
+    def numbered(self, prefix: str, n: int) -> np.ndarray:
+        """Ids of ``prefix`` + 0 .. n - 1 (``ProfilerStep#N``): listed, not looked up by name, as a
+        capture has hundreds of thousands of steps and an entry each in the lookup cost as much again."""
+        while len(self._numbered.setdefault(prefix, [])) < n:
+            self._numbered[prefix].append(len(self.listed))
+            self.listed.append(f"{prefix}{len(self._numbered[prefix]) - 1}")
+        return np.array(self._numbered[prefix][:n], np.int32)
 
     @property
     def names(self) -> list[str]:
