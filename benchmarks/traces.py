@@ -267,7 +267,8 @@ def nsys_capture(events_mb: int, total_mb: int | None, workdir: Path) -> Path:
 def capture_events(path: Path) -> int:
     """The events perfmagic reads in a capture (kernels, copies, memsets, runtime calls, NVTX ranges),
     counted by SQL: reading the capture here to count them would cost what is measured."""
-    from perfmagic.traces.nsys import NVTX_RANGES, RUNTIME_CLASSES
+    from perfmagic.traces.nsys import NVTX_RANGES
+    from perfmagic.traces.nsys_columns import RUNTIME_CLASSES
     from perfmagic.traces.nsys_schema import KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME
 
     counts = {

@@ -19,6 +19,7 @@ import psutil
 
 from perfmagic.analyze import analyze
 from perfmagic.analyze.gpu import memory_peaks, trace_gpu
+from perfmagic.analyze.gpu_tally import GpuTally
 from perfmagic.analyze.ranks import collective_skew, collective_starts
 from perfmagic.report import Report, build_report
 from perfmagic.timeline import Timeline
@@ -161,7 +162,8 @@ def rank_of_name(name: str, index: int) -> int:
 
 def _read_rank(path: Path, index: int, step_range: str | None = None) -> list[_RankTrace]:
     if path.name.endswith(CAPTURE_SUFFIXES):
-        return [_rank_of(path, trace, index) for trace in read_capture(path, step_range)]
+        # the GPU figures tallied as the capture streams its events: memory bounded by what is kept
+        return [_rank_of(path, trace, index) for trace in read_capture(path, step_range, GpuTally)]
     if path.name.endswith(".xplane.pb"):
         return [_rank_of(path, trace_of_document(xplane_document([path]), path), index)]
     return [_rank_of(path, read_trace(path), index)]

@@ -10,20 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfmagic.analyze.gpu_tally import ByName, GpuTally
 from perfmagic.contract.gpu import BlockingCopies, Copies, H2dCopies, Launches, Syncs
-from perfmagic.traces.events import MEMORY, KinetoTrace
+from perfmagic.traces.events import KinetoTrace
 from perfmagic.traces.stages import SYNC_CALLS
 
-LAUNCH_CALLS = frozenset(
-    {
-        "cudaLaunchKernel",
-        "cudaLaunchKernelExC",
-        "cuLaunchKernel",
-        "cuLaunchKernelEx",
-        "cudaLaunchCooperativeKernel",
-    }
-)
-"""Runtime and driver calls that launch a kernel."""
 BLOCKING_COPY = "cudaMemcpy"
 """The blocking copy call: a synchronization when it copies device to host."""
 BLOCKING_MEMCPY = frozenset(
@@ -35,8 +26,8 @@ H2D_SOURCES = ("Pageable", "Pinned")
 """Host memory a ``Memcpy HtoD (<source> -> Device)`` copies from."""
 
 
-def launch_stats(trace: KinetoTrace, launched: np.ndarray, span_us: float) -> Launches | None:
-    """``launches``: the kernels in ``launched`` (a mask over ``trace.gpu``) against their launch calls.
+def launch_stats(tally: GpuTally) -> Launches | None:
+    """``launches``: the tallied kernels against the kernel-launch calls that launched them.
 
     HolisticTraceAnalysis's definitions: a kernel's *launch delay* is its start minus the end of
     the call that launched it (0 when it started earlier); a kernel is *shorter than its launch*
@@ -45,28 +36,18 @@ def launch_stats(trace: KinetoTrace, launched: np.ndarray, span_us: float) -> La
     time a stream of such kernels leaves idle, since the host cannot launch them as fast as
     they run). None without launched kernels.
     """
-    cpu, gpu = trace.cpu, trace.gpu
-    rows = gpu.launch_row
-    assert rows is not None  # read from a trace
-    names = np.array([n in LAUNCH_CALLS for n in cpu.names], dtype=bool)
-    ok = launched & (gpu.kind != MEMORY) & (rows >= 0)
-    ok[ok] = names[cpu.name_id[rows[ok]]]
-    if not ok.any():
+    count, shorter, beyond = tally.launches
+    if not count:
         return None
-    call = rows[ok]
-    call_dur, kernel_dur = cpu.dur[call], gpu.dur[ok]
-    delay = np.maximum(gpu.start[ok] - (cpu.start[call] + call_dur), 0.0)
-    short = kernel_dur < call_dur
+    span_us = tally.span
     return {
-        "count": int(ok.sum()),
-        "delay_median_s": float(np.median(delay)) / 1e6,
-        "delay_p90_s": float(np.percentile(delay, 90)) / 1e6,
-        "call_median_s": float(np.median(call_dur)) / 1e6,
-        "shorter_than_launch": int(short.sum()),
-        "shorter_than_launch_fraction": float(short.mean()),
-        "launch_bound_fraction": float((call_dur - kernel_dur)[short].sum()) / span_us
-        if span_us > 0
-        else None,
+        "count": count,
+        "delay_median_s": tally.delays.median() / 1e6,
+        "delay_p90_s": tally.delays.percentile(90) / 1e6,
+        "call_median_s": tally.calls.median() / 1e6,
+        "shorter_than_launch": shorter,
+        "shorter_than_launch_fraction": shorter / count,
+        "launch_bound_fraction": beyond / span_us if span_us > 0 else None,
     }
 
 
@@ -89,13 +70,15 @@ def sync_stats(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) -> Sync
     dtoh = np.array([n.startswith("Memcpy DtoH") for n in gpu.names], dtype=bool)[gpu.name_id]
     copies = rows[dtoh & (rows >= 0)]
     sync[copies[names[cpu.name_id[copies]] == BLOCKING_COPY]] = True
-    counted = sync & _in_steps(cpu.start, starts, ends)
+    # the syncs only, in row order: a step's index per row of a capture would cost more than its rows
+    calls = np.flatnonzero(sync)
+    counted = calls[_in_steps(cpu.start[calls], starts, ends)]
     n = len(starts)
     per_name = np.bincount(cpu.name_id[counted], minlength=len(names))
     per_call = {str(names[i]): int(per_name[i]) / n for i in np.flatnonzero(per_name)}
     return {
         "steps": n,
-        "per_step": float(counted.sum()) / n,
+        "per_step": float(len(counted)) / n,
         "calls_per_step": per_call,
         "time_per_step_s": float(cpu.dur[counted].sum()) / n / 1e6,
     }
@@ -120,32 +103,27 @@ def blocking_copies(trace: KinetoTrace, steps: tuple[np.ndarray, np.ndarray]) ->
     cpu = trace.cpu
     copy = np.array([n in BLOCKING_MEMCPY for n in cpu.names], dtype=bool)[cpu.name_id]
     memset = np.array([n in BLOCKING_MEMSET for n in cpu.names], dtype=bool)[cpu.name_id]
-    inside = _in_steps(cpu.start, starts, ends)
+    calls = np.flatnonzero(copy | memset)
+    inside = calls[_in_steps(cpu.start[calls], starts, ends)]
     n = len(starts)
     return {
         "steps": n,
-        "memcpy_per_step": float((copy & inside).sum()) / n,
-        "memset_per_step": float((memset & inside).sum()) / n,
-        "time_per_step_s": float(cpu.dur[(copy | memset) & inside].sum()) / n / 1e6,
+        "memcpy_per_step": float(copy[inside].sum()) / n,
+        "memset_per_step": float(memset[inside].sum()) / n,
+        "time_per_step_s": float(cpu.dur[inside].sum()) / n / 1e6,
     }
 
 
-def h2d_copies(trace: KinetoTrace, launched: np.ndarray) -> H2dCopies | None:
-    """``h2d_copies``: the host-to-device copies in ``launched`` by host memory, pageable or pinned
-    (the kind Kineto writes in each copy's name: ``Memcpy HtoD (Pinned -> Device)``), each with its
-    ``count``, ``bytes`` and GPU ``total_s``; ``pinned_bytes_fraction`` of all bytes copied. None
-    without such copies."""
-    gpu = trace.gpu
-    source = np.full(len(gpu.names), -1)
-    for i in np.unique(gpu.name_id):  # the GPU's names: the list holds the CPU's too
-        for k, host in enumerate(H2D_SOURCES):
-            if gpu.names[i].startswith(f"Memcpy HtoD ({host} -> "):
-                source[i] = k
-    of = source[gpu.name_id]
-    if not (launched & (of >= 0)).any():
+def h2d_copies(names: list[str], events: ByName) -> H2dCopies | None:
+    """``h2d_copies``: the host-to-device copies by host memory, pageable or pinned (the kind Kineto writes
+    in each copy's name: ``Memcpy HtoD (Pinned -> Device)``), each with its ``count``, ``bytes`` and GPU
+    ``total_s``; ``pinned_bytes_fraction`` of all bytes copied. None without such copies."""
+    seen = np.flatnonzero(events.count > 0).tolist()
+    by_source = [[i for i in seen if names[i].startswith(f"Memcpy HtoD ({host} -> ")] for host in H2D_SOURCES]
+    if not any(by_source):
         return None
     # H2D_SOURCES: pageable, then pinned
-    pageable, pinned = (_copies(trace, launched & (of == k)) for k in range(len(H2D_SOURCES)))
+    pageable, pinned = (_copies(events, ids) for ids in by_source)
     copied = pageable["bytes"] + pinned["bytes"]
     return {
         "pageable": pageable,
@@ -154,10 +132,9 @@ def h2d_copies(trace: KinetoTrace, launched: np.ndarray) -> H2dCopies | None:
     }
 
 
-def _copies(trace: KinetoTrace, mask: np.ndarray) -> Copies:
-    gpu = trace.gpu
+def _copies(events: ByName, ids: list[int]) -> Copies:
     return {
-        "count": int(mask.sum()),
-        "bytes": float(gpu.bytes[mask].sum()),
-        "total_s": float(gpu.dur[mask].sum()) / 1e6,
+        "count": int(events.count[ids].sum()),
+        "bytes": float(events.bytes[ids].sum()),
+        "total_s": float(events.total[ids].sum()) / 1e6,
     }

@@ -16,7 +16,9 @@ against it:
 - *exposed communication*: the union of communication kernels minus its overlap with the
   union of computation kernels (the time the GPU only communicates).
 
-Kernel names say whether a kernel ran on tensor cores (:func:`tensor_cores`); the host's
+The figures are tallied over the events in start order by
+:class:`perfmagic.analyze.gpu_tally.GpuTally`: a trace's arrays in one go, a capture's events
+as its reader streams them. Kernel names say whether a kernel ran on tensor cores (:func:`tensor_cores`); the host's
 CUDA calls (launches, syncs, copies) are figured in :mod:`perfmagic.analyze.cuda_calls`.
 
 Times are microseconds on the trace's clock in, seconds and fractions out.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmagic.analyze.cuda_calls import blocking_copies, h2d_copies, launch_stats, sync_stats
+from perfmagic.analyze.gpu_tally import GAP_MIN_US, IDLE_CATEGORIES, ByName, GpuTally
 from perfmagic.analyze.tensor_cores import tensor_cores
 from perfmagic.contract import GpuSection
 from perfmagic.contract.gpu import (
@@ -40,49 +43,24 @@ from perfmagic.contract.gpu import (
     StreamIdle,
     TopKernel,
 )
-from perfmagic.intervals import merge_intervals, union_length
 from perfmagic.traces.events import (
     COMMUNICATION,
     COMPUTATION,
     CUDA_DEVICE,
     KINDS,
     MEMORY,
+    GpuChunk,
     GpuEvents,
     KinetoTrace,
     MemoryEvents,
 )
 from perfmagic.traces.stages import profiler_steps
 
-KERNEL_WAIT_US = 30.0
-"""HTA's ``consecutive_kernel_delay`` default: shorter gaps are launch overhead."""
-
-GAP_MIN_US = 1000.0
-"""An idle stretch of the GPU this long (1 ms) is a starvation gap: longer than any launch overhead,
-short enough to catch a host stall within a step of tens of milliseconds (Nsight's own check looks for
-500 ms, across whole applications)."""
-
-IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
-"""Idle-gap categories, in the order ``_classify`` numbers them."""
+__all__ = ["gpu_summary", "memory_peaks", "tensor_cores", "trace_gpu"]
 
 TOP_KERNELS = 10
 KERNEL_TABLE = 200
 """GPU event names the ``kernels`` table keeps (by total time); the rest are summed in ``kernels_omitted``."""
-
-
-def _window(
-    events: GpuEvents, launched_before: float | None, whole_us: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(events kept, and the kept ones' start, end and launch times): HTA's window and its whole-µs
-    counting. The times of the kept events only, so the events dropped are never copied."""
-    launch = np.ceil(events.launch) if whole_us else events.launch
-    if whole_us and launched_before is not None:
-        launched_before = float(np.ceil(launched_before))
-    keep = np.ones(len(events), dtype=bool) if launched_before is None else launch < launched_before
-    start = events.start[keep]
-    end = start + events.dur[keep]
-    if whole_us:
-        start, end = np.ceil(start), np.floor(end)
-    return keep, start, end, launch[keep]
 
 
 def gpu_summary(
@@ -101,23 +79,23 @@ def gpu_summary(
     exactly: per stream, the gaps between consecutive events on that stream, which count
     time that other streams kept the GPU busy.
     """
-    keep, start, end, launch = _window(events, launched_before, whole_us)
-    if not keep.any():
+    tally = GpuTally(events.names, launched_before, whole_us)
+    tally.add(_chunk(events, np.full(len(events), -1, np.int32), np.full(len(events), np.nan)), final=True)
+    return summary(tally)
+
+
+def summary(tally: GpuTally) -> GpuSummary | None:
+    """The figures of :func:`gpu_summary` from a finished tally; None when it kept no event."""
+    if not tally.events:
         return None
-    # the window's events are not copied whole (a capture holds millions): its times and kinds are, the
-    # figures by name read the events through masks, and each stream's its own columns
-    kind = events.kind[keep]
-    busy_start, busy_end = merge_intervals(start, end)
-    span = float(busy_end[-1] - busy_start[0])
-    busy = float((busy_end - busy_start).sum())
-    kind_time = [union_length(start[kind == k], end[kind == k]) for k in range(len(KINDS))]
+    span = tally.span
+    busy = tally.busy.length
+    kind_time = [union.length for union in tally.kinds]
     compute = kind_time[COMPUTATION]
 
     def share(t: float) -> float | None:
         return t / span if span > 0 else None
 
-    gaps = _gaps(start, end, launch, busy_start, busy_end)
-    kernels = keep & (events.kind != MEMORY)
     return {
         "window_s": span / 1e6,
         "busy_fraction": share(busy),
@@ -127,17 +105,39 @@ def gpu_summary(
         "comm_fraction": share(kind_time[COMMUNICATION]),
         "memory_fraction": share(kind_time[MEMORY]),
         "idle_s": (span - busy) / 1e6,
-        "idle_breakdown": _breakdown(*gaps),
-        "idle_breakdown_by_stream": _by_stream(events.device[keep], events.stream[keep], start, end, launch),
-        "event_count": len(start),
-        "kernel_count": int(kernels.sum()),
-        "streams": np.unique(events.stream[keep]).tolist(),
-        **_kernels_by_time(events, kernels, span),
-        "comm": _comm(kind, start, end, span),
-        **_kernel_table(events, keep),
-        "memcpy_bytes": _memcpy_bytes(events, keep),
-        "gaps": _long_gaps(busy_start, busy_end, span),
+        "idle_breakdown": _breakdown(tally.gap_sum, tally.gap_by_category),
+        "idle_breakdown_by_stream": _by_stream(tally),
+        "event_count": tally.events,
+        "kernel_count": tally.kernels,
+        "streams": sorted({s for _, s in tally.streams}),
+        **_kernels_by_time(tally.names, tally.kernel_names, span),
+        "comm": _comm(tally, span),
+        **_kernel_table(tally.names, tally.all),
+        "memcpy_bytes": _memcpy_bytes(tally.names, tally.all),
+        "gaps": _long_gaps(*tally.long_gaps, span),
     }
+
+
+def _chunk(events: GpuEvents, launch_name: np.ndarray, launch_dur: np.ndarray) -> GpuChunk:
+    return GpuChunk(
+        events.name_id, events.kind, events.start, events.dur, events.device, events.stream, events.launch,
+        events.bytes, launch_name, launch_dur,
+    )  # fmt: skip
+
+
+def trace_tally(trace: KinetoTrace, launched_before: float | None, whole_us: bool) -> GpuTally:
+    """The tally of a trace's GPU events, each with the call that launched it."""
+    gpu, cpu = trace.gpu, trace.cpu
+    rows = gpu.launch_row
+    assert rows is not None  # read from a trace
+    linked = rows >= 0
+    launch_name = np.full(len(gpu), -1, np.int32)
+    launch_name[linked] = cpu.name_id[rows[linked]]
+    launch_dur = np.full(len(gpu), np.nan)
+    launch_dur[linked] = cpu.dur[rows[linked]]
+    tally = GpuTally(cpu.names, launched_before, whole_us)
+    tally.add(_chunk(gpu, launch_name, launch_dur), final=True)
+    return tally
 
 
 def trace_gpu(trace: KinetoTrace) -> GpuSection | None:
@@ -145,93 +145,57 @@ def trace_gpu(trace: KinetoTrace) -> GpuSection | None:
 
     The window holds the GPU events launched before the last ``ProfilerStep#`` started
     (``profiler_steps`` lists the steps it covers); with fewer than two steps, HTA
-    keeps every event, and so does this.
+    keeps every event, and so does this. A reader that streamed the GPU events hands over
+    their tally (``trace.gpu_figures``), made over the same window.
     """
     numbers, starts, ends = profiler_steps(trace)
     before = float(starts.max()) if len(starts) > 1 else None
-    whole_us = trace.ns_resolution  # a look at every timestamp: once
-    gpu = gpu_summary(trace.gpu, launched_before=before, whole_us=whole_us)
+    tally = trace.gpu_figures
+    if not isinstance(tally, GpuTally):
+        tally = trace_tally(trace, before, trace.ns_resolution)
+    gpu = summary(tally)
     if gpu is None:
         return None
     steps = starts < before if before is not None else np.ones(len(starts), dtype=bool)
     names = {d.get("id"): d.get("name") for d in trace.device_properties}
-    launched = _window(trace.gpu, before, whole_us)[0]
     return {
         **gpu,
         "profiler_steps": numbers[steps].tolist(),
-        "devices": [{"index": int(i), "name": names.get(int(i))} for i in np.unique(trace.gpu.device)],
-        "launches": launch_stats(trace, launched, gpu["window_s"] * 1e6),
+        "devices": [{"index": i, "name": names.get(i)} for i in sorted(tally.devices)],
+        "launches": launch_stats(tally),
         "syncs": sync_stats(trace, (starts[steps], ends[steps])),
         "blocking_copies": blocking_copies(trace, (starts[steps], ends[steps])),
-        "h2d_copies": h2d_copies(trace, launched),
+        "h2d_copies": h2d_copies(tally.names, tally.all),
         "memory": memory_peaks(trace.memory),
     }
 
 
-def _long_gaps(busy_start: np.ndarray, busy_end: np.ndarray, span: float) -> Gaps:
+def _long_gaps(count: int, total: float, longest: float, span: float) -> Gaps:
     """``gaps``: the stretches between busy intervals of at least ``GAP_MIN_US``."""
-    gap = busy_start[1:] - busy_end[:-1]
-    long = gap[gap >= GAP_MIN_US]
-    total = float(long.sum())
     return {
         "min_s": GAP_MIN_US / 1e6,
-        "count": len(long),
+        "count": count,
         "total_s": total / 1e6,
         "fraction": total / span if span > 0 else None,
-        "longest_s": float(long.max()) / 1e6 if len(long) else 0.0,
+        "longest_s": longest / 1e6,
     }
 
 
-def _classify(gap_start: np.ndarray, gap: np.ndarray, next_launch: np.ndarray) -> np.ndarray:
-    """Index into ``IDLE_CATEGORIES`` of each gap (HTA's rule; a NaN launch is not host wait)."""
-    host = next_launch > gap_start
-    # int8: one byte per gap, of which a capture has millions
-    out: np.ndarray = np.where(host, np.int8(0), np.where(gap < KERNEL_WAIT_US, np.int8(1), np.int8(2)))
-    return out
-
-
-def _gaps(
-    start: np.ndarray, end: np.ndarray, launch: np.ndarray, busy_start: np.ndarray, busy_end: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Whole-GPU gaps (µs) and their category, each ended by the first event after it."""
-    gap = busy_start[1:] - busy_end[:-1]
-    order = np.lexsort((end, start))
-    # the event that ends a gap is the first one starting at the next busy interval's start
-    first = order[np.searchsorted(start[order], busy_start[1:])]
-    return gap, _classify(busy_end[:-1], gap, launch[first])
-
-
-def _breakdown(gap: np.ndarray, category: np.ndarray) -> IdleBreakdown:
-    total = float(gap.sum())
+def _breakdown(total: float, by_category: np.ndarray) -> IdleBreakdown:
     if total <= 0:
         return {"host_wait": None, "kernel_wait": None, "other": None}
-    host_wait, kernel_wait, other = (
-        float(gap[category == i].sum()) / total for i in range(len(IDLE_CATEGORIES))
-    )
+    host_wait, kernel_wait, other = (float(by_category[i]) / total for i in range(len(IDLE_CATEGORIES)))
     return {"host_wait": host_wait, "kernel_wait": kernel_wait, "other": other}
 
 
-def _by_stream(
-    device_of: np.ndarray, stream_of: np.ndarray, start: np.ndarray, end: np.ndarray, launch: np.ndarray
-) -> list[StreamIdle]:
-    """``idle_breakdown_by_stream`` of the events whose device, stream and times the arrays give."""
+def _by_stream(tally: GpuTally) -> list[StreamIdle]:
+    """``idle_breakdown_by_stream``: per stream, its gaps' time by category."""
     out: list[StreamIdle] = []
-    # (device, stream) in sorted order, each device's own streams found apart: a unique over stacked
-    # columns would copy and sort every event twice
-    devices = np.unique(device_of)
-    keys = [(d, s) for d in devices for s in np.unique(stream_of[device_of == d])]
-    for device, stream in keys:
-        on = np.flatnonzero((device_of == device) & (stream_of == stream))
-        on = on[np.argsort(start[on], kind="stable")]
-        # HTA: the gap before each event is its start minus the previous event's end
-        gap = start[on][1:] - end[on][:-1]
-        category = _classify(end[on][:-1], gap, launch[on][1:])
-        idle = float(gap.sum())
-        host_wait, kernel_wait, other = (float(gap[category == i].sum()) for i in range(len(IDLE_CATEGORIES)))
+    for device, stream, idle, (host_wait, kernel_wait, other) in tally.stream_idle():
         out.append(
             {
-                "device": int(device),
-                "stream": int(stream),
+                "device": device,
+                "stream": stream,
                 "idle_s": idle / 1e6,
                 "host_wait": host_wait / idle if idle > 0 else None,
                 "host_wait_s": host_wait / 1e6,
@@ -244,30 +208,18 @@ def _by_stream(
     return out
 
 
-def _by_name(ev: GpuEvents, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per name of the events in ``mask``: (total µs, count, kind, name ids by total time, longest first).
+def _kernels_by_time(names: list[str], kernels: ByName, span: float) -> KernelTimes:
+    """``top_kernels``: the ``TOP_KERNELS`` kernel names with most time; ``tensor_core_fraction``: of the
+    matrix kernels' time (those whose name tells), the share on tensor cores (None without any);
+    ``tensor_cores_unknown``: the computation kernel names that do not tell.
 
     The events' own durations, not HTA's whole microseconds: those would count a kernel shorter than
     a microsecond (thousands of them in a launch-bound job) as 0 or less."""
-    ids = ev.name_id[mask]
-    n = len(ev.names)
-    total = np.bincount(ids, weights=ev.dur[mask], minlength=n)
-    count = np.bincount(ids, minlength=n)
-    kind = np.zeros(n, dtype=np.int8)
-    kind[ids] = ev.kind[mask]
-    order = np.argsort(-total, kind="stable")
-    return total, count, kind, order[count[order] > 0]
-
-
-def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> KernelTimes:
-    """``top_kernels``: the ``TOP_KERNELS`` kernel names with most time; ``tensor_core_fraction``: of the
-    matrix kernels' time (those whose name tells), the share on tensor cores (None without any);
-    ``tensor_cores_unknown``: the computation kernel names that do not tell."""
-    total, count, kind, order = _by_name(ev, is_kernel)
-    on_tensor_cores = [tensor_cores(ev.names[i]) for i in order]
+    total, count, kind, order = kernels.total, kernels.count, kernels.kind, kernels.ranked()
+    on_tensor_cores = [tensor_cores(names[i]) for i in order]
     top: list[TopKernel] = [
         {
-            "name": ev.names[i],
+            "name": names[i],
             "kind": KINDS[kind[i]],
             "count": int(count[i]),
             "total_s": float(total[i]) / 1e6,
@@ -290,16 +242,13 @@ def _kernels_by_time(ev: GpuEvents, is_kernel: np.ndarray, span: float) -> Kerne
     }
 
 
-def _comm(kind: np.ndarray, start: np.ndarray, end: np.ndarray, span: float) -> Comm | None:
+def _comm(tally: GpuTally, span: float) -> Comm | None:
     """Communication kernels' time (their union), the part overlapped by computation kernels and the
-    exposed rest, in seconds and as a share of the span (``kind``: each event's); None without
-    communication kernels."""
-    comm, compute = kind == COMMUNICATION, kind == COMPUTATION
-    if not comm.any():
+    exposed rest, in seconds and as a share of the span; None without communication kernels."""
+    if tally.kinds[COMMUNICATION].open is None:
         return None
-    total = union_length(start[comm], end[comm])
-    either = union_length(start[comm | compute], end[comm | compute])
-    exposed = either - union_length(start[compute], end[compute])
+    total = tally.kinds[COMMUNICATION].length
+    exposed = tally.comm_or_compute.length - tally.kinds[COMPUTATION].length
     return {
         "total_s": total / 1e6,
         "overlapped_s": (total - exposed) / 1e6,
@@ -329,16 +278,15 @@ def memory_peaks(memory: MemoryEvents) -> list[MemoryPeak] | None:
     return out
 
 
-def _kernel_table(ev: GpuEvents, mask: np.ndarray) -> KernelTable:
-    """``kernels``: every GPU event name (kernels, memcpy, memset) of the events in ``mask`` with its count
-    and total time, the ``KERNEL_TABLE`` longest; ``kernels_omitted``: the rest summed (None when nothing
-    was left out)."""
-    total, count, kind, order = _by_name(ev, mask)
+def _kernel_table(names: list[str], events: ByName) -> KernelTable:
+    """``kernels``: every GPU event name (kernels, memcpy, memset) with its count and total time, the
+    ``KERNEL_TABLE`` longest; ``kernels_omitted``: the rest summed (None when nothing was left out)."""
+    total, count, kind, order = events.total, events.count, events.kind, events.ranked()
     rest = order[KERNEL_TABLE:]
     return {
         "kernels": [
             {
-                "name": ev.names[i],
+                "name": names[i],
                 "kind": KINDS[kind[i]],
                 "count": int(count[i]),
                 "total_s": float(total[i]) / 1e6,
@@ -355,13 +303,12 @@ def _kernel_table(ev: GpuEvents, mask: np.ndarray) -> KernelTable:
     }
 
 
-def _memcpy_bytes(ev: GpuEvents, mask: np.ndarray) -> dict[str, float]:
-    """Bytes copied per direction (``HtoD``, ``DtoH``, ``DtoD``, ...) by the events in ``mask``, from
-    ``Memcpy XtoY (...)`` names."""
-    copies = np.flatnonzero(mask & (ev.kind == MEMORY) & (ev.bytes > 0))
+def _memcpy_bytes(names: list[str], events: ByName) -> dict[str, float]:
+    """Bytes copied per direction (``HtoD``, ``DtoH``, ``DtoD``, ...), from ``Memcpy XtoY (...)`` names."""
     out: dict[str, float] = {}
-    for i in np.unique(ev.name_id[copies]):
-        words = ev.names[i].split()
+    copied = events.copied
+    for i in np.flatnonzero(copied > 0):
+        words = names[i].split()
         if len(words) > 1 and words[0] == "Memcpy":
-            out[words[1]] = out.get(words[1], 0.0) + float(ev.bytes[copies][ev.name_id[copies] == i].sum())
+            out[words[1]] = out.get(words[1], 0.0) + float(copied[i])
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -107,6 +107,51 @@ def kernel_kind(name: str, memory: bool) -> int:
 
 
 @dataclass(frozen=True)
+class GpuChunk:
+    """GPU events as the ``gpu`` section's figures take them (:class:`GpuFigures`), with the call that
+    launched each: its start (``launch``), name and duration."""
+
+    name_id: np.ndarray  # (n,) int32 index into the trace's names
+    kind: np.ndarray  # (n,) int8 index into KINDS
+    start: np.ndarray  # (n,) float64 µs
+    dur: np.ndarray  # (n,) float64 µs
+    device: np.ndarray  # (n,) int64
+    stream: np.ndarray  # (n,) int64
+    launch: np.ndarray  # (n,) float64 µs: start of the launching call; NaN when unknown
+    bytes: np.ndarray  # (n,) float64
+    launch_name: np.ndarray  # (n,) int32: the launching call's name id; -1 when unknown
+    launch_dur: np.ndarray  # (n,) float64 µs: the launching call's duration; NaN when unknown
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+class GpuFigures(Protocol):
+    """What takes GPU events a chunk at a time, in start order: the ``gpu`` section's tally
+    (:class:`perfmagic.analyze.gpu_tally.GpuTally`), made by a :data:`GpuFiguresOf`."""
+
+    def add(self, chunk: GpuChunk, final: bool = False) -> None: ...
+
+
+class GpuFiguresOf(Protocol):
+    """Makes the figures of one process's GPU events: over the event names ``names`` (a list the reader
+    goes on appending to), the events launched before ``launched_before`` (None: all), counted in whole
+    microseconds where ``whole_us`` (see :func:`perfmagic.analyze.gpu.gpu_summary`)."""
+
+    def __call__(self, names: list[str], launched_before: float | None, whole_us: bool) -> GpuFigures: ...
+
+
+@dataclass(frozen=True)
+class Aggregates:
+    """What a reader that keeps only some of a trace's events counted over all of them."""
+
+    first_us: float | None  # the earliest start of any event; None without events
+    last_us: float | None  # the latest end of any event
+    busiest_thread: int  # index into CpuEvents.threads of the thread with most CPU events; -1 without
+    ns_resolution: bool  # some event's start carries a fraction of a microsecond
+
+
+@dataclass(frozen=True)
 class MemoryEvents:
     """The allocator's ``[memory]`` events: the memory allocated on a device after each (de)allocation."""
 
@@ -163,10 +208,16 @@ class KinetoTrace:
     # names of CPU events that carry a ``step_num`` argument: the steps a JAX ``StepTraceAnnotation`` or a
     # TensorFlow ``tf.profiler.experimental.Trace(..., step_num=...)`` marks (``ProfilerStep#N`` for torch)
     step_names: frozenset[str] = frozenset()
+    # figures a reader tallied over GPU events it streamed rather than kept: ``gpu`` then holds only the
+    # copies, memsets and communication kernels, and ``aggregates`` what was counted over every event
+    gpu_figures: GpuFigures | None = None
+    aggregates: Aggregates | None = None
 
     @property
     def ns_resolution(self) -> bool:
         """Timestamps carry fractions of a microsecond (newer PyTorch writes ns resolution)."""
+        if self.aggregates is not None:
+            return self.aggregates.ns_resolution
         return any(bool(np.any(t != np.floor(t))) for t in (self.cpu.start, self.gpu.start))
 
     @property

@@ -36,6 +36,7 @@ a stage does not nest in itself, and no built-in stage nests inside ``data`` or 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -53,6 +54,8 @@ STEP_START = STEP_BOUNDARY_PREFIX + "profiler_step_start"
 BACKWARD_EVENT = "autograd::engine::evaluate_function: "
 H2D_MEMCPY = "Memcpy HtoD"  # "Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)"
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+_NEST_BLOCK = 8192
+_OTHER_LABELS = ("h2d", "other", "backward")  # the spans _spans adds besides the staged events, in order
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 """CUDA runtime calls that make the host wait for the GPU (``cudaMemcpy`` blocks until its copy ends)."""
@@ -102,7 +105,7 @@ def _step_rows(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray, bool]:
         m = PROFILER_STEP.match(name)
         if m:
             number[i] = int(m.group(1))
-    rows = np.flatnonzero(number[cpu.name_id] >= 0)
+    rows = np.flatnonzero((number >= 0)[cpu.name_id])
     if not len(rows) and trace.step_names:
         annotated = np.array([name in trace.step_names for name in cpu.names], dtype=bool)
         rows = np.flatnonzero(annotated[cpu.name_id])
@@ -115,33 +118,20 @@ def _step_rows(trace: KinetoTrace) -> tuple[np.ndarray, np.ndarray, bool]:
 def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
     """The timeline of one rank's trace (times in seconds from the trace's first event)."""
     cpu, gpu = trace.cpu, trace.gpu
-    cpu_end = cpu.end
-    # the allocator's events too: a trace of them alone (profile_memory, no activities) lasts as long as they do
-    origin, last = _extent(
-        ((cpu.start, cpu_end), (gpu.start, gpu.start + gpu.dur), (trace.memory.start, trace.memory.start))
-    )
+    counted = trace.aggregates  # a reader that kept only some events counted these over all
+    if counted is not None and counted.first_us is not None:
+        origin, last = counted.first_us, counted.last_us
+    else:  # the allocator's events too: a trace of them alone (profile_memory, no activities) lasts as long
+        origin, last = _extent(
+            ((cpu.start, cpu.end), (gpu.start, gpu.start + gpu.dur), (trace.memory.start, trace.memory.start))
+        )
     step_no, step_rows, annotated = _step_rows(trace)
-    step_start, step_end = cpu.start[step_rows], cpu_end[step_rows]
-    main = _main_thread(cpu, step_rows)
-    stage = np.array([stage_of(n) or "" for n in cpu.names], dtype=object)
-    on_main = cpu.thread == main
-
-    h2d_start, h2d_end = _h2d_copies(trace, on_main)
-    # by name, then per event: an object array of every event's stage would cost more than the events
-    rows = np.flatnonzero(on_main & (stage != "")[cpu.name_id])
-    # the sync a blocking copy makes is the copy's wait, not a sync of its own
-    in_copy = (_holder(cpu.start[rows], h2d_start, h2d_end) >= 0) & (stage == "logging")[cpu.name_id[rows]]
-    rows = rows[~in_copy]
-    names = stage[cpu.name_id[rows]].tolist()
-    spans = list(zip(cpu.start[rows].tolist(), cpu_end[rows].tolist(), names, strict=True))
-    spans += [(float(s), float(e), "h2d") for s, e in zip(h2d_start, h2d_end, strict=True)]
-    spans += [(float(s), float(e), "other") for s, e in zip(step_start, step_end, strict=True)]
-    backward = _backward(trace, main, on_main)
-    spans += [(float(s), float(e), "backward") for s, e in zip(*backward, strict=True)]
-
+    step_start, step_end = cpu.start[step_rows], cpu.start[step_rows] + cpu.dur[step_rows]
+    main = _main_thread(cpu, step_rows) if counted is None or len(step_rows) else counted.busiest_thread
+    spans, labels = _spans(trace, main, (step_start, step_end))
     pid = cpu.threads[main][0] if len(cpu.threads) else None
     warnings = step_warnings(trace, step_no, step_start, step_end, "step" if annotated else "ProfilerStep#")
-    seen = {s for _, _, s in spans}
+    seen = {labels[k] for k in np.unique(spans[2]).tolist()}
     framework = _framework(trace.cpu, annotated)
     if framework != "torch":
         warnings.append(
@@ -174,7 +164,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
             "warnings": warnings,
         }
     )
-    for s, e, name, depth in _nest(spans):
+    for s, e, name, depth in _nest(*spans, labels):
         timeline.add_span(timeline.name_id(name), (s - origin) / 1e6, (e - origin) / 1e6, depth)
     boundary, began = timeline.name_id(BOUNDARY), timeline.name_id(STEP_START)
     for s, e in zip(step_start, step_end, strict=True):
@@ -183,6 +173,39 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
         t = (float(e) - origin) / 1e6
         timeline.add_span(boundary, t, t, -1)
     return timeline
+
+
+_Spans = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _spans(trace: KinetoTrace, main: int, steps: tuple[np.ndarray, np.ndarray]) -> tuple[_Spans, list[str]]:
+    """The spans as columns (start, end, index into the labels) and their labels: the main thread's events
+    that have a stage, its host-to-device copies, the ``steps`` (``other``) and backward passes.
+    Columns, and the rows that chose them freed here: a capture has hundreds of thousands of steps, and
+    a tuple per span cost ~1 KB a step."""
+    cpu = trace.cpu
+    stage = np.array([stage_of(n) or "" for n in cpu.names], dtype=object)
+    on_main = cpu.thread == main
+    h2d_start, h2d_end = _h2d_copies(trace, on_main)
+    # by name, then per event: an object array of every event's stage would cost more than the events
+    rows = np.flatnonzero(on_main & (stage != "")[cpu.name_id])
+    # the sync a blocking copy makes is the copy's wait, not a sync of its own
+    in_copy = (_holder(cpu.start[rows], h2d_start, h2d_end) >= 0) & (stage == "logging")[cpu.name_id[rows]]
+    rows = rows[~in_copy]
+    others = ((h2d_start, h2d_end), steps, _backward(trace, main, on_main))
+    labels = list(dict.fromkeys([*_OTHER_LABELS, *(x for x in stage.tolist() if x)]))
+    code = np.array([labels.index(x) if x else -1 for x in stage.tolist()], np.int16)
+    spans = (
+        np.concatenate((cpu.start[rows], *(s for s, _ in others))),
+        np.concatenate((cpu.start[rows] + cpu.dur[rows], *(e for _, e in others))),
+        np.concatenate(
+            (
+                code[cpu.name_id[rows]],
+                np.repeat(np.arange(len(others), dtype=np.int16), [len(s) for s, _ in others]),
+            )
+        ),
+    )
+    return spans, labels
 
 
 def _extent(spans: tuple[tuple[np.ndarray, np.ndarray], ...]) -> tuple[float, float | None]:
@@ -224,7 +247,10 @@ def _h2d_copies(trace: KinetoTrace, on_main: np.ndarray) -> tuple[np.ndarray, np
         return none
     htod_ids = [i for i, n in enumerate(gpu.names) if n.startswith(H2D_MEMCPY)]
     htod = gpu.correlation[np.isin(gpu.name_id, htod_ids) & (gpu.correlation >= 0)]
-    launches = np.flatnonzero(on_main & (cpu.correlation >= 0) & np.isin(cpu.correlation, htod))
+    calls = np.flatnonzero(
+        on_main & (cpu.correlation >= 0)
+    )  # the calls only: an isin over every row sorts them
+    launches = calls[np.isin(cpu.correlation[calls], htod)]
     if not len(launches):
         return none
     copy_ids = [i for i, n in enumerate(cpu.names) if n in COPY_OPS]
@@ -280,17 +306,22 @@ def _backward(trace: KinetoTrace, main: int, on_main: np.ndarray) -> tuple[np.nd
     return s[heads], e[tails]
 
 
-def _nest(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str, int]]:
-    """Depth of each span on one thread, children clipped to their parent, recorder rules applied."""
-    out: list[tuple[float, float, str, int]] = []
+def _nest(
+    start: np.ndarray, end: np.ndarray, label: np.ndarray, labels: list[str]
+) -> Iterator[tuple[float, float, str, int]]:
+    """Depth of each span (``labels[label]``) on one thread, children clipped to their parent, recorder
+    rules applied; in order of start, the longer first, ties as given."""
     stack: list[tuple[float, str]] = []  # (end, stage) of the open spans
-    for s, e, name in sorted(spans, key=lambda x: (x[0], -x[1])):
-        while stack and stack[-1][0] <= s:
-            stack.pop()
-        if stack:
-            e = min(e, stack[-1][0])
-        if e <= s or not nests_inside(name, [open_ for _, open_ in stack]):
-            continue
-        out.append((s, e, name, len(stack)))
-        stack.append((e, name))
-    return out
+    order = np.lexsort((-end, start))
+    for at in range(0, len(order), _NEST_BLOCK):  # Python floats for a block at a time
+        block = order[at : at + _NEST_BLOCK]
+        for s, e, k in zip(start[block].tolist(), end[block].tolist(), label[block].tolist(), strict=True):
+            name = labels[k]
+            while stack and stack[-1][0] <= s:
+                stack.pop()
+            if stack:
+                e = min(e, stack[-1][0])
+            if e <= s or not nests_inside(name, [open_ for _, open_ in stack]):
+                continue
+            yield s, e, name, len(stack)
+            stack.append((e, name))

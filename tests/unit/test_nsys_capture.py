@@ -20,8 +20,7 @@ from nsys_capture import CLOVERLEAF, PID, SAXPY, Loop, write_capture
 
 import perfmagic
 from perfmagic.cli import main
-from perfmagic.traces import TraceFormatError
-from perfmagic.traces import nsys as nsys_reader
+from perfmagic.traces import TraceFormatError, nsys_columns
 from perfmagic.traces.events import MEMORY
 from perfmagic.traces.nsys import read_capture
 from perfmagic.traces.nsys_schema import NsysSchema, open_capture
@@ -172,7 +171,7 @@ def test_an_nsys_report_is_exported_by_nsys_on_path(tmp_path: Path, monkeypatch:
 
 def test_rows_are_read_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     (whole,) = read_capture(CLOVERLEAF)
-    monkeypatch.setattr(nsys_reader, "CHUNK_ROWS", 97)
+    monkeypatch.setattr(nsys_columns, "CHUNK_ROWS", 97)
     (chunked,) = read_capture(CLOVERLEAF)
     for a, b in ((whole.gpu, chunked.gpu), (whole.cpu, chunked.cpu)):
         assert np.array_equal(a.start, b.start) and np.array_equal(a.dur, b.dur)
@@ -191,7 +190,7 @@ def test_a_capture_read_in_tiny_chunks_gives_the_same_report(
     chunk = 5
     assert memsets > 2 * chunk  # the smallest table read in several chunks too
     whole = perfmagic.load_trace(path).to_dict()
-    monkeypatch.setattr(nsys_reader, "CHUNK_ROWS", chunk)
+    monkeypatch.setattr(nsys_columns, "CHUNK_ROWS", chunk)
     assert perfmagic.load_trace(path).to_dict() == whole
     assert [r["steps"]["count"] for r in whole["ranks"]] == [loop.steps, loop.steps]
 
