@@ -13,11 +13,12 @@ pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
 
 @pytest.fixture(autouse=True)
-def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[AssertionError]]:
     """Every report a test builds passes the same checks (report_checks.assert_consistent), and one
     recorded fully says what its steps recorded in windows would (windowed_view.assert_windows_agree).
     A check that fails fails the test, also where perfmagic turned the failure into a warning (a
-    session's report is built behind a guard that keeps the user's cell alive)."""
+    session's report is built behind a guard that keeps the user's cell alive); a test that makes one
+    fail on purpose clears the list the fixture gives."""
     from report_checks import assert_consistent
     from windowed_view import assert_windows_agree
 
@@ -38,7 +39,7 @@ def every_report_is_consistent(monkeypatch: pytest.MonkeyPatch) -> Iterator[None
                 raise
 
     monkeypatch.setattr(perfmagic.report.Report, "__init__", checked)
-    yield
+    yield failed
     if failed:
         raise failed[0]
 

@@ -40,11 +40,13 @@ def test_each_inconsistency_is_caught(change: Callable[[dict[str, Any]], None], 
         assert_consistent(report)
 
 
-def test_every_report_built_in_the_tests_is_checked() -> None:
+def test_every_report_built_in_the_tests_is_checked(every_report_is_consistent: list[AssertionError]) -> None:
     data = _report()
     data["bottleneck"] = "optimizer"
     with pytest.raises(AssertionError, match="headline"):
         Report(data)
+    assert len(every_report_is_consistent) == 1  # and the test would fail at its end, had it not raised here
+    every_report_is_consistent.clear()
 
 
 def test_a_fix_that_is_not_python_is_caught() -> None:
