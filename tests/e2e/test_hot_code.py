@@ -97,7 +97,9 @@ def test_a_notebook_names_the_set_up_cells_line(tmp_path: Path) -> None:
     """The dataset is defined in cell 2 (after a blank line, which IPython drops when it compiles the cell
     but the notebook shows); the profiled cell trains. Loading in the loop and in forked workers, the
     report names ``In [2]``'s FFT line, not ipykernel's temporary file."""
-    busy = "    sum(i * i for i in range(150_000))"  # pure Python in no stage: "other"
+    # pure Python in no stage: "other", ~40 ms a step, several times what the loss and the autograd
+    # engine take between the stage hooks on the line before, even where load stretches those
+    busy = "    sum(i * i for i in range(600_000))"
     profiled = "%%gpuprofile --quiet -v {var} --interval 0.02\n\n" + TRAIN + busy + "\n"
     cells = [
         "%load_ext perfmagic\nimport json\nfrom torch.utils.data import DataLoader",
