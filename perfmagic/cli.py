@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from perfmagic import __version__
 from perfmagic.children import FULL_ENV, INTERVAL_ENV, RUN_DIR_ENV, TRACE_ENV, TUNE_ENV, write_sitecustomize
 from perfmagic.price import PRICE_ENV, gpu_hour_price
-from perfmagic.session import Session
 
 if TYPE_CHECKING:
     from perfmagic.report import Report
@@ -319,8 +318,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:  # the shell's codes: 126 found but not runnable, 127 not found
         print(f"perfmagic run: cannot start {cmd[0]!r}: {e.strerror}", file=sys.stderr)
         return 126 if isinstance(e, PermissionError) or os.path.exists(cmd[0]) else 127
+    # imported once the command is started: its first line does not wait for the sampler's code
     from perfmagic.collect.host import HostSource
     from perfmagic.collect.nvml_source import NvmlSource
+    from perfmagic.session import Session
 
     sampler = Session(
         interval=args.interval,

@@ -132,3 +132,27 @@ def test_the_check_finds_an_undeclared_key_a_missing_key_and_a_wrong_type() -> N
 def test_each_dataclass_the_report_copies_has_exactly_its_sections_keys(stats: Any, section: Any) -> None:
     # report.py copies these field by field: a field added to one must be added to the other
     assert {f.name for f in dataclasses.fields(stats)} == set(section.__annotations__)
+
+
+def test_each_name_of_the_contract_is_read_from_the_module_the_type_checker_is_told() -> None:
+    """The contract's names are imported when first read (a profiled process imports the marks alone):
+    each resolves to its module's own object, and the imports the type checker reads name the same."""
+    import ast
+    import importlib
+
+    import perfmagic.contract as contract
+
+    told = {
+        (node.module.rsplit(".", 1)[1], alias.name)
+        for node in ast.walk(ast.parse(Path(contract.__file__).read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("perfmagic.contract.")
+        for alias in node.names
+    }
+    homes = {(module, name) for module, names in contract.HOMES.items() for name in names}
+    assert told == homes
+    for module, name in homes:
+        assert getattr(contract, name) is getattr(
+            importlib.import_module(f"perfmagic.contract.{module}"), name
+        )
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        contract.Nothing  # noqa: B018
