@@ -28,8 +28,10 @@ REPORT_ONLY = [
     "perfmagic.merge",
     "perfmagic.traces",
     "perfmagic.compare",
+    "perfmagic.contract.report",
+    "perfmagic.contract.comparison",
 ]
-"""perfmagic's layers that only building a report needs."""
+"""perfmagic's layers that only building a report needs (the report's typed sections among them)."""
 HEAVY = ["numpy", "pandas", "bokeh", "matplotlib", "jinja2", "psutil", "pynvml", "msgspec"]
 """Libraries that a process which imports none of them must not pay for at start."""
 
