@@ -216,11 +216,10 @@ def step_peak_bytes(step: TrainingStep) -> int | None:
         return None
     import torch
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
     # the counter is the process's high-water mark: without the reset an earlier, larger peak hides this one
-    torch.cuda.reset_peak_memory_stats(index)
+    torch.cuda.reset_peak_memory_stats(device.index)  # a parameter's device: always indexed
     step()
-    return int(torch.cuda.memory_stats(index).get("allocated_bytes.all.peak") or 0)
+    return int(torch.cuda.memory_stats(device.index).get("allocated_bytes.all.peak") or 0)
 
 
 def with_peaks(step: TrainingStep, tried: list[tuple[TrainingStep, Trial]], notes: list[str]) -> None:
@@ -271,8 +270,7 @@ def tune_compute(
         best = min(tried, key=lambda t: t["seconds"]) if baseline is not None and len(tried) > 1 else None
         result: KnobResult = {**knob_result(knob, unit, tried, baseline, best, notes), "budget_s": share}
         if knob == "batch_size" and step.device is not None:
-            d = step.device
-            result["device"] = f"cuda:{d.index if d.index is not None else 0}" if d.type == "cuda" else str(d)
+            result["device"] = str(step.device)  # as the memory probe names it: "cuda:0", "cpu"
         results.append(result)
     return results
 
