@@ -78,15 +78,16 @@ def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:
     # the slopes leave out the first window's steps: a warm-up's slow first forwards would claim the
     # length of every longer step
     after = slice(WINDOW, None) if len(model) >= 4 * WINDOW else slice(None)
-    growth = _growth(recorded[after], rest[model][after])
+    lengths = rest[model][after]
+    growth = _growth(recorded[after], lengths)
     # past the longest the fully recorded steps were, nothing says where the time went: that part of
     # a step goes to the stages in their typical shares (a preemption lands in a stage as often as the
     # stage runs)
-    lengths = rest[model][after]
     reach = float(np.abs(lengths - lengths.mean()).max())
-    excess = rest[partial] - typical.sum(axis=1)
+    typical_s = typical.sum(axis=1)
+    excess = rest[partial] - typical_s
     seen = np.minimum(excess, reach)
-    shares = typical / np.where(typical.sum(axis=1) > 0, typical.sum(axis=1), np.inf)[:, None]
+    shares = typical / np.where(typical_s > 0, typical_s, np.inf)[:, None]
     guess = typical + np.outer(seen, growth) + (excess - seen)[:, None] * shares
     guess = np.maximum(guess, 0.0)
     total = guess.sum(axis=1)
