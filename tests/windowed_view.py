@@ -11,12 +11,12 @@ mark) and drops what the windowed hooks record (fetches, forward, backward, copi
 from __future__ import annotations
 
 from array import array
-from typing import Any
 
 import numpy as np
 
 from perfmagic.analyze import analyze
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
+from perfmagic.contract import ReportData
 from perfmagic.report import Report, build_report
 from perfmagic.schema import RECORDING_MARK, STEP_BOUNDARY_PREFIX
 from perfmagic.timeline import Mark, Timeline
@@ -42,8 +42,9 @@ SHARE_POINTS = 0.01
 
 NOISE_SIGMAS = 3.0
 """A stage's share may also be off by this many times the sampling error of the run's own steps (the
-square root of the summed squares of the estimated steps' errors): what a sound estimate of steps that
-vary at random may miss by, and what an estimate biased one way on every step exceeds as steps add up."""
+square root of the summed squares of the estimated steps' errors, or of the gaps' between windows: see
+``_noise``): what a sound estimate of steps that vary at random may miss by, and what an estimate biased
+one way on every step exceeds as steps add up."""
 
 
 def windowed_view(timeline: Timeline) -> Timeline | None:
@@ -110,16 +111,17 @@ def assert_windows_agree(report: Report) -> None:
     timelines = list(report.timelines)
     if report["source"] not in ("live", "run") or len(timelines) != 1 or report.analysis is None:
         return
+    full_data = report.to_dict()
+    if "cpu_contention" in _cards(full_data):
+        return  # other processes took the CPU in bursts that span steps: no sampling error holds them
     view = windowed_view(timelines[0])
     if view is None:
         return
-    if "cpu_contention" in _cards(report.to_dict()):
-        return  # other processes took the CPU in bursts that span steps: no sampling error holds them
     full = report.analysis
     windowed = build_report(analyze([view], gpu=full.gpu), report["source"], [view])
     assert windowed.analysis is not None and windowed["recording"]["mode"] == "windowed"
     noise = _noise(full.breakdown, windowed.analysis.breakdown)
-    full_data, windowed_data = report.to_dict(), windowed.to_dict()
+    windowed_data = windowed.to_dict()
     within_a_point = True
     for name in set(full_data["stages"]) | set(windowed_data["stages"]):
         a, b = (_share(d, name) for d in (full_data, windowed_data))
@@ -135,30 +137,37 @@ def assert_windows_agree(report: Report) -> None:
 
 
 def _noise(full: StepBreakdown, windowed: StepBreakdown) -> dict[str, float]:
-    """Per stage, the sampling error of its share from the windows: the estimated steady steps' errors
-    against the full recording, summed in squares, as a share of the steady steps' time."""
+    """Per stage, the sampling error of its share from the windows, as a share of the steady steps' time:
+    the estimated steady steps' errors against the full recording, summed in squares step by step or
+    gap by gap, whichever is larger. Steps of one gap between windows share their nearest windows, and
+    a loop's own short rhythm (the workers' turns, a wait every other step) runs through a gap: their
+    errors add up within it, and only the gaps' are independent."""
     assert windowed.full is not None and windowed.count == full.count
     first = 1 if full.count >= 3 else 0  # the steady steps (analyze.steady)
     estimated = ~windowed.full[first:]
+    gap = np.cumsum(~estimated)[estimated]  # the estimated steps' gaps, numbered by the windows before them
     total = float(full.durations[first:].sum())
     out = {}
     for name in set(full.stages) & set(windowed.stages):
         error = (full.column(name) - windowed.column(name))[first:][estimated]
-        out[name] = float(np.sqrt((error**2).sum())) / total if total > 0 else 0.0
+        by_gap = np.bincount(gap, weights=error) if len(error) else error
+        squares = max(float((error**2).sum()), float((by_gap**2).sum()))
+        out[name] = float(np.sqrt(squares)) / total if total > 0 else 0.0
     return out
 
 
-def _share(data: dict[str, Any], stage: str) -> float:
-    return float((data["stages"].get(stage) or {}).get("fraction") or 0.0)
+def _share(data: ReportData, stage: str) -> float:
+    share = data["stages"].get(stage)
+    return float(share["fraction"]) if share else 0.0
 
 
-def _shares(data: dict[str, Any]) -> dict[str, float]:
+def _shares(data: ReportData) -> dict[str, float]:
     return {name: round(_share(data, name), 3) for name in data["stages"]}
 
 
-def _cards(data: dict[str, Any]) -> list[str]:
+def _cards(data: ReportData) -> list[str]:
     return [c["id"] for c in data["advice"]]
 
 
-def _plan(data: dict[str, Any]) -> list[str]:
+def _plan(data: ReportData) -> list[str]:
     return [c["id"] for c in data["plan"]["changes"]] if data["plan"] else []
