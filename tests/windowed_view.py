@@ -150,7 +150,7 @@ def _noise(full: StepBreakdown, windowed: StepBreakdown) -> dict[str, float]:
     out = {}
     for name in set(full.stages) & set(windowed.stages):
         error = (full.column(name) - windowed.column(name))[first:][estimated]
-        by_gap = np.bincount(gap, weights=error) if len(error) else error
+        by_gap = np.bincount(gap, weights=error)
         squares = max(float((error**2).sum()), float((by_gap**2).sum()))
         out[name] = float(np.sqrt(squares)) / total if total > 0 else 0.0
     return out
@@ -158,7 +158,7 @@ def _noise(full: StepBreakdown, windowed: StepBreakdown) -> dict[str, float]:
 
 def _share(data: ReportData, stage: str) -> float:
     share = data["stages"].get(stage)
-    return float(share["fraction"]) if share else 0.0
+    return float(share["fraction"] or 0.0) if share else 0.0  # a fraction not finite is written None
 
 
 def _shares(data: ReportData) -> dict[str, float]:
