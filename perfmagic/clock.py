@@ -4,8 +4,8 @@ What comes from it: ``now``, seconds on a monotonic clock (stage spans, step
 boundaries, sample times, the sampler's schedule); ``wall``, seconds since the
 epoch (the record's start, what a GPU driver stamps its samples with); ``event``, the event the sampler
 waits on between ticks (``wait(timeout)`` returns early once it is set); and
-``thread_readings``, where the recorded thread's CPU and run-queue seconds come
-from (None: the OS, see ``collect.threadclock``). A test passes a clock of its own
+``thread_readings`` and ``thread_sleeps``, where the recorded thread's CPU and run-queue
+seconds and its count of sleeps come from (None: the OS, see ``collect.threadclock``). A test passes a clock of its own
 (``tests/fakeclock.py``) and drives the whole cadence without real time.
 
 The real clock costs the hot path nothing: its ``now`` *is* :func:`time.perf_counter`,
@@ -31,6 +31,9 @@ class Clock:
 
     thread_readings: Callable[[], tuple[float, float]] | None = None
     """The calling thread's (CPU, run-queue wait) seconds in place of the OS's figures (a test's replay)."""
+
+    thread_sleeps: Callable[[], int | None] | None = None
+    """How often the calling thread has gone to sleep, in place of the OS's count (a test's replay)."""
 
     def __init__(self) -> None:
         self.now, self.wall = time.perf_counter, time.time

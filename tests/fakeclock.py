@@ -65,7 +65,8 @@ class FakeClock(Clock):
     that wait on its ``event``s run in step with it.
 
     ``cpu_share`` and ``wait_share`` make the recorded thread's CPU and run-queue readings
-    (``thread_readings``): that share of the time since the clock was made.
+    (``thread_readings``): that share of the time since the clock was made. The rest it is asleep:
+    its count of sleeps (``thread_sleeps``) grows with time where the rest is more than nothing.
     """
 
     def __init__(self, start: float = 1000.0, cpu_share: float = 0.75, wait_share: float = 0.0) -> None:
@@ -74,6 +75,7 @@ class FakeClock(Clock):
         self.wall: Callable[[], float] = lambda: EPOCH + (self.t - self.start)
         self.cpu_share, self.wait_share = cpu_share, wait_share
         self.thread_readings = self._thread_readings
+        self.thread_sleeps = self._thread_sleeps
         self._cond = threading.Condition()
         self._events: list[FakeEvent] = []
         self._driver = threading.current_thread()
@@ -87,6 +89,10 @@ class FakeClock(Clock):
     def _thread_readings(self) -> tuple[float, float]:
         elapsed = self.t - self.start
         return self.cpu_share * elapsed, self.wait_share * elapsed
+
+    def _thread_sleeps(self) -> int:
+        asleep = self.cpu_share + self.wait_share < 1.0
+        return round((self.t - self.start) * 1e6) if asleep else 0
 
     def set(self, t: float) -> None:
         """Move to ``t`` (never back)."""

@@ -61,6 +61,8 @@ def input_bound(a: Analysis) -> Card | None:
     kind = loading_kind(a)
     if kind == "handoff" or (kind == "io" and _has_workers(a) and share < HANDOFF_SHARE):
         return _handoff(a, s) if share >= HANDOFF_SHARE else None
+    if kind == "cpu" and _uncontended_share(a, s) < INPUT_SHARE and contention(a) is not None:
+        return None  # the training thread's loading mostly waited for CPUs: cpu_contention names the cause
     plan = more_workers(a, s)
     remedy = _input_remedy(a, s, kind, plan)
     if remedy is None:
@@ -90,6 +92,16 @@ def input_bound(a: Analysis) -> Card | None:
         model=remedy.model,
         severity=severity_for(wait, step),  # the size of the problem; the saving is what the fix achieves
     )
+
+
+def _uncontended_share(a: Analysis, s: Steady) -> float:
+    """The data wait's share of the step had the training thread not waited for a CPU while it loaded
+    (an estimate: its loading's time on a CPU, against the step less that wait); workers: the share as is."""
+    account, wait = a.loading, s.stage_s("data")
+    if account is None or account.loaders != "training thread" or account.queued is None:
+        return s.share("data")
+    queued = wait * account.queued
+    return wait * (1.0 - account.queued) / max(s.step_s - queued, 1e-12)
 
 
 class _Remedy(NamedTuple):

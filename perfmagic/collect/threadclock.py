@@ -10,6 +10,12 @@ clock (timed on two CPUs' unsynchronised scheduler clocks): the analysis holds a
 wait to its wall time less its CPU time. (The file's first field, time on a CPU,
 only moves at scheduler ticks: too coarse for a step of a few milliseconds.)
 
+Neither clock sees all the time a thread spends off a CPU while it could run: on a VM the
+hypervisor takes the virtual CPU away (steal) and no run delay shows it. What tells that from
+blocking is whether the thread went to sleep: a read, a lock or a sleep is a voluntary context
+switch (``getrusage``'s per-thread count); time off a CPU in an interval without one was taken by
+others (:func:`wait_off_cpu`).
+
 It also adds up the time Python's garbage collector runs on the thread (``gc.callbacks``,
 removed again by ``close``): a slow step that is a collection says so.
 """
@@ -20,6 +26,7 @@ import contextlib
 import gc
 import math
 import os
+import resource
 import threading
 import time
 from typing import Any
@@ -33,6 +40,7 @@ class ThreadClock:
 
     def __init__(self, clock: Clock = REAL_CLOCK) -> None:
         self._now, self._replay = clock.now, clock.thread_readings
+        self.sleeps = clock.thread_sleeps or voluntary_switches
         try:
             self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
@@ -77,6 +85,22 @@ class ThreadClock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def voluntary_switches() -> int | None:
+    """How often the calling thread has gone to sleep (I/O, a lock, a sleep); None where the OS does
+    not count it per thread."""
+    try:
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    except (AttributeError, OSError):  # RUSAGE_THREAD is Linux's
+        return None
+
+
+def wait_off_cpu(wall: float, cpu: float, queued: float, slept: bool) -> float:
+    """Seconds of an interval the thread could run but did not: the run delay, and where it never went
+    to sleep (``slept`` False) all of its time off a CPU, which only others can have taken (on a VM
+    the hypervisor's steal, which no run delay shows). NaN stays NaN: the wait is unknown."""
+    return queued if slept else max(queued, wall - cpu)
 
 
 def cpu_only_reading() -> tuple[float, float]:

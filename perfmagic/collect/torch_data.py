@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from perfmagic.collect.loaders import loader_settings
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
-from perfmagic.collect.threadclock import cpu_only_reading
+from perfmagic.collect.threadclock import cpu_only_reading, voluntary_switches, wait_off_cpu
 from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.schema import (
     THREAD_DATA_CPU,
@@ -30,7 +30,8 @@ class _TimedFetches:
     """CPU, wall and run-queue seconds of the fetches timed so far, and when the last one began.
 
     Against each other they tell CPU demand (the training thread's own loading, taking batches over
-    from workers, or waiting for a CPU) from blocked waiting. A clock read is a system call that costs
+    from workers, or waiting for a CPU) from blocked waiting; a fetch in which the thread never went to
+    sleep was never blocked (``threadclock.wait_off_cpu``). A clock read is a system call that costs
     a fast loop: fetches are timed :data:`DATA_CPU_EVERY_S` apart."""
 
     __slots__ = ("cpu_s", "last_began", "queued_s", "wall_s")
@@ -68,6 +69,7 @@ def _next_batch(
     boundary = rec.boundary
     add_sample, perf_counter, origin = rec.timeline.add_sample, rec.clock.now, rec.origin
     thread_clock = rec.thread_clock.read if rec.thread_clock else cpu_only_reading  # (CPU, run-queue) s
+    sleeps = rec.thread_clock.sleeps if rec.thread_clock else voluntary_switches
     # a sample each batch: the series' own appends, not a method call (taken at the first batch counted:
     # a loop whose batches have no size has no series)
     appends_samples: list[Callable[[float], None]] = []
@@ -84,6 +86,7 @@ def _next_batch(
         entered = rec.enter(data_id)
         began = perf_counter()
         cpu = thread_clock() if entered and began - timed.last_began >= DATA_CPU_EVERY_S else None
+        slept = sleeps() if cpu is not None else None
         try:
             batch = orig_next(it)
         except StopIteration:
@@ -101,9 +104,11 @@ def _next_batch(
                 rec.exit()
                 if cpu is not None:
                     on_cpu, waiting = thread_clock()
-                    timed.cpu_s += on_cpu - cpu[0]
-                    timed.wall_s += perf_counter() - began
-                    timed.last_began, timed.queued_s = began, timed.queued_s + waiting - cpu[1]
+                    wall, on_cpu = perf_counter() - began, on_cpu - cpu[0]
+                    queued = wait_off_cpu(wall, on_cpu, waiting - cpu[1], slept is None or sleeps() != slept)
+                    timed.cpu_s += on_cpu
+                    timed.wall_s += wall
+                    timed.last_began, timed.queued_s = began, timed.queued_s + queued
                     t = now()
                     add_sample(THREAD_DATA_CPU, t, timed.cpu_s)
                     add_sample(THREAD_DATA_TIMED, t, timed.wall_s)

@@ -14,7 +14,8 @@ Samples, each a rate over the tick (from the first tick a worker has written on)
 
 - ``loader.busy_workers``: workers building a batch, on average (fetch seconds per second);
 - ``loader.busy_cpu_cores`` and ``loader.busy_queued_cores``: of that, on a CPU, and runnable
-  but waiting for one (Linux run delay; NaN where the kernel does not say);
+  but waiting for one (Linux run delay, and all the time off a CPU of a fetch that never went to
+  sleep: ``threadclock.wait_off_cpu``; NaN where the kernel does not say);
 - ``loader.batches_per_s``: batches the workers built.
 
 Each worker also reads its own USS (``/proc/self/smaps_rollup``) as its first fetch begins and at most
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from perfmagic.collect.memory_readers import own_uss
+from perfmagic.collect.threadclock import voluntary_switches, wait_off_cpu
 from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.collect.worker_stacks import WorkerSampler, WorkerStacks
 from perfmagic.contract.memory import WorkerMemoryMeta
@@ -194,14 +196,18 @@ def _timed(fetch: Callable[[Any, Any], Any], child: _Child) -> Callable[[Any, An
             stacks = child.stacks
             if stacks is not None:
                 stacks.begin()
-            began, cpu, queued = time.perf_counter(), time.thread_time(), row.queued()
+            began, cpu, queued, slept = (
+                time.perf_counter(),
+                time.thread_time(),
+                row.queued(),
+                voluntary_switches(),
+            )
             try:
                 return fetch(fetcher, index)
             finally:  # the fetch's own time, without the sampler's writing it down
-                wall, cpu, queued = (
-                    time.perf_counter() - began,
-                    time.thread_time() - cpu,
-                    row.queued() - queued,
+                wall, cpu = time.perf_counter() - began, time.thread_time() - cpu
+                queued = wait_off_cpu(
+                    wall, cpu, row.queued() - queued, slept is None or voluntary_switches() != slept
                 )
                 if stacks is not None:
                     stacks.end()

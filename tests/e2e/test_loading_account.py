@@ -38,10 +38,10 @@ class Computed(Dataset[Any]):
         return torch.from_numpy(x[:8].reshape(-1).astype(np.float32)), i % 10
 
 
-def profiled(tmp_path: Path) -> Report:
+def profiled(tmp_path: Path, dataset: Dataset[Any] | None = None) -> Report:
     model = torch.nn.Sequential(torch.nn.Linear(768, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(Computed(), batch_size=4, num_workers=0)
+    loader = DataLoader(Computed() if dataset is None else dataset, batch_size=4, num_workers=0)
     with perfmagic.profile(outdir=tmp_path) as session:
         for x, y in loader:
             opt.zero_grad()
@@ -81,6 +81,24 @@ def test_a_cpu_bound_loader_on_a_crowded_machine_is_not_called_io(tmp_path: Path
     assert "CPU-bound" in text, text
     workers = [c for c in report.advice if c["id"] == "dataloader_workers"]
     assert all(c["metrics"]["loading"] == "cpu" for c in workers), workers
+
+
+def test_on_a_crowded_machine_only_a_loader_that_sleeps_is_blocked(tmp_path: Path, one_thread: None) -> None:
+    """Seen on a 2-CPU VM beside busy processes: an in-memory loader read as "blocked the rest" (the
+    hypervisor took the CPU, and no run delay shows that). A fetch that never slept was never blocked."""
+    with spinners(2 * len(os.sched_getaffinity(0))):
+        in_memory, sleeping = (
+            profiled(tmp_path / "memory", InMemory()),
+            profiled(tmp_path / "sleep", Sleeping()),
+        )
+    memory_account = in_memory.analysis.loading if in_memory.analysis is not None else None
+    sleep_account = sleeping.analysis.loading if sleeping.analysis is not None else None
+    assert memory_account is not None and memory_account.blocked is not None, str(in_memory)
+    assert sleep_account is not None and sleep_account.blocked is not None, str(sleeping)
+    # in this run: the sleeping loader's fetches spent most of their time asleep (SLEEP_S a sample)
+    assert sleep_account.blocked >= 0.5, sleep_account
+    assert memory_account.blocked <= 0.2, memory_account
+    assert "blocked" not in words(in_memory, "input_bound", "dataloader_workers"), str(in_memory)
 
 
 def test_without_schedstat_the_split_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
