@@ -6,7 +6,7 @@ import contextlib
 import copy
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from perfmagic.contract import KnobResult, Trial
@@ -101,37 +101,39 @@ def candidate_threads(current: int, cpus: int) -> list[int]:
 def tune_threads(
     step: TrainingStep, budget_s: float, say: Callable[[str], None] = lambda what: None
 ) -> KnobResult | None:
-    """``torch.set_num_threads`` tried on a CPU model: seconds per step for each count; ``say`` hears
-    each count as its try begins."""
+    """``torch.set_num_threads`` tried on a CPU model: seconds per step for each count, the counts
+    timed in turns (:func:`timed_in_turns`); ``say`` hears the counts as the try begins."""
     import torch
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     current = torch.get_num_threads()
     candidates = candidate_threads(current, cpus)
-    end = time.perf_counter() + budget_s
-    tried: list[Trial] = []
     notes: list[str] = ["timed with no DataLoader workers running beside it"]
+    say(f"num_threads={', '.join(str(n) for n in candidates)}")
     try:
-        for k, threads in enumerate(candidates):
-            left = end - time.perf_counter()
-            if left <= 0:
-                notes.append(f"budget spent before {threads} threads were tried")
-                break
-            say(f"num_threads={threads}")
-            torch.set_num_threads(threads)
-            tried.append(
-                {
-                    "value": threads,
-                    "seconds": step.seconds(time.perf_counter() + left / (len(candidates) - k)),
-                }
-            )
+        seconds = timed_in_turns(
+            [_on_threads(step, n, torch) for n in candidates], time.perf_counter() + budget_s, notes
+        )
     finally:
         torch.set_num_threads(current)
+    tried: list[Trial] = [
+        {"value": n, "seconds": s} for n, s in zip(candidates, seconds, strict=True) if s is not None
+    ]
     baseline = next((t for t in tried if t["value"] == current), None)
     if baseline is None or len(tried) < 2:
         return None
     best = min(tried, key=lambda t: t["seconds"])
     return knob_result("num_threads", "seconds per step", tried, baseline, best, notes)
+
+
+def _on_threads(step: TrainingStep, threads: int, torch: Any) -> Callable[[], None]:
+    """``step`` run on ``threads`` intra-op threads (set each call: the counts take turns)."""
+
+    def run() -> None:
+        torch.set_num_threads(threads)
+        step()
+
+    return run
 
 
 def _tensors_mapped(step: TrainingStep, fn: Callable[[Any], Any]) -> dict[str, Any]:
@@ -283,7 +285,9 @@ TURN_S = 0.025
 alike, where a turn of three short steps is either preempted or not, and medians flip."""
 
 
-def timed_in_turns(steps: list[TrainingStep], deadline: float, notes: list[str]) -> list[float | None]:
+def timed_in_turns(
+    steps: Sequence[Callable[[], None]], deadline: float, notes: list[str]
+) -> list[float | None]:
     """Median seconds per step of each step, timed in turns (A, B, A, B, ...) until ``deadline``
     (one turn at least; fewer than :data:`TURNS` is noted).
 

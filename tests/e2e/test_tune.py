@@ -228,11 +228,18 @@ def seconds_per_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: 
     return (time.perf_counter() - begin) / 20
 
 
+PROMISE_SPREAD = 1.5
+"""How far a promise may stand from the test's own timing of the same two settings on a busy machine
+(measured beside two busy processes on 2 CPUs: 0.75-1.21 times it)."""
+
+
 def test_an_oversubscribed_thread_count_is_found_slower() -> None:
     """More intra-op threads than CPUs: tuning measures the faster count on a copy of the model.
 
     Whether oversubscription is slower depends on the machine (its OpenMP runtime may throttle the
-    extra threads), so the test times both counts itself, interleaved, in the same run.
+    extra threads), so the test times the counts itself, interleaved, in the same run: the one tuning
+    started from, the CPU count, and the count tuning found best (on a busy machine one thread may
+    beat both).
     """
     import copy
     import os
@@ -243,24 +250,24 @@ def test_an_oversubscribed_thread_count_is_found_slower() -> None:
     torch.set_num_threads(4 * cpus)
     try:
         results = perfmagic.tune(model=model, optimizer=opt, batch=batch, budget_s=6)
+        threads = next(r for r in results if r["knob"] == "num_threads")
+        best = threads["best"]["value"]
         twin, twin_opt = model_and_optimizer()
         twin.load_state_dict(copy.deepcopy(model.state_dict()))
-        timed: dict[int, list[float]] = {4 * cpus: [], cpus: []}
+        timed: dict[int, list[float]] = {n: [] for n in (4 * cpus, cpus, best)}
         for _ in range(5):
             for count, seconds in timed.items():
                 torch.set_num_threads(count)
                 seconds.append(seconds_per_step(twin, twin_opt, batch))
     finally:
         torch.set_num_threads(1)
-    truth = statistics.median(timed[4 * cpus]) / statistics.median(timed[cpus])
-    threads = next(r for r in results if r["knob"] == "num_threads")
+    median = {count: statistics.median(seconds) for count, seconds in timed.items()}
     assert threads["baseline"]["value"] == 4 * cpus
-    if truth > 1.2:  # oversubscription is clearly slower here: tuning finds it
-        assert threads["best"]["value"] <= cpus and threads["speedup"] > 1.05, (truth, threads)
-    # No faster count exists here: tuning promises no large saving. (Far below 1, other processes
-    # are taking the CPUs: more threads win a larger share of them, and no timing here is steady.)
-    if 0.95 < truth < 1.05:
-        assert threads["speedup"] is None or threads["speedup"] < 1.2, (truth, threads)
+    if median[4 * cpus] / median[cpus] > 1.2:  # oversubscription is clearly slower here: tuning finds it
+        assert best <= cpus and threads["speedup"] > 1.05, (median, threads)
+    # what tuning promises is what the same two counts measure here, in the same run
+    truth, promised = median[4 * cpus] / median[best], threads["speedup"] or 1.0
+    assert truth / PROMISE_SPREAD < promised < truth * PROMISE_SPREAD, (median, threads)
 
 
 def conv_model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
