@@ -5,8 +5,9 @@ boundaries, sample times, the sampler's schedule); ``wall``, seconds since the
 epoch (the record's start, what a GPU driver stamps its samples with); ``event``, the event the sampler
 waits on between ticks (``wait(timeout)`` returns early once it is set); and
 ``thread_readings`` and ``thread_sleeps``, where the recorded thread's CPU and run-queue
-seconds and its count of sleeps come from (None: the OS, see ``collect.threadclock``). A test passes a clock of its own
-(``tests/fakeclock.py``) and drives the whole cadence without real time.
+seconds and its count of sleeps come from (None: the OS, see ``collect.threadclock``).
+A test passes a clock of its own (``tests/fakeclock.py``) and drives the whole cadence
+without real time.
 
 The real clock costs the hot path nothing: its ``now`` *is* :func:`time.perf_counter`,
 a builtin, which the recorder binds once (no Python frame per read).
