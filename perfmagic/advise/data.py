@@ -61,10 +61,11 @@ def input_bound(a: Analysis) -> Card | None:
     kind = loading_kind(a)
     if kind == "handoff" or (kind == "io" and _has_workers(a) and share < HANDOFF_SHARE):
         return _handoff(a, s) if share >= HANDOFF_SHARE else None
-    if kind == "cpu" and _uncontended_share(a, s) < INPUT_SHARE and contention(a) is not None:
+    contended = contention(a) is not None
+    if kind == "cpu" and contended and _uncontended_share(a, s) < INPUT_SHARE:
         return None  # the training thread's loading mostly waited for CPUs: cpu_contention names the cause
     plan = more_workers(a, s)
-    remedy = _input_remedy(a, s, kind, plan)
+    remedy = _input_remedy(a, s, kind, plan, contended)
     if remedy is None:
         return None
     verdict = "HIGHLY input-bound" if share >= HIGHLY_INPUT_SHARE else "moderately input-bound"
@@ -116,11 +117,13 @@ class _Remedy(NamedTuple):
     """How the saving was estimated."""
 
 
-def _input_remedy(a: Analysis, s: Steady, kind: str | None, plan: MoreWorkers | None) -> _Remedy | None:
+def _input_remedy(
+    a: Analysis, s: Steady, kind: str | None, plan: MoreWorkers | None, contended: bool
+) -> _Remedy | None:
     """More workers where the machine affords them, else cheaper samples, a better tf.data pipeline, or a
-    loader with workers; None where another card names the cause (CPUs taken by other processes)."""
+    loader with workers; None where another card names the cause (``contended``: CPUs taken by others)."""
     ld, wait = a.config.loader, s.stage_s("data")
-    if plan is None and kind == "cpu" and ld and ld.num_workers and contention(a) is not None:
+    if plan is None and kind == "cpu" and ld and ld.num_workers and contended:
         return None  # workers starved of CPU by a crowded machine: cpu_contention names the cause
     if plan is not None:
         return _more_workers_remedy(a, s, plan)
@@ -137,7 +140,7 @@ def _input_remedy(a: Analysis, s: Steady, kind: str | None, plan: MoreWorkers | 
     upper = "all of the data wait, if each batch were ready when the step asks for it (upper bound)"
     if ld is None and a.config.pipeline is not None:
         pipeline = a.config.pipeline
-        if _pipeline_complete(pipeline) and contention(a) is not None:
+        if _pipeline_complete(pipeline) and contended:
             return None  # nothing in the pipeline to change: its threads wait for CPUs cpu_contention names
         return _Remedy(
             wait, "the tf.data pipeline " + _pipeline_says(pipeline) + ".", tf_data_code(pipeline), upper

@@ -29,6 +29,7 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from perfmagic.clock import REAL_CLOCK, Clock
@@ -41,10 +42,7 @@ class ThreadClock:
     def __init__(self, clock: Clock = REAL_CLOCK) -> None:
         self._now, self._replay = clock.now, clock.thread_readings
         self.sleeps = clock.thread_sleeps or voluntary_switches
-        try:
-            self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-        except OSError:
-            self._fd = None
+        self._fd = open_schedstat()
         self._thread = threading.get_ident()
         # seconds Python's garbage collector ran on the thread since the clock was made (an attribute:
         # the recorder compares it at every step end)
@@ -71,11 +69,11 @@ class ThreadClock:
             return self._replay()
         fd = self._fd
         if fd is not None:
-            try:
-                return time.thread_time(), int(os.pread(fd, 128, 0).split()[1]) / 1e9
-            except (OSError, ValueError, IndexError):  # a kernel without the field: CPU time only from now on
-                self._fd = None
-                os.close(fd)
+            cpu, delay = time.thread_time(), run_delay(fd)
+            if delay is not None:
+                return cpu, delay
+            self._fd = None  # a kernel without the field: CPU time only from now on
+            os.close(fd)
         return time.thread_time(), math.nan
 
     def close(self) -> None:
@@ -87,6 +85,23 @@ class ThreadClock:
             os.close(fd)
 
 
+def open_schedstat() -> int | None:
+    """The calling thread's schedstat file, open for :func:`run_delay`; None where there is none."""
+    try:
+        return os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def run_delay(fd: int) -> float | None:
+    """Seconds the thread of ``fd`` (from :func:`open_schedstat`) has waited for a CPU so far; None
+    where the kernel's file does not say."""
+    try:
+        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def voluntary_switches() -> int | None:
     """How often the calling thread has gone to sleep (I/O, a lock, a sleep); None where the OS does
     not count it per thread."""
@@ -96,11 +111,20 @@ def voluntary_switches() -> int | None:
         return None
 
 
-def wait_off_cpu(wall: float, cpu: float, queued: float, slept: bool) -> float:
+def wait_off_cpu(
+    wall: float,
+    cpu: float,
+    queued: float,
+    switches_before: int | None,
+    switches: Callable[[], int | None] = voluntary_switches,
+) -> float:
     """Seconds of an interval the thread could run but did not: the run delay, and where it never went
-    to sleep (``slept`` False) all of its time off a CPU, which only others can have taken (on a VM
-    the hypervisor's steal, which no run delay shows). NaN stays NaN: the wait is unknown."""
-    return queued if slept else max(queued, wall - cpu)
+    to sleep (``switches()`` still reads ``switches_before``) all of its time off a CPU, which only
+    others can have taken (on a VM the hypervisor's steal, which no run delay shows). Call it on the
+    thread as the interval ends. NaN stays NaN: the wait is unknown."""
+    if switches_before is None or switches() != switches_before:
+        return queued
+    return max(queued, wall - cpu)
 
 
 def cpu_only_reading() -> tuple[float, float]:

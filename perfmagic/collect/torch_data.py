@@ -105,7 +105,7 @@ def _next_batch(
                 if cpu is not None:
                     on_cpu, waiting = thread_clock()
                     wall, on_cpu = perf_counter() - began, on_cpu - cpu[0]
-                    queued = wait_off_cpu(wall, on_cpu, waiting - cpu[1], slept is None or sleeps() != slept)
+                    queued = wait_off_cpu(wall, on_cpu, waiting - cpu[1], slept, sleeps)
                     timed.cpu_s += on_cpu
                     timed.wall_s += wall
                     timed.last_began, timed.queued_s = began, timed.queued_s + queued

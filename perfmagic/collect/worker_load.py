@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from perfmagic.collect.memory_readers import own_uss
-from perfmagic.collect.threadclock import voluntary_switches, wait_off_cpu
+from perfmagic.collect.threadclock import open_schedstat, run_delay, voluntary_switches, wait_off_cpu
 from perfmagic.collect.tracebacks import drop_own_frame
 from perfmagic.collect.worker_stacks import WorkerSampler, WorkerStacks
 from perfmagic.contract.memory import WorkerMemoryMeta
@@ -206,9 +206,7 @@ def _timed(fetch: Callable[[Any, Any], Any], child: _Child) -> Callable[[Any, An
                 return fetch(fetcher, index)
             finally:  # the fetch's own time, without the sampler's writing it down
                 wall, cpu = time.perf_counter() - began, time.thread_time() - cpu
-                queued = wait_off_cpu(
-                    wall, cpu, row.queued() - queued, slept is None or voluntary_switches() != slept
-                )
+                queued = wait_off_cpu(wall, cpu, row.queued() - queued, slept)
                 if stacks is not None:
                     stacks.end()
                 row.add(wall, cpu, queued)
@@ -244,19 +242,12 @@ class _WorkerRow:
         self._row = row
         self._next_uss: float | None = None  # None: the first reading is still to come
         self._samples = 0
-        try:
-            self._schedstat: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-        except OSError:
-            self._schedstat = None
+        self._schedstat = open_schedstat()
 
     def queued(self) -> float:
         """Seconds this thread has waited for a CPU so far (NaN where the kernel does not say)."""
-        if self._schedstat is None:
-            return math.nan
-        try:
-            return int(os.pread(self._schedstat, 128, 0).split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):
-            return math.nan
+        delay = None if self._schedstat is None else run_delay(self._schedstat)
+        return math.nan if delay is None else delay
 
     def add(self, wall: float, cpu: float, queued: float) -> None:
         row = self._row

@@ -25,11 +25,18 @@ TWO_CPUS = {"cpu_count": 2, "affinity": [0, 1], "physical_cores": 2}
 
 def test_a_fetch_that_never_slept_waited_for_a_cpu_all_the_time_it_was_off_one() -> None:
     # 5 ms of wall, 0.2 ms on a CPU, no run delay: taken by others unless the thread slept
-    assert wait_off_cpu(0.005, 0.0002, 0.0, slept=False) == pytest.approx(0.0048)
-    assert wait_off_cpu(0.005, 0.0002, 0.0, slept=True) == 0.0
+    def never_slept() -> int:
+        return 7
+
+    def slept() -> int:
+        return 8
+
+    assert wait_off_cpu(0.005, 0.0002, 0.0, 7, never_slept) == pytest.approx(0.0048)
+    assert wait_off_cpu(0.005, 0.0002, 0.0, 7, slept) == 0.0
+    assert wait_off_cpu(0.005, 0.0002, 0.0, None, never_slept) == 0.0  # no count: not taken as steal
     # a run delay over what the wall clock leaves (two CPUs' clocks) is kept as read
-    assert wait_off_cpu(0.005, 0.0002, 0.006, slept=False) == 0.006
-    assert math.isnan(wait_off_cpu(0.005, 0.0002, math.nan, slept=False))  # unknown stays unknown
+    assert wait_off_cpu(0.005, 0.0002, 0.006, 7, never_slept) == 0.006
+    assert math.isnan(wait_off_cpu(0.005, 0.0002, math.nan, 7, never_slept))  # unknown stays unknown
 
 
 def test_the_thread_clock_counts_sleeps_as_its_clock_replays_them() -> None:
