@@ -87,6 +87,7 @@ class Timeline:
         self._span_end = array("d")
         self._span_depth = array("b")
         self._span_base = 0  # spans folded away: span indices are logical, ``base`` + position
+        self._sealed: tuple[np.ndarray, ...] | None = None  # read-only views of the span columns (``seal``)
         self._series: dict[str, _Series] = {}
         self._marks: list[Mark] = []
         self._folded: FoldedColumns | None = None
@@ -100,10 +101,11 @@ class Timeline:
 
     def __getstate__(self) -> dict[str, Any]:
         """Everything but the locks: a worker process hands its timeline back pickled."""
-        return {k: v for k, v in vars(self).items() if k not in ("_lock", "_cut_lock")}
+        return {k: v for k, v in vars(self).items() if k not in ("_lock", "_cut_lock", "_sealed")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         vars(self).update(state)
+        self._sealed = None  # a copy reads copies: its columns may grow again
         self._lock = threading.Lock()
         self._cut_lock = threading.Lock()
 
@@ -122,6 +124,21 @@ class Timeline:
         self._span_start.append(start)
         self._span_end.append(end)
         self._span_depth.append(depth)
+
+    def seal(self) -> None:
+        """No span will be added: from now on ``spans`` hands out read-only views of the columns, not a
+        copy per read (a capture's timeline holds millions of spans, and the analysis reads them often).
+        Adding or folding spans after this raises ``BufferError``."""
+        import numpy as np
+
+        columns = (
+            (self._span_name, np.int32),
+            (self._span_start, np.float64),
+            (self._span_end, np.float64),
+            (self._span_depth, np.int8),
+        )
+        with self._cut_lock:
+            self._sealed = tuple(_read_only(np.frombuffer(c, dtype=t)) for c, t in columns)
 
     def span_appenders(
         self,
@@ -274,6 +291,8 @@ class Timeline:
         """The spans held (those of folded steps are in ``folded``)."""
         import numpy as np
 
+        if self._sealed is not None:
+            return Spans(list(self._names), *self._sealed)
         with self._cut_lock:
             n = len(self._span_depth)
             return Spans(
@@ -453,3 +472,8 @@ def _snapshot(column: array[Any], n: int, dtype: type[np.generic]) -> np.ndarray
     import numpy as np
 
     return np.frombuffer(column[:n], dtype=dtype)
+
+
+def _read_only(values: np.ndarray) -> np.ndarray:
+    values.flags.writeable = False
+    return values

@@ -172,6 +172,7 @@ def trace_timeline(trace: KinetoTrace, rank: int) -> Timeline:
         timeline.add_span(began, t, t, -1)
         t = (float(e) - origin) / 1e6
         timeline.add_span(boundary, t, t, -1)
+    timeline.seal()
     return timeline
 
 

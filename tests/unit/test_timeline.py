@@ -50,6 +50,20 @@ def test_interned_names_and_columnar_views() -> None:
     assert [m.name for m in tl.marks("checkpoint")] == ["checkpoint"] and tl.marks("nothing") == []
 
 
+def test_a_sealed_timeline_hands_out_its_spans_uncopied_and_takes_no_more() -> None:
+    """A capture's timeline holds millions of spans, read by every step of the analysis."""
+    tl = filled()
+    copied = tl.spans
+    tl.seal()
+    first, second = tl.spans, tl.spans
+    assert np.shares_memory(first.start, second.start) and not first.start.flags.writeable
+    assert first.start.tolist() == copied.start.tolist() and first.names == copied.names
+    with pytest.raises(BufferError):
+        tl.add_span(0, 1.0, 2.0)
+    with pytest.raises(ValueError):
+        first.end[0] = 0.0
+
+
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
     tl = filled()
     write_timeline(tl, tmp_path / "t.jsonl")
