@@ -78,8 +78,10 @@ def child(tool: str, path: str) -> None:
         analysis.get_temporal_breakdown(visualize=False)
         analysis.get_idle_time_breakdown(ranks=[0], visualize=False)
     else:
+        from perfmagic.heap import hold_mmap_threshold
         from perfmagic.trace_report import report_from_traces
 
+        hold_mmap_threshold()  # as the perfmagic report command does
         start = time.perf_counter()
         report_from_traces([path])
     seconds = time.perf_counter() - start

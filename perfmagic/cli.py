@@ -393,8 +393,11 @@ def merge(args: argparse.Namespace) -> int:
 
 
 def report_traces(args: argparse.Namespace) -> int:
+    from perfmagic.heap import hold_mmap_threshold
     from perfmagic.trace_report import report_from_traces
     from perfmagic.traces import TraceFormatError
+
+    hold_mmap_threshold()  # this process is the command's own: a large trace's freed arrays go back
 
     if bool(args.compare) == bool(args.traces) or (args.compare and args.html):
         print("perfmagic report: give traces, or --compare A B (with --json, not --html)", file=sys.stderr)

@@ -28,6 +28,7 @@ LAYERS = {
     "perfmagic.units": 0,
     "perfmagic.intervals": 0,
     "perfmagic.clock": 0,
+    "perfmagic.heap": 0,
     "perfmagic.contract": 0,
     "perfmagic.step_policy": 1,
     "perfmagic.places": 1,
