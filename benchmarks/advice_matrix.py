@@ -111,7 +111,8 @@ def loop(case: Case, setting: Setting, steps: int, outdir: Path) -> float:
         if k == head:
             begin = time.perf_counter()
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         opt.step()
         if setting.checkpoint_every and k % setting.checkpoint_every == 0:
             torch.save(model.state_dict(), outdir / "ckpt.pt")

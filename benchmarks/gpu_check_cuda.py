@@ -5,9 +5,12 @@ GPU knobs, DDP over NCCL)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_check_record import Check
+
+if TYPE_CHECKING:
+    from perfmagic.contract.tuning import KnobResult
 
 
 def _mlp(torch: Any, width: int, device: str) -> Any:
@@ -50,7 +53,7 @@ def check_stage_truth(check: Check, torch: Any) -> None:
     rows, ok = [], True
     for name, times in truth.items():
         want = sum(times) / len(times)
-        got = stages.get(name, {}).get("mean_s") or 0.0
+        got = stages[name]["mean_s"] if name in stages else 0.0
         ok &= abs(got - want) <= 0.1 * want + 2e-4
         rows.append(f"{name} {1000 * got:.2f} ms vs events {1000 * want:.2f} ms")
     check.record("stage truth", ok, "; ".join(rows))
@@ -74,11 +77,12 @@ def check_pending_marks(check: Check, torch: Any) -> None:
             opt.step()
             most = max(most, session.recorder.pending_device_spans)
     wall = time.perf_counter() - t0
-    stop = session.report.to_dict()
+    steps = session.report.to_dict()["steps"]
+    median = steps["median_s"] or 0.0
     check.record(
         "pending marks",
-        most < DRAIN_AT + 64 and stop["steps"]["count"] == 10_000,
-        f"at most {most} pending over 10k steps ({wall:.1f} s, median step {1000 * stop['steps']['median_s']:.3f} ms)",
+        most < DRAIN_AT + 64 and steps["count"] == 10_000,
+        f"at most {most} pending over 10k steps ({wall:.1f} s, median step {1000 * median:.3f} ms)",
     )
 
 
@@ -212,7 +216,8 @@ def check_second_gpu(check: Check, torch: Any) -> None:
             opt.step()
     clock = session.recorder.device_clock if session.recorder else None
     devices = getattr(clock, "devices", ())
-    forward = session.report.to_dict()["stages"].get("forward", {}).get("mean_s") or 0.0
+    stages = session.report.to_dict()["stages"]
+    forward = stages["forward"]["mean_s"] if "forward" in stages else 0.0
     check.record("second gpu", 1 in devices, f"clock on devices {devices}; forward {1000 * forward:.2f} ms")
 
 
@@ -234,10 +239,13 @@ def check_tuning_gpu_knobs(check: Check, torch: Any) -> None:
     knobs = {r["knob"]: r for r in results}
     same = all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
     restored = torch.backends.cuda.matmul.allow_tf32 == flags and torch.equal(torch.cuda.get_rng_state(), rng)
+
+    def best(r: KnobResult) -> str:
+        found, speedup = r["best"], r["speedup"]
+        return f" (best {found['value']}, {speedup:.2f}x)" if found and speedup else ""
+
     summary = "; ".join(
-        f"{k}: "
-        + ", ".join(f"{t['value']} {1000 * t['seconds']:.3g} ms" for t in r["tried"])
-        + (f" (best {r['best']['value']}, {r['speedup']:.2f}x)" if r.get("best") else "")
+        f"{k}: " + ", ".join(f"{t['value']} {1000 * t['seconds']:.3g} ms" for t in r["tried"]) + best(r)
         for k, r in knobs.items()
     )
     wanted = {"num_workers", "pin_memory", "autocast", "batch_size"} | ({"tf32"} if not flags else set())
@@ -305,7 +313,7 @@ def check_ddp_nccl(check: Check, torch: Any) -> None:
     spans = session.timeline.spans
     comm = sum(1 for i in spans.name_id if spans.names[int(i)] == "comm")
     stages = session.report.to_dict()["stages"]
-    mean = {k: (stages.get(k) or {}).get("mean_s") or 0.0 for k in ("backward", "comm")}
+    mean = {k: stages[k]["mean_s"] if k in stages else 0.0 for k in ("backward", "comm")}
     device = [w for w in session.report.warnings if "device" in w]
     check.record(
         "ddp nccl",
@@ -339,7 +347,7 @@ def check_memory_breakdown(check: Check, torch: Any) -> None:
             opt.step()
     stats = torch.cuda.memory_stats()
     memory = session.report.to_dict()["memory"]
-    gpu = next(d for d in (memory or {}).get("devices", []) if d["device"].startswith("cuda"))
+    gpu = next(d for d in (memory["devices"] if memory else []) if d["device"].startswith("cuda"))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     moments = 2 * params  # exp_avg and exp_avg_sq; the step counters are on the CPU unless capturable
     acts = gpu["activations_bytes"] - x.numel() * x.element_size()  # the input was there before

@@ -82,8 +82,10 @@ def one(ranks: int, steps: int) -> dict[str, Any]:
         report = merge_records(nodes).to_dict()
         seconds = time.perf_counter() - begin
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    assert len(report["ranks"]) == ranks and report["straggler"]["rank"] == 1
-    offsets = [n["offset_s"] + 0.003 * i for i, n in enumerate(report["nodes"])]
+    straggler, clocks = report["straggler"], report["nodes"]
+    assert len(report["ranks"]) == ranks and straggler is not None and straggler["rank"] == 1
+    assert clocks is not None
+    offsets = [n["offset_s"] + 0.003 * i for i, n in enumerate(clocks)]
     return {
         "ranks": ranks,
         "steps": steps,
