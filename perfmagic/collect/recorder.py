@@ -53,8 +53,9 @@ _ClockReading = tuple[float | None, float | None, float]
 """A thread clock reading: CPU and run-queue wait seconds (None where not read this time), GC seconds."""
 
 THREAD_CLOCK_EVERY_S = 0.01
-"""Shortest time between two readings of the recorded thread's CPU and wait (see ``_read_thread_clock``):
-steps at least this long get them at both ends, shorter ones share them by time between readings."""
+"""Shortest time between two readings of the recorded thread's CPU and wait: they are system calls that
+cost a fast loop more in place than they seem to (cache and TLB refills). Steps at least this long get
+them at both ends, shorter ones share them by time between readings."""
 
 _get_ident = threading.get_ident
 
@@ -85,6 +86,8 @@ class StageRecorder:
         self._clock_read_at = -math.inf  # clock time of the last full thread clock reading
         self._clock_t = 0.0  # timeline time of the last step boundary that carried the thread clock
         self._gc_s_written = 0.0
+        # the thread clock's series, appended to at step ends: the columns' appends, not a method call
+        self._add_clock = {m: timeline.sample_appenders(m) for m in (THREAD_GC, THREAD_CPU, THREAD_WAIT)}
         self.read_thread_clock_now()  # the first reading, which the first step's CPU is counted from
         self._device_clock: DeviceClock | None = None
         self._annotate: Callable[[str], Callable[[], object]] | None = None
@@ -252,14 +255,14 @@ class StageRecorder:
                 self._window_left = windows.next(self._step_ends, t)
         token = self._event_token() if self._device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
-        clock_reading = None
+        clock_reading: _ClockReading | None = None
         clock = self.thread_clock
         if clock is not None and (kind != "batch" or not self._steps_end_elsewhere):
-            clock_reading = (
-                self._read_thread_clock(now)
-                if now - self._clock_read_at >= THREAD_CLOCK_EVERY_S or clock.gc_s != self._gc_s_written
-                else _UNREAD
-            )
+            if now - self._clock_read_at >= THREAD_CLOCK_EVERY_S:
+                self._clock_read_at = now
+                clock_reading = (*clock.read(), clock.gc_s)
+            else:  # the GC seconds, a counter in Python, only where a collection ran in the step
+                clock_reading = (None, None, clock.gc_s) if clock.gc_s != self._gc_s_written else _UNREAD
         if hold:  # an optimizer step: the backward rhythm is not wanted (nor able to release it early)
             self._held = (kind, t, token, clock_reading)
             self.rhythm_wanted = self.rhythm_wanted and kind not in ENDS_RHYTHM
@@ -370,33 +373,25 @@ class StageRecorder:
             )
             return None
 
-    def _read_thread_clock(self, now: float) -> _ClockReading:
-        """The recorded thread's cumulative CPU, run-queue wait and GC seconds at ``now`` (``clock.now``
-        seconds). CPU and wait are system calls that cost a fast loop more in place than they seem to
-        (cache and TLB refills): read at most every :data:`THREAD_CLOCK_EVERY_S`, else None; the GC
-        seconds are a counter in Python (``boundary`` calls this only where one of the two moved)."""
-        clock = self.thread_clock
-        assert clock is not None
-        if now - self._clock_read_at < THREAD_CLOCK_EVERY_S:
-            return None, None, clock.gc_s
-        self._clock_read_at = now
-        on_cpu, waiting = clock.read()
-        return on_cpu, waiting, clock.gc_s
-
     def _add_thread_clock(self, t: float, reading: _ClockReading) -> None:
         on_cpu, waiting, gc_s = reading
-        add = self.timeline.add_sample
+        add_t, add_v = self._add_clock[THREAD_GC]
         if gc_s != self._gc_s_written:
             # the collection ran within the step ending now: its seconds begin at the step's start, which
             # a reading between the two would otherwise spread them back past
-            add(THREAD_GC, self._clock_t, self._gc_s_written)
-            add(THREAD_GC, t, gc_s)
+            add_t(self._clock_t)
+            add_v(self._gc_s_written)
+            add_t(t)
+            add_v(gc_s)
             self._gc_s_written = gc_s
         elif on_cpu is not None:
-            add(THREAD_GC, t, gc_s)
+            add_t(t)
+            add_v(gc_s)
         if on_cpu is not None and waiting is not None:
-            add(THREAD_CPU, t, on_cpu)
-            add(THREAD_WAIT, t, waiting)
+            for metric, value in ((THREAD_CPU, on_cpu), (THREAD_WAIT, waiting)):
+                add_t, add_v = self._add_clock[metric]
+                add_t(t)
+                add_v(value)
         self._clock_t = t
 
     def read_thread_clock_now(self) -> None:
@@ -405,8 +400,8 @@ class StageRecorder:
         if self.thread_clock is None or threading.get_ident() != self.thread_id:
             return
         now = self._now()
-        self._clock_read_at = -math.inf
-        self._add_thread_clock(now - self.origin, self._read_thread_clock(now))
+        self._clock_read_at = now
+        self._add_thread_clock(now - self.origin, (*self.thread_clock.read(), self.thread_clock.gc_s))
 
     @property
     def pending_device_spans(self) -> int:
