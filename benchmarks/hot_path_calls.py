@@ -104,7 +104,7 @@ def main() -> None:
         added = (sum(profiled.values()) - sum(plain.values())) / args.steps
         print(f"  +{added:.1f} under perfmagic.profile(): {label}")
         for (file, function), n in extra.most_common():
-            if n / args.steps >= 0.05 and window is None:
+            if n / args.steps >= 0.05 and window != schedule.WINDOW:
                 print(f"      {n / args.steps:6.2f}  {file}:{function}")
 
     tick, poll = [0.0], [0.0]
