@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from perfmagic.analyze.steps import StepBreakdown, ended_steps
-from perfmagic.analyze.windows import EVERY_STEP_STAGES, full_steps
+from perfmagic.analyze.windows import EVERY_STEP_STAGES, full_between
+from perfmagic.schema import RECORDING_MARK
 from perfmagic.timeline import Timeline
 
 
@@ -25,6 +26,9 @@ class RunningStages:
         self._cursor = 0  # spans read up to this logical index…
         self._since: float | None = None  # …and steps added up to this time
         self._kind: str | None = None
+        self._marks = 0  # marks read up to this index…
+        # …and of them, the changes of recording (time, to full or not) a later step may fall after
+        self._changes: list[tuple[float, bool]] = []
 
     @property
     def totals(self) -> dict[str, float]:
@@ -42,7 +46,7 @@ class RunningStages:
         # the spans a later step may still need: those ending at or after the last step's end
         later = np.flatnonzero(spans.end >= self._since)
         self._cursor = first + (int(later[0]) if len(later) else len(spans))
-        full = full_steps(timeline, steps.start, steps.end)
+        full = self._full_steps(timeline, steps.start, steps.end)
         kept = [j for j, name in enumerate(steps.stages) if name in EVERY_STEP_STAGES]
         rest = steps.durations - steps.seconds[:, kept].sum(axis=1)
         self._rest += float(rest.sum())
@@ -52,3 +56,14 @@ class RunningStages:
             into[name] = into.get(name, 0.0) + float(steps.seconds[rows, j].sum())
         self.steps += steps.count
         return steps
+
+    def _full_steps(self, timeline: Timeline, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """``windows.full_steps`` of the steps added now, from the changes of recording since the last
+        look and the last one before it: a run that records in windows marks two changes a window."""
+        self._marks, marks = timeline.marks_since(self._marks)
+        self._changes += sorted((m.t, bool(m.data.get("full"))) for m in marks if m.name == RECORDING_MARK)
+        full = full_between([t for t, _ in self._changes], [on for _, on in self._changes], start, end)
+        # a later step begins at or after these steps' last end: the last change before it is what it needs
+        last = np.searchsorted([t for t, _ in self._changes], float(end[-1]), side="right")
+        del self._changes[: max(0, int(last) - 1)]
+        return full

@@ -14,6 +14,7 @@ spread over the stages. Per-step sums still make the step's time, and every read
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -41,15 +42,22 @@ _TOLERANCE_S = 1e-6
 def full_steps(timeline: Timeline, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Per step: whether every stage hook was in place from its start to its end (``RECORDING_MARK``s)."""
     marks = sorted(timeline.marks(RECORDING_MARK), key=lambda m: m.t)
-    if not marks:
+    return full_between([m.t for m in marks], [bool(m.data.get("full")) for m in marks], start, end)
+
+
+def full_between(
+    times: Sequence[float], full: Sequence[bool], start: np.ndarray, end: np.ndarray
+) -> np.ndarray:
+    """Per step: whether it was recorded fully, from the changes of recording at ``times`` (in order) to
+    ``full`` or not; a step before the first change was."""
+    if not len(times):
         return np.ones(len(start), dtype=bool)
-    t = np.array([m.t for m in marks])
-    on = np.array([bool(m.data.get("full")) for m in marks])
+    t, on = np.asarray(times, dtype=np.float64), np.asarray(full, dtype=bool)
     before = np.searchsorted(t, start + _TOLERANCE_S, side="right")  # the last change at or before it
     state = np.where(before > 0, on[np.maximum(before - 1, 0)], True)
     changed_inside = np.searchsorted(t, end - _TOLERANCE_S, side="left") > before
-    full: np.ndarray = state & ~changed_inside
-    return full
+    steps: np.ndarray = state & ~changed_inside
+    return steps
 
 
 def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:

@@ -352,6 +352,12 @@ class Timeline:
     def marks(self, name: str | None = None) -> list[Mark]:
         return [m for m in list(self._marks) if name is None or m.name == name]
 
+    def marks_since(self, index: int) -> tuple[int, list[Mark]]:
+        """The marks added from ``index`` on, in the order added, and the index after them: a live reader
+        looks at the new ones only."""
+        marks = self._marks[index:]
+        return index + len(marks), marks
+
     def rebase(self, epoch: float) -> None:
         """Move every time onto the clock whose origin is the wall-clock time ``epoch``.
 

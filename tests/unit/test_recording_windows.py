@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -97,11 +98,18 @@ def test_patches_come_and_go_and_an_exit_restores_them_in_either_state() -> None
 
 
 def windowed_loop(
-    clock: FakeClock, *, full: bool, steps: int, checkpoint_every: int, hiccup_every: int = 0
+    clock: FakeClock,
+    *,
+    full: bool,
+    steps: int,
+    checkpoint_every: int,
+    hiccup_every: int = 0,
+    after_step: Callable[[Timeline], object] = lambda _: None,
 ) -> Timeline:
     """A loop on the fake clock whose per-step stages (data, forward, backward) are recorded only while the
     recorder's windowed hooks are in: the optimizer step, its end and checkpoints on every step. Every
-    ``hiccup_every`` steps its own Python stalls for a second (``other``)."""
+    ``hiccup_every`` steps its own Python stalls for a second (``other``); ``after_step`` sees the timeline
+    after each step."""
     tl = Timeline()
     tl.meta["wall_s"] = 0.0
     rec = StageRecorder(tl, origin=clock.now(), clock=clock)
@@ -127,6 +135,7 @@ def windowed_loop(
             stage("checkpoint", 2.0)
         stage("optimizer", 0.01)
         rec.boundary("optimizer")
+        after_step(tl)
     rec.close()
     tl.meta["wall_s"] = clock.now()
     assert bool(switched) is not full  # the windows came and went, or never did
@@ -197,6 +206,28 @@ def test_live_totals_read_the_windows_too(fake_clock: FakeClock) -> None:
     assert shares[1].keys() == shares[0].keys() and "checkpoint" in shares[0]
     for name, share in shares[0].items():
         assert shares[1][name] == pytest.approx(share, abs=0.005), name
+
+
+def test_live_totals_looked_at_as_the_run_goes_are_those_of_one_look_at_its_end(
+    fake_clock: FakeClock,
+) -> None:
+    """The exporter's status adds up the steps ended each second, while windows come and go: each look
+    reads the changes of recording since the last, and the totals are those of one look at the end."""
+    live = RunningStages()
+    timeline = windowed_loop(
+        fake_clock,
+        full=False,
+        steps=FULL_STEPS + 8 * PERIOD,
+        checkpoint_every=PERIOD,
+        after_step=live.add_ended,
+    )
+    live.add_ended(timeline)
+    once = RunningStages()
+    once.add_ended(timeline)
+    assert live.steps == once.steps == FULL_STEPS + 8 * PERIOD
+    assert live.totals.keys() == once.totals.keys()
+    for name, seconds in once.totals.items():
+        assert live.totals[name] == pytest.approx(seconds, rel=1e-9), name
 
 
 @pytest.mark.parametrize(("options", "every_step"), [(["--full"], True), ([], False)])
