@@ -4,7 +4,7 @@ report says what the full one says (``conftest.every_report_is_consistent``, iss
 The view is the same run, not a second one: two runs of one loop differ on a busy machine by more
 than the point the windows are allowed. Outside its windows the view keeps what the recorder keeps
 there (step ends, optimizer steps, checkpoints, logging, syncs, evaluation passes, every sample and
-mark) and drops what the windowed hooks record (fetches, forward, backward, copies), with the
+mark) and drops what the windowed hooks record (fetches, forward, backward, copies, optimizer steps), with the
 ``recording`` marks the recorder writes at each change.
 """
 
@@ -33,9 +33,9 @@ WINDOW, PERIOD = 5, 10
 MIN_STEPS = FIRST_FULL + 2 * PERIOD
 """Runs shorter than this are compared with nothing: the view would be the run itself."""
 
-WINDOWED_SPANS = frozenset({"data", "forward", "backward", "h2d"})
-"""What the hooks installed only in the windows record (``collect.torch_hooks``); ``zero_grad``'s
-optimizer span stays, which only adds to what the view knows of a stage it estimates anyway."""
+WINDOWED_SPANS = frozenset({"data", "forward", "backward", "h2d", "optimizer"})
+"""What the hooks installed only in the windows record (``collect.torch_hooks``, ``torch_optimizer``);
+a GradScaler's ``optimizer`` spans go too, which the analysis estimates outside the windows anyway."""
 
 BORDERS = {"input_bound": (HANDOFF_SHARE,), "dataloader_workers": (HANDOFF_SHARE,)}
 """Shares of its stages at which a card appears or goes, beside its threshold (``advise.about``):

@@ -44,7 +44,7 @@ FULL_CALLS_PER_STEP = 35.0
 """Python calls the full stage hooks add to a plain step (DataLoader, forward, loss, backward, SGD):
 ``benchmarks/hot_path_calls.py``, the thread clock's periodic reads left out."""
 
-BOUNDARY_CALLS_PER_STEP = 9.0
+BOUNDARY_CALLS_PER_STEP = 6.0
 """Python calls a plain step pays outside the windows: its optimizer step's hooks and its end."""
 
 CALL_COST_S = 1.5e-6

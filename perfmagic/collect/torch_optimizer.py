@@ -7,6 +7,7 @@ the same iteration (a GAN's generator after its discriminator) continues it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from perfmagic.collect.patching import Patcher
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
 def install_optimizer(
     stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: Patcher
 ) -> None:
-    """Time every optimizer's ``step`` (through torch's global step hooks: it ends the steps, on every step)
-    and ``zero_grad`` (in the windows, ``windowed``)."""
+    """Mark every optimizer ``step``'s end (through torch's global step hooks: it ends the steps, on every
+    step); time it and ``zero_grad`` in the windows (``windowed``), like the other per-step stages."""
     from torch.optim import optimizer as opt_mod
 
     optimizer_id = rec.stage_id("optimizer")
@@ -32,6 +33,10 @@ def install_optimizer(
     guarded: set[type] = set()
     maybe_start_device_clock = stages.maybe_start_device_clock if stages.cuda_available else None
     record_optimizer = _optimizer_record(stages)
+    # the step's own span in the windows only: outside them the analysis estimates every per-step stage,
+    # and the span would be two calls a step for nothing (an attribute the windowed patcher switches)
+    in_windows = SimpleNamespace(time_step=False)
+    windowed.set(in_windows, "time_step", True)
 
     def guard(cls: type) -> None:
         p.set(cls, "step", _guarded_step(cls.__dict__["step"], open_steps, rec))
@@ -44,7 +49,7 @@ def install_optimizer(
         if cls not in guarded and "step" in cls.__dict__:
             guard(cls)
         outermost = not open_steps
-        open_steps.append(rec.enter(optimizer_id))
+        open_steps.append(in_windows.time_step and rec.enter(optimizer_id))
         if not outermost:
             return None
         # The last step ended is held back until now: another optimizer's step in the same
