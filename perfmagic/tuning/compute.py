@@ -280,9 +280,11 @@ def tune_compute(
 TURNS = 3
 """Turns each setting should get: one slow moment of the machine spoils one turn, not a setting."""
 
-TURN_S = 0.025
-"""The shortest turn: on a busy machine the scheduler's slices (a few ms) then fall on every turn
-alike, where a turn of three short steps is either preempted or not, and medians flip."""
+TURN_S = 0.1
+"""The shortest turn: several of the scheduler's periods on a busy machine, so that every turn holds
+the setting's fair share of the CPUs. In turns of a few short steps the median turn is one nobody
+preempted: a single thread beside two busy processes on 2 CPUs timed 12 ms a step that way, 17 ms
+over a run, and tuning promised twice what it gave."""
 
 
 def timed_in_turns(

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from noise import median_error
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
@@ -307,13 +308,6 @@ def _step_times(model: Any, loader: Any) -> list[float]:
     return list(np.diff(ends))[1:]
 
 
-def _median_error(values: Any) -> float:
-    """The standard error of the median of ``values``, robust to outliers: the spread 1.4826 median absolute
-    deviations make (a normal sample's standard deviation), times the median's 1.25 / sqrt(n)."""
-    deviation = float(np.median(np.abs(values - np.median(values))))
-    return 1.4826 * deviation * 1.25 / float(np.sqrt(len(values)))
-
-
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # more workers than CPUs: the point
 def test_io_bound_loading_gets_the_workers_that_keep_up_and_they_deliver(tmp_path: Path) -> None:
     """Seen by a new user: "more workers cannot help" (1 worker on 2 CPUs) for a loader that waits on
@@ -338,7 +332,7 @@ def test_io_bound_loading_gets_the_workers_that_keep_up_and_they_deliver(tmp_pat
     measured = float(np.median(turns))
     promised = metrics["saving_alone_s"]  # the workers alone: a busy machine puts cpu_contention first
     # where bursts fell on most turns, the turns' own spread bounds what they can tell
-    assert promised / 2 <= measured <= promised * 2 or abs(measured - promised) <= 3 * _median_error(turns), (
+    assert promised / 2 <= measured <= promised * 2 or abs(measured - promised) <= 3 * median_error(turns), (
         f"promised {promised * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms (turns {np.round(turns * 1e3, 1)})"
     )
 
