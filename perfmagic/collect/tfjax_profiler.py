@@ -27,11 +27,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from perfmagic.collect.clock_pin import marker_midpoint_us, pin_clock
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.intervals import union_length
 from perfmagic.schema import TORCH_TRACE_MARK
 
-CLOCK_LABEL = "perfmagic.clock"
 TRACE_NAMES = {"tensorflow": "tf_trace.json.gz", "jax": "jax_trace.json.gz"}
 """The profiled framework (the report's ``framework``) and the file its trace goes to."""
 _LABELS = {"tensorflow": "TensorFlow", "jax": "JAX"}
@@ -139,8 +139,7 @@ class TfJaxProfiler:
             jax.profiler.start_trace(str(self._tmp), profiler_options=jax_options)
         self._running = self._profiled = framework
         self._done = False
-        with annotation(CLOCK_LABEL):  # the event that pins the profiler's clock to ours
-            self._clock_t = self._clock()
+        self._clock_name, self._clock_t = pin_clock(annotation, self._clock)
 
     def _stop_profiler(self) -> None:
         framework, self._running, self._done = self._running, None, True
@@ -165,15 +164,15 @@ class TfJaxProfiler:
         path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}, separators=(",", ":")).encode()))
         data: dict[str, Any] = {
             "path": str(path),
-            "clock_name": CLOCK_LABEL,
+            "clock_name": self._clock_name,
             "steps": self._recorded,
             "profiler": framework,
         }
-        marker = next((e for e in events if e.get("name") == CLOCK_LABEL and "ts" in e), None)
+        marker_us = marker_midpoint_us(events, self._clock_name)
         window_s = self._stop_t - self._clock_t
-        if framework == "tensorflow" and marker is not None and window_s > 0:
+        if framework == "tensorflow" and marker_us is not None and window_s > 0:
             # tf.data's own figure beside perfmagic's over the same steps: a large gap is worth a warning
-            start_us = float(marker["ts"])
+            start_us = marker_us
             profiler = self._reader.input_wait_s(events, start_us, start_us + window_s * 1e6) / window_s
             ours = self._data_s() / window_s
             data.update(input_fraction=round(profiler, 4), data_fraction=round(ours, 4))

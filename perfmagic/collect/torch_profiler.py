@@ -22,13 +22,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from perfmagic.collect.clock_pin import pin_clock
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.schema import TORCH_TRACE_MARK
 from perfmagic.timeline import Timeline
 
 TRACE_NAME = "torch_trace.json"
 LOG_NAME = "torch_profiler.log"
-CLOCK_LABEL = "perfmagic.clock"
 
 
 class TorchProfiler:
@@ -65,6 +65,7 @@ class TorchProfiler:
         self._thread = threading.get_ident() if thread_id is None else thread_id
         self._stepped = 0
         self._clock_t: float | None = None
+        self._clock_name = ""  # the trace's annotation at ``_clock_t``
         self._written: Path | None = None
         self._recorder = recorder
         self._stopped = False
@@ -113,7 +114,7 @@ class TorchProfiler:
                 self._clock_t,
                 TORCH_TRACE_MARK,
                 path=str(self._written),
-                clock_name=CLOCK_LABEL,
+                clock_name=self._clock_name,
                 steps=max(0, min(self.steps, self._stepped - self._wait - self._warmup)),
             )
         else:
@@ -138,8 +139,7 @@ class TorchProfiler:
         if self._stepped == self._wait + self._warmup:  # now recording: pin one event to our clock
             from torch.profiler import record_function
 
-            with record_function(CLOCK_LABEL):
-                self._clock_t = self._clock()
+            self._clock_name, self._clock_t = pin_clock(record_function, self._clock)
 
     def _export(self, prof: Any) -> None:
         path = self._outdir / TRACE_NAME

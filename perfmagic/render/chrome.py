@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from perfmagic.collect.clock_pin import marker_midpoint_us
 from perfmagic.contract import ReportData, TorchTrace
 from perfmagic.schema import STEP_BOUNDARY_PREFIX, gpu_metric, memory_name
 from perfmagic.timeline import Timeline
@@ -105,10 +106,10 @@ def torch_events(trace: TorchTrace) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = json.loads(raw)["traceEvents"]
     except (OSError, ValueError, KeyError):
         return []
-    marker = next((e for e in events if e.get("name") == trace["clock_name"] and "ts" in e), None)
-    if marker is None:
+    marker_us = marker_midpoint_us(events, trace["clock_name"])
+    if marker_us is None:
         return []
-    shift = float(marker["ts"]) - float(trace["clock_t"]) * 1e6
+    shift = marker_us - float(trace["clock_t"]) * 1e6
     for e in events:
         if "ts" in e:
             e["ts"] = float(e["ts"]) - shift

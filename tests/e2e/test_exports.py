@@ -176,7 +176,7 @@ def test_chrome_trace_merges_a_profiler_trace_onto_our_clock(
 ) -> None:
     profiler = {
         "traceEvents": [
-            {"ph": "X", "name": "perfmagic.clock", "pid": 77, "tid": 77, "ts": 5_000_000.0, "dur": 1.0},
+            {"ph": "X", "name": "perfmagic.clock", "pid": 77, "tid": 77, "ts": 5_000_000.0, "dur": 200.0},
             {"ph": "X", "name": "ProfilerStep#2", "pid": 77, "tid": 77, "ts": 5_250_000.0, "dur": 10.0},
         ]
     }
@@ -187,8 +187,9 @@ def test_chrome_trace_merges_a_profiler_trace_onto_our_clock(
     ]
     merged = perfmagic.Report(data).to_chrome_trace(tmp_path / "merged.json")
     by_name = {e["name"]: e for e in json.loads(merged.read_text())["traceEvents"]}
-    assert by_name["perfmagic.clock"]["ts"] == pytest.approx(1.5e6)
-    assert by_name["ProfilerStep#2"]["ts"] == pytest.approx(1.75e6)
+    # the annotation's midpoint is at ``clock_t``: our two readings bracketed it
+    assert by_name["perfmagic.clock"]["ts"] == pytest.approx(1.5e6 - 100)
+    assert by_name["ProfilerStep#2"]["ts"] == pytest.approx(1.75e6 - 100)
 
 
 def read_events(logdir: Path) -> Iterator[Any]:
@@ -314,7 +315,8 @@ def test_profiler_trace_stays_aligned_when_the_timeline_is_rebased(tmp_path: Pat
     def clock_and_steps() -> tuple[float, list[float]]:
         report = report_from_timelines([timeline]).to_dict()
         events = chrome_trace(report)["traceEvents"]
-        clock = next(e["ts"] for e in events if e.get("name") == "perfmagic.clock")
+        (trace,) = report["torch_traces"]
+        clock = next(e["ts"] for e in events if e.get("name") == trace["clock_name"])
         return clock, [e["ts"] for e in events if e.get("pid") == PID and e["name"].startswith("step ")]
 
     clock, steps = clock_and_steps()
