@@ -44,7 +44,6 @@ OPEN: dict[tuple[str, str], str] = {
     ("advise/loop.py", "a.loop.calls_per_step"): _BY_STAGE,
     ("advise/sample_cost.py", "a.loop.calls_per_step"): _BY_STAGE,
     ("advise/sample_cost.py", "a.hotspots"): _BY_STAGE,
-    ("render/chrome.py", "e"): "an event of a torch.profiler trace file: another program's JSON",
     ("render/prometheus.py", "g"): _SNAPSHOT,
     ("render/prometheus.py", "gpu"): _SNAPSHOT,
     ("render/prometheus.py", "p"): _SNAPSHOT,
