@@ -71,6 +71,7 @@ class TfJaxProfiler:
         self._done = False
         self._tmp: Path | None = None
         self._clock_t = self._stop_t = 0.0
+        self._clock_name = ""  # the trace's annotation at ``_clock_t`` (``clock_pin``)
         self._recorded = 0
         self._stopped = False
 
