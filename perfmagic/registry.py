@@ -4,6 +4,11 @@ A session writes ``<pid>.json`` in the registry directory (``$PERFMAGIC_REGISTRY
 ``perfmagic-<uid>/sessions`` in the temporary directory) about once a second from its sampler
 thread, by an atomic rename, and removes it when it stops. A process that was killed leaves its
 file behind: readers skip files whose process is gone.
+
+Readers mark the directory as read (the ``reader`` file's time) each time they list it, and a
+session writes only while it was read in the last :data:`READ_WITHIN_S`: a run that no exporter or
+sidebar watches does not add up its stage totals every second, on the thread beside the user's loop.
+A reader's first look can therefore miss a session by up to a second.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ PUBLISH_EVERY_S = 1.0
 RATE_WINDOW_S = 10.0
 STALE_S = 30.0
 """A file not rewritten for this long is a process gone (its pid may have been reused since)."""
+READ_WITHIN_S = 300.0
+"""Sessions keep writing this long after the last read: longer than any scrape interval in use."""
+READER_FILE = "reader"
 
 
 def registry_dir() -> Path:
@@ -73,6 +81,8 @@ class StatusFile:
         if self.failed is not None or now - self._written < PUBLISH_EVERY_S:
             return
         self._written = now
+        if not _read_recently(self.path.parent):
+            return
         totals = dict(stage_seconds())
         self._totals.append((now, totals))
         while len(self._totals) > 2 and now - self._totals[0][0] > RATE_WINDOW_S:
@@ -106,6 +116,20 @@ class StatusFile:
             self.path.unlink()
 
 
+def _read_recently(directory: Path) -> bool:
+    try:
+        return time.time() - (directory / READER_FILE).stat().st_mtime < READ_WITHIN_S
+    except OSError:
+        return False  # never read
+
+
+def mark_read(directory: Path) -> None:
+    """Note that a reader looked at the registry now: sessions write for :data:`READ_WITHIN_S`."""
+    with contextlib.suppress(OSError):  # a registry the reader cannot write goes unmarked
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (directory / READER_FILE).touch()
+
+
 def _rate(counts: Sequence[tuple[float, float]]) -> float | None:
     """Per second from the first reading to the last; None before two readings apart in time."""
     if len(counts) < 2:
@@ -118,9 +142,11 @@ def running_sessions(directory: Path | None = None) -> list[Json]:
     """The status of every session whose process still runs, by pid."""
     import psutil
 
+    directory = directory or registry_dir()
+    mark_read(directory)
     found = []
     now = time.time()
-    for path in sorted((directory or registry_dir()).glob("*.json")):
+    for path in sorted(directory.glob("*.json")):
         try:
             status = json.loads(path.read_text())
             pid, updated = int(status["pid"]), float(status["updated"])
