@@ -60,6 +60,10 @@ class StatusFile:
         self._totals: deque[tuple[float, dict[str, float]]] = deque()
         self.failed: str | None = None
 
+    def due(self, now: float) -> bool:
+        """Whether a ``publish`` at ``now`` may write: the readings between writes change nothing."""
+        return self.failed is None and now - self._written >= PUBLISH_EVERY_S
+
     def publish(
         self,
         steps: int,
@@ -78,7 +82,7 @@ class StatusFile:
             self._counts.append((now, steps, samples))
             while len(self._counts) > 2 and now - self._counts[0][0] > RATE_WINDOW_S:
                 self._counts.popleft()
-        if self.failed is not None or now - self._written < PUBLISH_EVERY_S:
+        if not self.due(now):
             return
         self._written = now
         if not _read_recently(self.path.parent):
@@ -167,6 +171,9 @@ class SessionStatus:
         self._totals: RunningStages | None = None  # the analysis is imported once a step has ended
 
     def tick(self) -> None:
+        now = time.monotonic()
+        if not self._file.due(now):  # ten ticks a second: the other nine cost one clock reading
+            return
         stages = self._stages
         steps, stage = (stages.step_count, stages.current_stage) if stages is not None else (0, None)
 
@@ -181,7 +188,7 @@ class SessionStatus:
             return self._totals.totals
 
         _, taken = self._timeline.last(THREAD_SAMPLES)
-        self._file.publish(steps, stage, stage_seconds, samples=float(taken[-1]) if len(taken) else None)
+        self._file.publish(steps, stage, stage_seconds, now, float(taken[-1]) if len(taken) else None)
 
     def remove(self) -> list[str]:
         """Take the file away; a warning if it could never be written."""
