@@ -115,6 +115,11 @@ THREAD_DATA_TIMED = "thread.data_timed_s"
 THREAD_DATA_WAIT = "thread.data_wait_s"
 """…and the cumulative seconds of them it was runnable but waited for a CPU (NaN where the OS does not say)."""
 
+RECORDING: Final = "recording.full"
+"""Where the stage hooks recorded in windows were installed (1) or removed (0) (``collect.schedule``): steps
+between an install and the next removal are recorded fully, the others only at their ends. Never thinned:
+a change is 16 bytes, two a window (a mark, as records before it held, is 300)."""
+
 LOADER_BATCHES = "loader.batches_per_s"
 """Batches DataLoader workers built per second (``collect.worker_load``)…"""
 LOADER_BUSY = "loader.busy_workers"
@@ -170,10 +175,6 @@ ALLOCATOR: Final = "cuda_allocator"
 
 TORCH_TRACE_MARK = "torch_trace"
 """Mark a ``--trace`` collector leaves at the instant of the trace's ``clock_name`` event; ``path`` of the trace."""
-
-RECORDING_MARK = "recording"
-"""Where the stage hooks recorded in windows were installed (``full=True``) or removed (``collect.schedule``):
-steps between an install and the next removal are recorded fully, the others only at their ends."""
 
 EVALUATION_MARK = "evaluation"
 """An evaluation pass (validation, test, prediction, sanity check) at its start: ``seconds``, ``kind``."""

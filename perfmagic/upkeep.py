@@ -11,7 +11,7 @@ from typing import IO
 
 from perfmagic.clock import Clock
 from perfmagic.collect.recorder import StageRecorder
-from perfmagic.schema import THREAD_PREFIX
+from perfmagic.schema import RECORDING, THREAD_PREFIX
 from perfmagic.timeline import Timeline
 from perfmagic.timeline.file import SPOOL_NAME, Spooler
 
@@ -168,5 +168,6 @@ class RecordUpkeep:
                 tl.request_fold(fold)
         for metric in tl.metrics:
             held = tl.sample_count(metric) - tl.sample_base(metric)
-            if held > SERIES_BUDGET and not metric.startswith(THREAD_PREFIX):  # thread.*: folded with steps
+            # thread.*: folded with steps; the recording's changes: an average of two is neither
+            if held > SERIES_BUDGET and not metric.startswith(THREAD_PREFIX) and metric != RECORDING:
                 tl.thin(metric, min(held // 2, settled_samples(metric) - tl.sample_base(metric)))

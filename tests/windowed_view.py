@@ -21,8 +21,8 @@ from perfmagic.analyze import analyze
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
 from perfmagic.contract import ReportData
 from perfmagic.report import Report, build_report
-from perfmagic.schema import RECORDING_MARK, STEP_BOUNDARY_PREFIX
-from perfmagic.timeline import Mark, Timeline
+from perfmagic.schema import RECORDING, STEP_BOUNDARY_PREFIX
+from perfmagic.timeline import Timeline
 
 FIRST_FULL = 20
 """Steps recorded fully from the start in the view: the recorder's 200 would leave the tests' loops whole."""
@@ -57,7 +57,7 @@ one way on every step exceeds as steps add up."""
 def windowed_view(timeline: Timeline) -> Timeline | None:
     """``timeline`` as windows would have recorded it; None where that is the timeline itself (too few
     steps, steps folded on disk, or already recorded in windows)."""
-    if timeline.folded is not None or timeline.marks(RECORDING_MARK):
+    if timeline.folded is not None or timeline.sample_count(RECORDING):
         return None
     b = step_breakdown(timeline)
     if b.count < MIN_STEPS:
@@ -93,8 +93,8 @@ def windowed_view(timeline: Timeline) -> Timeline | None:
         t, v = timeline.series(metric)
         view.add_samples(metric, array("d", t.tolist()), array("d", v.tolist()))
     changes = np.flatnonzero(np.diff(full.astype(np.int8))) + 1  # steps whose recording differs from the last
-    marks = [Mark(float(b.start[i]), RECORDING_MARK, {"full": bool(full[i])}) for i in changes]
-    view.add_marks(sorted([*timeline.marks(), *marks], key=lambda m: m.t))
+    view.add_samples(RECORDING, array("d", b.start[changes].tolist()), array("d", full[changes].tolist()))
+    view.add_marks(timeline.marks())
     return view
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from perfmagic.analyze.steps import StepBreakdown, ended_steps
 from perfmagic.analyze.windows import EVERY_STEP_STAGES, full_between
-from perfmagic.schema import RECORDING_MARK
+from perfmagic.schema import RECORDING
 from perfmagic.timeline import Timeline
 
 
@@ -26,8 +26,8 @@ class RunningStages:
         self._cursor = 0  # spans read up to this logical index…
         self._since: float | None = None  # …and steps added up to this time
         self._kind: str | None = None
-        self._marks = 0  # marks read up to this index…
-        # …and of them, the changes of recording (time, to full or not) a later step may fall after
+        self._read = 0  # changes of recording read up to this index…
+        # …and of them, those (time, to full or not) a later step may fall after
         self._changes: list[tuple[float, bool]] = []
 
     @property
@@ -59,9 +59,9 @@ class RunningStages:
 
     def _full_steps(self, timeline: Timeline, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """``windows.full_steps`` of the steps added now, from the changes of recording since the last
-        look and the last one before it: a run that records in windows marks two changes a window."""
-        self._marks, marks = timeline.marks_since(self._marks)
-        self._changes += sorted((m.t, bool(m.data.get("full"))) for m in marks if m.name == RECORDING_MARK)
+        look and the last one before it: a run that records in windows makes two changes a window."""
+        self._read, t, v = timeline.samples_since(RECORDING, self._read)
+        self._changes += zip(t.tolist(), (v > 0.5).tolist(), strict=True)
         full = full_between([t for t, _ in self._changes], [on for _, on in self._changes], start, end)
         # a later step begins at or after these steps' last end: the last change before it is what it needs
         last = np.searchsorted([t for t, _ in self._changes], float(end[-1]), side="right")

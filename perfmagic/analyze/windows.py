@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from perfmagic.collect.schedule import BOUNDARY_CALLS_PER_STEP, CALL_COST_S, FULL_CALLS_PER_STEP, WINDOW
-from perfmagic.schema import RECORDING_MARK
+from perfmagic.schema import RECORDING
 
 if TYPE_CHECKING:
     from perfmagic.analyze.steps import StepBreakdown
@@ -40,13 +40,13 @@ _TOLERANCE_S = 1e-6
 
 
 def full_steps(timeline: Timeline, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per step: whether every stage hook was in place from its start to its end (``RECORDING_MARK``s)."""
-    marks = sorted(timeline.marks(RECORDING_MARK), key=lambda m: m.t)
-    return full_between([m.t for m in marks], [bool(m.data.get("full")) for m in marks], start, end)
+    """Per step: whether every stage hook was in place from its start to its end (``schema.RECORDING``)."""
+    t, v = timeline.series(RECORDING)
+    return full_between(t, v > 0.5, start, end)
 
 
 def full_between(
-    times: Sequence[float], full: Sequence[bool], start: np.ndarray, end: np.ndarray
+    times: Sequence[float] | np.ndarray, full: Sequence[bool] | np.ndarray, start: np.ndarray, end: np.ndarray
 ) -> np.ndarray:
     """Per step: whether it was recorded fully, from the changes of recording at ``times`` (in order) to
     ``full`` or not; a step before the first change was."""
@@ -124,7 +124,8 @@ def _growth(seconds: np.ndarray, rest: np.ndarray) -> np.ndarray:
 
 def windowed(timeline: Timeline) -> bool:
     """Whether some of the timeline's steps were recorded at their ends only."""
-    return any(not m.data.get("full") for m in timeline.marks(RECORDING_MARK))
+    _, v = timeline.series(RECORDING)
+    return bool((v < 0.5).any())
 
 
 def step_stage_clocks(b: StepBreakdown) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 
 from perfmagic.clock import Clock
-from perfmagic.schema import RECORDING_MARK
+from perfmagic.schema import RECORDING
 from perfmagic.timeline import Timeline
 
 FULL_STEPS = 200
@@ -139,4 +139,4 @@ class HookWindows:
                 return
             full = True
         self.full = full
-        self.timeline.add_mark(t, RECORDING_MARK, full=full)
+        self.timeline.add_sample(RECORDING, t, 1.0 if full else 0.0)

@@ -352,11 +352,19 @@ class Timeline:
     def marks(self, name: str | None = None) -> list[Mark]:
         return [m for m in list(self._marks) if name is None or m.name == name]
 
-    def marks_since(self, index: int) -> tuple[int, list[Mark]]:
-        """The marks added from ``index`` on, in the order added, and the index after them: a live reader
-        looks at the new ones only."""
-        marks = self._marks[index:]
-        return index + len(marks), marks
+    def samples_since(self, metric: str, index: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """A series' samples from the logical ``index`` on (but those averaged or folded away since) and
+        the index after them: a live reader looks at the new ones only."""
+        import numpy as np
+
+        s = self._series.get(metric)
+        if s is None:
+            return index, np.zeros(0), np.zeros(0)
+        with self._cut_lock:
+            end = min(len(s.t), len(s.v))
+            begin = min(max(0, index - s.base), end)
+            t, v = np.array(s.t[begin:end], dtype=np.float64), np.array(s.v[begin:end], dtype=np.float64)
+            return s.base + end, t, v
 
     def rebase(self, epoch: float) -> None:
         """Move every time onto the clock whose origin is the wall-clock time ``epoch``.

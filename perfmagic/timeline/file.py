@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from perfmagic.schema import RECORDING
 from perfmagic.timeline import Mark, SpoolCursor, Timeline
 from perfmagic.timeline.folds import FoldedSteps
 
@@ -28,6 +29,7 @@ SPOOL_CHUNK = 32768
 """Most spans in one line of a spool."""
 
 _BIG_ENDIAN = sys.byteorder == "big"
+_RECORDING_MARK = "recording"
 
 
 class TimelineFormatError(ValueError):
@@ -131,7 +133,12 @@ def _apply(timeline: Timeline, record: dict[str, Any]) -> None:
             )
         )
     elif kind == "marks":
-        timeline.add_marks(Mark(m["t"], m["name"], m.get("data", {})) for m in record["marks"])
+        marks = [Mark(m["t"], m["name"], m.get("data", {})) for m in record["marks"]]
+        # records written before the changes of recording were a series held them as marks
+        changes = [m for m in marks if m.name == _RECORDING_MARK]
+        for m in changes:
+            timeline.add_sample(RECORDING, m.t, 1.0 if m.data.get("full") else 0.0)
+        timeline.add_marks(m for m in marks if m.name != _RECORDING_MARK)
     else:
         raise ValueError(f"unknown record type {kind!r}")
 

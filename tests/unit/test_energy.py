@@ -20,7 +20,7 @@ from perfmagic.contract import Energy
 from perfmagic.render.energy import fmt_joules
 from perfmagic.render.html import report_fragment
 from perfmagic.report import report_from_timelines
-from perfmagic.schema import RECORDING_MARK, THREAD_SAMPLES
+from perfmagic.schema import RECORDING, THREAD_SAMPLES
 from perfmagic.timeline import Timeline
 
 BATCH = 32
@@ -73,7 +73,7 @@ def timeline(
     t = 0.0
     for k in range(loop.steps):
         if unrecorded(k) != unrecorded(k - 1):
-            tl.add_mark(t, RECORDING_MARK, full=not unrecorded(k))
+            tl.add_sample(RECORDING, t, 0.0 if unrecorded(k) else 1.0)
         if not unrecorded(k):
             tl.add_span(tl.name_id("data"), t, t + loop.data_s, 0)
         tl.add_sample(THREAD_SAMPLES, t + loop.data_s, float(BATCH * (k + 1)))

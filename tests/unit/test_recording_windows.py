@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import types
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from fakeclock import FakeClock
 
+import perfmagic.upkeep
 from perfmagic import bootstrap, cli
 from perfmagic.analyze import analyze
 from perfmagic.analyze.running import RunningStages
@@ -32,9 +34,11 @@ from perfmagic.collect.schedule import (
     period_for,
 )
 from perfmagic.report import build_report
-from perfmagic.schema import RECORDING_MARK
+from perfmagic.schema import RECORDING
 from perfmagic.session import Session
-from perfmagic.timeline import Timeline
+from perfmagic.timeline import Mark, Timeline
+from perfmagic.timeline.file import read_timeline, write_timeline
+from perfmagic.upkeep import RecordUpkeep
 
 
 def recorded_fully(clock: FakeClock, schedule: RecordingSchedule, steps: int, step_s: float) -> list[bool]:
@@ -146,7 +150,7 @@ def test_stage_shares_from_windows_are_those_of_every_step(fake_clock: FakeClock
     steps = FULL_STEPS + 8 * PERIOD
     full = windowed_loop(fake_clock, full=True, steps=steps, checkpoint_every=PERIOD)
     windowed = windowed_loop(fake_clock, full=False, steps=steps, checkpoint_every=PERIOD)
-    assert any(not m.data["full"] for m in windowed.marks(RECORDING_MARK))
+    assert (windowed.series(RECORDING)[1] == 0).any()
     a, b = analyze([full]), analyze([windowed])
     assert b.steps.count == a.steps.count == steps
     assert b.breakdown.full is not None and b.breakdown.full.sum() == FULL_STEPS + 8 * WINDOW
@@ -228,6 +232,67 @@ def test_live_totals_looked_at_as_the_run_goes_are_those_of_one_look_at_its_end(
     assert live.totals.keys() == once.totals.keys()
     for name, seconds in once.totals.items():
         assert live.totals[name] == pytest.approx(seconds, rel=1e-9), name
+
+
+HOST_CPU = "host.cpu_util"
+
+
+def test_the_changes_of_recording_are_kept_whole_where_old_samples_are_averaged(
+    fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long run's upkeep averages old samples in pairs; an average of an install and a removal would be
+    neither, so the changes of recording stay as they were and the report is that of the whole record."""
+    steps = FULL_STEPS + 8 * PERIOD
+    whole = windowed_loop(fake_clock, full=False, steps=steps, checkpoint_every=PERIOD)
+    monkeypatch.setattr(perfmagic.upkeep, "SERIES_BUDGET", 4)
+    upkeeps: list[RecordUpkeep] = []
+
+    def bound(timeline: Timeline) -> None:
+        if not upkeeps:
+            upkeeps.append(RecordUpkeep(timeline, fake_clock, [], lambda: True))
+        timeline.add_sample(HOST_CPU, fake_clock.now(), 1.0)  # as the sampler would
+        upkeeps[0].tick()
+
+    kept = windowed_loop(fake_clock, full=False, steps=steps, checkpoint_every=PERIOD, after_step=bound)
+    assert kept.sample_base(HOST_CPU) > 0, "the upkeep averaged nothing"
+    assert (
+        kept.sample_base(RECORDING) == 0 and kept.sample_count(RECORDING) == whole.sample_count(RECORDING) > 8
+    )
+    np.testing.assert_array_equal(kept.series(RECORDING)[1], whole.series(RECORDING)[1])
+    a, b = analyze([whole]), analyze([kept])
+    assert b.breakdown.full is not None and a.breakdown.full is not None
+    assert (b.breakdown.full == a.breakdown.full).all()
+
+
+def test_a_record_that_held_the_changes_of_recording_as_marks_reads_as_it_did(
+    fake_clock: FakeClock, tmp_path: Path
+) -> None:
+    """Records written before the changes of recording were a series held them as ``recording`` marks."""
+    windowed = windowed_loop(fake_clock, full=False, steps=FULL_STEPS + 8 * PERIOD, checkpoint_every=PERIOD)
+    old = Timeline(windowed.meta)
+    spans = windowed.spans
+    old.add_spans(
+        spans.names,
+        array("i", spans.name_id.tolist()),
+        array("d", spans.start.tolist()),
+        array("d", spans.end.tolist()),
+        array("b", spans.depth.tolist()),
+    )
+    for metric in set(windowed.metrics) - {RECORDING}:
+        t, v = windowed.series(metric)
+        old.add_samples(metric, array("d", t.tolist()), array("d", v.tolist()))
+    t, v = windowed.series(RECORDING)
+    old.add_marks(
+        [*windowed.marks(), *(Mark(a, "recording", {"full": bool(on)}) for a, on in zip(t, v, strict=True))]
+    )
+    write_timeline(old, tmp_path / "old.jsonl")
+
+    read = read_timeline(tmp_path / "old.jsonl")
+    assert not read.marks("recording")
+    np.testing.assert_array_equal(read.series(RECORDING)[1], v)
+    report, expected = build_report(analyze([read])), build_report(analyze([windowed]))
+    assert report["recording"] == expected["recording"]
+    assert report["stages"] == expected["stages"]
 
 
 @pytest.mark.parametrize(("options", "every_step"), [(["--full"], True), ([], False)])
