@@ -48,7 +48,7 @@ def install_tensor_methods(
     windowed.set(Tensor, "to", _copy_to_device(stages, torch, rec, Tensor.to, always_cuda=False))
     windowed.set(Tensor, "cuda", _copy_to_device(stages, torch, rec, Tensor.cuda, always_cuda=True))
     for name in _SYNC_METHODS:
-        p.set(Tensor, name, _sync(stages, torch, rec, getattr(Tensor, name), name))
+        p.set(Tensor, name, _sync(stages, torch, rec, getattr(Tensor, name)))
     if torch.cuda.is_available():
         p.set(torch.cuda, "synchronize", rec.wrap(torch.cuda.synchronize, "logging"))
 
@@ -92,14 +92,12 @@ def _copy_to_device(stages: TorchStages, torch: Any, rec: StageRecorder, orig: A
     return copy
 
 
-def _sync(stages: TorchStages, torch: Any, rec: StageRecorder, orig: Any, name: str) -> Any:
+def _sync(stages: TorchStages, torch: Any, rec: StageRecorder, orig: Any) -> Any:
     """``orig``, a tensor method that waits for the device, with its calls on CUDA tensors as ``logging``."""
     logging_id = rec.stage_id("logging")
     optimizer_id = rec.stage_id("optimizer")
     is_compiling = compiling_query(torch)
     stats = stages.stats
-    now = stages.now
-    add_mark = rec.timeline.add_mark
 
     def synced(t: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -108,7 +106,6 @@ def _sync(stages: TorchStages, torch: Any, rec: StageRecorder, orig: Any, name: 
                 return orig(t, *args, **kwargs)
             try:
                 stats["syncs"] += 1
-                add_mark(now(), "sync", op=name)
                 return orig(t, *args, **kwargs)
             finally:
                 rec.exit()
