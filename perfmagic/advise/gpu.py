@@ -20,6 +20,7 @@ from perfmagic.analyze import Analysis
 from perfmagic.analyze.steady import Steady
 from perfmagic.contract import Device
 from perfmagic.schema import COMPUTE_STAGES
+from perfmagic.tuning.result import seconds_saved
 from perfmagic.units import fmt_bytes, fmt_fraction, fmt_seconds
 
 MEMORY_FULL = 0.95
@@ -397,7 +398,7 @@ def _measured_saving(a: Analysis, knob: str) -> tuple[Any, float] | None:
     tried = a.tuned(knob)
     if tried is None:
         return None
-    base, best = tried["baseline"], tried["best"]
-    if base is None or best is None:
+    best, saved = tried["best"], seconds_saved(tried)
+    if best is None or saved is None:
         return None
-    return best["value"], max(0.0, base["seconds"] - best["seconds"])
+    return best["value"], saved

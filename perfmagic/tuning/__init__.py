@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfmagic.contract import KnobResult, Trial
 from perfmagic.tuning.guard import untouched, workers_stoppable
-from perfmagic.tuning.result import knob_result
+from perfmagic.tuning.result import knob_result, seconds_saved
 
 if TYPE_CHECKING:
     from perfmagic.tuning.compute import TrainingStep
@@ -149,7 +149,7 @@ def predicted_step(
     by_knob = {r["knob"]: r for r in results if r["best"]}  # a knob that could not be compared: no part
     workers, threads = by_knob.get("num_workers"), by_knob.get("num_threads")
     w_best = workers["best"] if workers is not None else None
-    t_base, t_best = (threads["baseline"], threads["best"]) if threads is not None else (None, None)
+    t_best = threads["best"] if threads is not None and threads["baseline"] is not None else None
     rest = step_s - data_s
     best: dict[str, Any]
     interval: list[float] | None = None
@@ -190,8 +190,8 @@ def predicted_step(
         count, load = w_best["value"], w_best["seconds"]
         best, step = {"num_workers": count}, max(rest, load) if count else rest + load
         how = "with workers, loading overlaps the rest of the step (the step is the longer of the two)"
-    elif t_base is not None and t_best is not None:
-        saved = t_base["seconds"] - t_best["seconds"]
+    elif threads is not None and t_best is not None:
+        saved = seconds_saved(threads) or 0.0
         best, step = {"num_threads": t_best["value"]}, step_s - saved
         how = "the observed step less what the best thread count saved on a training step"
     else:

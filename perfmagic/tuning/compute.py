@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -111,19 +112,20 @@ def tune_threads(
     notes: list[str] = ["timed with no DataLoader workers running beside it"]
     say(f"num_threads={', '.join(str(n) for n in candidates)}")
     try:
-        seconds = timed_in_turns(
+        turns = timed_in_turns(
             [_on_threads(step, n, torch) for n in candidates], time.perf_counter() + budget_s, notes
         )
     finally:
         torch.set_num_threads(current)
-    tried: list[Trial] = [
-        {"value": n, "seconds": s} for n, s in zip(candidates, seconds, strict=True) if s is not None
-    ]
+    timed = {n: t for n, t in zip(candidates, turns, strict=True) if t is not None}
+    tried: list[Trial] = [{"value": n, "seconds": median_turn(t)} for n, t in timed.items()]
     baseline = next((t for t in tried if t["value"] == current), None)
     if baseline is None or len(tried) < 2:
         return None
     best = min(tried, key=lambda t: t["seconds"])
-    return knob_result("num_threads", "seconds per step", tried, baseline, best, notes)
+    result = knob_result("num_threads", "seconds per step", tried, baseline, best, notes)
+    result["speedup"] = turn_speedup(timed[current], timed[best["value"]])
+    return result
 
 
 def _on_threads(step: TrainingStep, threads: int, torch: Any) -> Callable[[], None]:
@@ -259,18 +261,25 @@ def tune_compute(
             continue
         notes = [_NOTES[knob]]
         say(f"{knob}: {', '.join(str(value) for value, _ in settings)}")
-        seconds = timed_in_turns([variant for _, variant in settings], time.perf_counter() + share, notes)
+        turns = timed_in_turns([variant for _, variant in settings], time.perf_counter() + share, notes)
+        # each setting that ran: its turns and its samples per step (a step's, or 1: seconds per step)
+        ran = [
+            (value, variant, t, value if knob == "batch_size" else 1)
+            for (value, variant), t in zip(settings, turns, strict=True)
+            if t is not None
+        ]
         timed: list[tuple[TrainingStep, Trial]] = [
-            (variant, {"value": value, "seconds": s / value if knob == "batch_size" else s})
-            for (value, variant), s in zip(settings, seconds, strict=True)
-            if s is not None
+            (variant, {"value": value, "seconds": median_turn(t) / n}) for value, variant, t, n in ran
         ]
         tried = [trial for _, trial in timed]
         if knob == "batch_size":
             with_peaks(step, timed, notes)
-        baseline = tried[0] if seconds[0] is not None else None
+        baseline = tried[0] if turns[0] is not None else None
         best = min(tried, key=lambda t: t["seconds"]) if baseline is not None and len(tried) > 1 else None
         result: KnobResult = {**knob_result(knob, unit, tried, baseline, best, notes), "budget_s": share}
+        if best is not None:
+            (_, _, base_turns, base_n), (_, _, best_turns, best_n) = ran[0], ran[tried.index(best)]
+            result["speedup"] = turn_speedup(base_turns, best_turns, best_n / base_n)
         if knob == "batch_size" and step.device is not None:
             result["device"] = str(step.device)  # as the memory probe names it: "cuda:0", "cpu"
         results.append(result)
@@ -289,8 +298,8 @@ over a run, and tuning promised twice what it gave."""
 
 def timed_in_turns(
     steps: Sequence[Callable[[], None]], deadline: float, notes: list[str]
-) -> list[float | None]:
-    """Median seconds per step of each step, timed in turns (A, B, A, B, ...) until ``deadline``
+) -> list[list[float] | None]:
+    """Seconds per step of each step in each turn, timed in turns (A, B, A, B, ...) until ``deadline``
     (one turn at least; fewer than :data:`TURNS` is noted).
 
     Timed one after the other, a setting would carry whatever else the machine did meanwhile; in
@@ -316,4 +325,19 @@ def timed_in_turns(
         turns += 1
     if turns < TURNS:
         notes.append(f"only {turns} turn{'s' if turns > 1 else ''} in the budget: one slow moment would show")
-    return [None if t is None else sorted(t)[len(t) // 2] for t in per_turn]
+    return per_turn
+
+
+def median_turn(seconds: list[float]) -> float:
+    """A setting's seconds per step: its median turn."""
+    return sorted(seconds)[len(seconds) // 2]
+
+
+def turn_speedup(baseline: list[float], best: list[float], samples: float = 1.0) -> float:
+    """How much faster ``best`` is than ``baseline``: the median over turns of their ratio in the same
+    turn, timed next to each other (``samples``: the best's samples per step to the baseline's).
+
+    The ratio of the two settings' median turns could take them from moments apart: on a busy
+    machine a neighbour's burst in one and not the other moved the promise by half."""
+    ratios = sorted(samples * b / s if s > 0 else math.inf for b, s in zip(baseline, best, strict=True))
+    return ratios[len(ratios) // 2]

@@ -28,3 +28,12 @@ def knob_result(
         "speedup": speedup,
         "notes": notes,
     }
+
+
+def seconds_saved(result: KnobResult) -> float | None:
+    """What the best setting saves on the baseline's seconds, by the knob's ``speedup`` (turn by turn
+    where the settings took turns); None where nothing was compared."""
+    baseline, speedup = result["baseline"], result["speedup"]
+    if baseline is None or speedup is None or result["best"] is None:
+        return None
+    return max(0.0, baseline["seconds"] * (1 - 1 / speedup))
