@@ -12,7 +12,9 @@ Phases, most informative first, each bounded and each reported even when another
    captured as a CUDA graph, a model compiled before profiling not recompiled, bf16 autocast and the
    caching allocator's figures, a model on a second GPU (where there are two);
 5. the sampler's cost with real NVML at 10 Hz (5 s);
-6. ``pytest -m gpu`` on the GPU test files (output tail only).
+6. the hot path's cost on this machine's CPU, quieter than the dev VM: ``overhead.py``'s 2 ms CPU step
+   unprofiled and under the default windowed profile, interleaved (~50 s, its own process);
+7. ``pytest -m gpu`` on the GPU test files (output tail only).
 
 Phases 3 and 5 are in ``gpu_check_training.py``, phase 4 in ``gpu_check_cuda.py``; ``gpu_check_record.py``
 keeps the verdicts and tees the output.
@@ -24,17 +26,20 @@ Exit status: 0 all checks passed, 1 some failed, 2 no usable CUDA GPU (nothing t
 
 Works without installing perfmagic (the repository root goes on ``sys.path``): it needs torch,
 numpy, psutil, nvidia-ml-py, nvtx, and for phase 5 pytest and pytest-jupyter.
-``--cpu-smoke`` runs phase 3 on the CPU for 2 s, to test this script where there is no GPU.
+``--cpu-smoke`` runs phase 3 on the CPU for 2 s and phase 6 for two short rounds, to test this
+script where there is no GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -50,6 +55,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 GPU_TEST_FILES = ("tests/e2e/test_gpu.py", "tests/e2e/test_stages_torch.py")
 TRAIN_S = 15.0
 PYTEST_TIMEOUT_S = 150
+OVERHEAD_ROUNDS, OVERHEAD_ROUND_S = 10, 2.0
+OVERHEAD_TIMEOUT_S = 60
+OVERHEAD_TARGET = 0.01
 SMI_TIMEOUT_S = 20
 
 
@@ -175,6 +183,56 @@ def nvml_probe(check: Check) -> None:
 # -- phase 6 ---------------------------------------------------------------------------------
 
 
+def hot_path_cost(check: Check, rounds: int = OVERHEAD_ROUNDS, judged: bool = True) -> None:
+    """``overhead.py``'s windowed mode on the CPU, in a process of its own (no CUDA context, no threads
+    of the checks before); each round printed as it ends. Not ``judged`` (a smoke run): the figure is
+    recorded as n/a, whatever it is."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "overhead.json"
+        cmd = [
+            sys.executable,
+            str(ROOT / "benchmarks" / "overhead.py"),
+            *("--rounds", str(rounds), "--seconds", str(OVERHEAD_ROUND_S if judged else 0.3)),
+            *("--modes", "perfmagic windowed", "--json", str(result)),
+        ]
+        check.child = proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=_with_root_on_path(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            timer = threading.Timer(OVERHEAD_TIMEOUT_S, proc.kill)
+            timer.start()
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                print("  " + line.rstrip(), flush=True)
+            proc.wait()
+            timer.cancel()
+        finally:
+            check.child = None
+        if proc.returncode != 0 or not result.exists():
+            check.record(
+                "hot path",
+                False,
+                f"overhead.py ended with exit {proc.returncode} (killed after {OVERHEAD_TIMEOUT_S} s?)",
+            )
+            return
+        figures = json.loads(result.read_text())
+    mode = figures["modes"]["perfmagic windowed"]
+    check.record(
+        "hot path",
+        mode["overhead"] <= OVERHEAD_TARGET if judged else None,
+        f"windowed profile {100 * mode['overhead']:+.2f}% on a {1e3 * figures['unprofiled_step_s']:.2f} ms CPU step "
+        f"(middle half of {rounds} rounds {100 * mode['q1']:+.2f}% .. {100 * mode['q3']:+.2f}%; target <= 1%)",
+    )
+
+
+# -- phase 7 ---------------------------------------------------------------------------------
+
+
 def gpu_tests(check: Check) -> None:
     # --noconftest: the suite's conftest loads the Jupyter server fixtures, which a bare GPU image lacks
     # and the GPU tests do not use
@@ -190,12 +248,8 @@ def gpu_tests(check: Check) -> None:
         "--noconftest",
         *GPU_TEST_FILES,
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
     check.child = proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=ROOT, env=_with_root_on_path(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         out, _ = proc.communicate(timeout=PYTEST_TIMEOUT_S)
@@ -214,6 +268,14 @@ def gpu_tests(check: Check) -> None:
     last = lines[-1].strip("= ") if lines else "no output"
     ok = proc.returncode == 0 and " passed" in last  # all skipped: nothing was tested
     check.record("pytest -m gpu", ok, f"{last} (exit {proc.returncode})")
+
+
+def _with_root_on_path() -> dict[str, str]:
+    """The environment for a child that imports perfmagic from the repository (no install needed)."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
 
             with check.section("training (CPU smoke)"):
                 training(check, torch, "cpu", 2.0)
+            with check.section("hot path (CPU smoke)"):
+                hot_path_cost(check, rounds=2, judged=False)
             return check.verdict()
         with check.section("environment"):
             torch = environment(check)
@@ -253,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         cuda_paths(check, torch)
         with check.section("sampler cost"):
             sampler_cost(check, session)
+        with check.section("hot path: the default profile's cost on this machine's CPU"):
+            hot_path_cost(check)
         with check.section("pytest -m gpu"):
             gpu_tests(check)
         return check.verdict()

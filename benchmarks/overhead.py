@@ -12,13 +12,17 @@ and is timed whole, as seconds per step. Modes are interleaved in rotating order
 gives each mode's ratio to the unprofiled run of the same round, and the median ratio
 is reported with its spread.
 
-    python benchmarks/overhead.py [--rounds 15] [--seconds 10] [--modes perfmagic,...]
+    python benchmarks/overhead.py [--rounds 15] [--seconds 10] [--modes perfmagic,...] [--json FILE]
+
+``--json`` writes each profiled mode's median overhead, its middle half and the medians per step
+(``make gpu-check`` reads it).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 import time
@@ -124,6 +128,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each run")
     parser.add_argument("--modes", default=",".join(list(MODES)[1:]), help="profiled modes, comma-separated")
+    parser.add_argument("--json", metavar="FILE", help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     names = ["unprofiled", *(m for m in args.modes.split(",") if m)]
@@ -156,13 +161,29 @@ def main() -> None:
     print(f"{args.rounds} rounds x {args.seconds:g} s per mode, torch {torch.__version__}, 1 intra-op thread")
     for name in names:
         print(f"  {name:<24} {statistics.median(per_step[name]) * 1e3:7.3f} ms per step (median)")
-    for name in names[1:]:
-        ranked = sorted(ratios[name])
-        q1, q3 = ranked[len(ranked) // 4], ranked[(3 * len(ranked)) // 4]
+    results = {name: summary(ratios[name], per_step[name]) for name in names[1:]}
+    for name, result in results.items():
         print(
-            f"  {name:<24} overhead {100 * (statistics.median(ranked) - 1):+6.2f}%  "
-            f"(middle half of rounds {100 * (q1 - 1):+.2f}% .. {100 * (q3 - 1):+.2f}%)"
+            f"  {name:<24} overhead {100 * result['overhead']:+6.2f}%  (middle half of rounds "
+            f"{100 * result['q1']:+.2f}% .. {100 * result['q3']:+.2f}%)"
         )
+    if args.json:
+        unprofiled_s = statistics.median(per_step["unprofiled"])
+        Path(args.json).write_text(
+            json.dumps({"unprofiled_step_s": unprofiled_s, "modes": results}, indent=1)
+        )
+
+
+def summary(ratios: list[float], per_step: list[float]) -> dict[str, float]:
+    """A mode's median overhead over the rounds, the middle half of them, and its median step."""
+    ranked = sorted(ratios)
+    q1, q3 = ranked[len(ranked) // 4], ranked[(3 * len(ranked)) // 4]
+    return {
+        "overhead": statistics.median(ranked) - 1,
+        "q1": q1 - 1,
+        "q3": q3 - 1,
+        "step_s": statistics.median(per_step),
+    }
 
 
 if __name__ == "__main__":
