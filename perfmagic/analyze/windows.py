@@ -14,13 +14,21 @@ spread over the stages. Per-step sums still make the step's time, and every read
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from perfmagic.collect.schedule import BOUNDARY_CALLS_PER_STEP, CALL_COST_S, FULL_CALLS_PER_STEP, WINDOW
+from perfmagic.collect.schedule import (
+    BOUNDARY_CALLS_PER_STEP,
+    CALL_COST_S,
+    FULL_CALLS_PER_STEP,
+    MEASURED_PERIODS,
+    WINDOW,
+    median_and_error,
+)
 from perfmagic.schema import RECORDING
 
 if TYPE_CHECKING:
@@ -34,6 +42,10 @@ EVERY_STEP_STAGES = frozenset({"checkpoint", "logging"})
 NEAREST = 2 * WINDOW
 """Fully recorded steps on each side of a step that was not whose shares it takes: two windows' worth,
 so a run whose stages drift (loading that slows, a warm-up) is estimated from its own stretch."""
+
+MEASURED_SHARE_ERROR = 0.0025
+"""The largest standard error, as a share of the step, with which the windows' measured cost replaces the
+estimate in ``overhead_fraction`` (a busy machine's steps vary too much for it to say more)."""
 
 _TOLERANCE_S = 1e-6
 """A change of recording this close to a step's end is at its end (folded steps' ends are float32 sums)."""
@@ -148,8 +160,10 @@ def step_stage_clocks(b: StepBreakdown) -> dict[str, tuple[np.ndarray, np.ndarra
 
 
 def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None) -> Recording:
-    """``recording``: how the steps were recorded, and what the hooks cost them (an estimate: the calls a
-    plain step's hooks add, as counted by ``benchmarks/hot_path_calls.py``, at :data:`CALL_COST_S` each)."""
+    """``recording``: how the steps were recorded, and what the hooks cost them: the calls a plain step's
+    hooks add (as counted by ``benchmarks/hot_path_calls.py``) at :data:`CALL_COST_S` each, an estimate;
+    where the windows were measured (:func:`window_cost`) within :data:`MEASURED_SHARE_ERROR`, their
+    part is the measured one."""
     full = b.full if b.full is not None else np.ones(b.count, dtype=bool)
     n_full = int(full.sum())
     calls = (
@@ -157,10 +171,37 @@ def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None
         if b.count
         else None
     )
+    measured = window_cost(b)
+    overhead = calls * CALL_COST_S if calls is not None else None
+    if measured is not None and step_s and n_full * measured[1] / b.count <= MEASURED_SHARE_ERROR * step_s:
+        # the windows' part measured closely enough, the steps' ends' still estimated
+        overhead = n_full * max(measured[0], 0.0) / b.count + BOUNDARY_CALLS_PER_STEP * CALL_COST_S
     return {
         "mode": "windowed" if windowed(timeline) else "full",
         "full_steps": n_full,
         "steps": b.count,
         "calls_per_step": calls,
-        "overhead_fraction": calls * CALL_COST_S / step_s if calls is not None and step_s else None,
+        "window_cost_s": measured[0] if measured is not None else None,
+        "window_cost_error_s": measured[1] if measured is not None else None,
+        "overhead_fraction": overhead / step_s if overhead is not None and step_s else None,
     }
+
+
+def window_cost(b: StepBreakdown) -> tuple[float, float] | None:
+    """What recording a step fully added to it, measured as the schedule does (``WindowCost``): per window
+    of :data:`WINDOW` steps after the start, its mean step less that of the steps before it outside the
+    windows, without the stages recorded on every step (a checkpoint falls outside the windows nine times
+    in ten); the median over windows and its standard error. None under :data:`MEASURED_PERIODS`."""
+    if b.full is None or b.full.all():
+        return None
+    seconds = b.durations - sum(
+        (b.column(name) for name in EVERY_STEP_STAGES if name in b.stages), np.zeros(b.count)
+    )
+    edges = np.flatnonzero(np.diff(b.full.astype(np.int8))) + 1  # where a run of steps begins
+    runs = np.split(np.arange(b.count), edges)
+    added = [
+        float(seconds[window].mean() - seconds[outside].mean())
+        for outside, window in itertools.pairwise(runs[1:])
+        if not b.full[outside[0]] and len(window) == WINDOW and len(outside) >= WINDOW
+    ]
+    return median_and_error(added) if len(added) >= MEASURED_PERIODS else None

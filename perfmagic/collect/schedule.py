@@ -10,12 +10,17 @@ first :data:`FULL_STEPS` steps and :data:`FULL_SECONDS` seconds are recorded ful
 profile is the same as with every hook on; after that, :data:`WINDOW` steps in every :data:`PERIOD`,
 or in a longer period where the start's steps were too short for that to cost under 1% of them
 (:func:`period_for`). ``every_step`` (``perfmagic.profile(full=True)``, ``--full``) records all of them.
+
+The windows measure what they cost: each period's window steps against the steps just before it
+(:class:`WindowCost`). Where the hooks measurably add more than the estimate allowed for, the period
+grows until they cost under 1% again.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 
 from perfmagic.clock import Clock
 from perfmagic.schema import RECORDING
@@ -50,6 +55,12 @@ BOUNDARY_CALLS_PER_STEP = 6.0
 CALL_COST_S = 1.5e-6
 """What one added Python call costs a fast training loop in place (1 to 2 µs: docs/benchmarks.md)."""
 
+MEASURED_PERIODS = 8
+"""Periods whose windows are measured before their cost may lengthen the period, and between two looks."""
+
+_KEPT_PERIODS = 64
+"""Periods whose measurements the schedule keeps: the cost of the recent hooks, not of the start's."""
+
 _LOOK_AGAIN = WINDOW
 """Steps between two looks at the clock while the first :data:`FULL_SECONDS` last."""
 
@@ -61,37 +72,115 @@ class RecordingSchedule:
         self.every_step = every_step
         self._now = clock.now
         self._began = clock.now()
-        self._windows_from: int | None = None  # the step count at which windows began
+        self._windows_from: int | None = None  # the step count at which the current period length began
         self.period = PERIOD
+        self.cost = WindowCost()
 
     def plan(self, steps: int) -> tuple[bool, float]:
         """``(full, for_steps)`` once ``steps`` steps have ended: whether the next ones are recorded
         fully, and how many steps that holds for (the caller asks again after them)."""
         if self.every_step:
             return True, math.inf
+        now = self._now()
         if self._windows_from is None:
             if steps < FULL_STEPS:
                 return True, FULL_STEPS - steps
-            if self._now() - self._began < FULL_SECONDS:
+            if now - self._began < FULL_SECONDS:
                 return True, _LOOK_AGAIN
             self._windows_from = steps
-            self.period = period_for((self._now() - self._began) / steps)
+            self.period = period_for((now - self._began) / steps)
+        phase = (steps - self._windows_from) % self.period
+        if phase == 0 or phase == self.period - WINDOW:
+            self.cost.edge(steps, now, full=phase != 0)
+            if phase == 0:
+                self._lengthen_if_costly(steps)
+        else:  # asked between the two edges: the hooks went in out of turn (an evaluation pass)
+            self.cost.interrupted()
         period = self.period
         phase = (steps - self._windows_from) % period
         if phase < period - WINDOW:
             return False, period - WINDOW - phase
         return True, period - phase
 
+    def _lengthen_if_costly(self, steps: int) -> None:
+        """At a period's start: lengthen the period where its windows measurably cost the step more than
+        :data:`OVERHEAD_TARGET` (the next one starts now), looking every :data:`MEASURED_PERIODS`."""
+        cost = self.cost
+        if not cost.periods or cost.periods % MEASURED_PERIODS or cost.looked_at == cost.periods:
+            return
+        cost.looked_at = cost.periods
+        added, step_s = cost.lower_bound_s(), cost.outside_step_s()
+        if added is None or step_s is None:
+            return
+        longer = period_for(step_s, added_s=added)
+        if longer > self.period:
+            self.period, self._windows_from = longer, steps
 
-def period_for(step_s: float) -> int:
-    """The period whose windows keep the hooks' estimated cost under :data:`OVERHEAD_TARGET` of a
-    ``step_s`` step: :data:`PERIOD` at least, :data:`LONGEST_PERIOD` where no period would (the steps'
-    ends alone cost more)."""
-    full, boundary = FULL_CALLS_PER_STEP * CALL_COST_S, BOUNDARY_CALLS_PER_STEP * CALL_COST_S
+
+class WindowCost:
+    """What recording a step fully adds to it, measured on the run itself: per period, the mean step of
+    its window less the mean step of the steps outside the windows just before it. ``edge`` is told
+    each change of recording (the step count and the clock); a period interrupted is not counted."""
+
+    def __init__(self) -> None:
+        self._edge: tuple[int, float, bool] | None = None  # the last change: steps, time, full after it
+        self._outside: tuple[int, float] | None = None  # this period's steps outside the windows, seconds
+        self.added_s: deque[float] = deque(maxlen=_KEPT_PERIODS)  # per period measured, window less outside
+        self.outside_s: deque[float] = deque(maxlen=_KEPT_PERIODS)  # per period, the mean step outside
+        self.periods = 0
+        self.looked_at = 0  # ``periods`` when the schedule last looked
+
+    def edge(self, steps: int, now: float, *, full: bool) -> None:
+        last = self._edge
+        if last is not None and last[2] != full and steps > last[0]:
+            mean = (now - last[1]) / (steps - last[0])
+            if full:  # the steps outside the windows just ended
+                self._outside = (steps - last[0], mean)
+            elif self._outside is not None:  # a window ended: the period is whole
+                self.added_s.append(mean - self._outside[1])
+                self.outside_s.append(self._outside[1])
+                self.periods += 1
+                self._outside = None
+        self._edge = (steps, now, full)
+
+    def interrupted(self) -> None:
+        self._edge = self._outside = None
+
+    def lower_bound_s(self) -> float | None:
+        """The added seconds per fully recorded step, less two standard errors of their median (a noisy
+        machine must not read as costly hooks); None under :data:`MEASURED_PERIODS` periods."""
+        if len(self.added_s) < MEASURED_PERIODS:
+            return None
+        median, error = median_and_error(self.added_s)
+        return median - 2.0 * error
+
+    def outside_step_s(self) -> float | None:
+        return median_and_error(self.outside_s)[0] if self.outside_s else None
+
+
+def median_and_error(values: Sequence[float]) -> tuple[float, float]:
+    """The median of ``values`` and its standard error from their median absolute deviation (robust
+    to the odd period a checkpoint or a stall fell in)."""
+    ranked = sorted(values)
+    n = len(ranked)
+    median = 0.5 * (ranked[(n - 1) // 2] + ranked[n // 2])
+    deviations = sorted(abs(v - median) for v in ranked)
+    mad = 0.5 * (deviations[(n - 1) // 2] + deviations[n // 2])
+    return median, 1.2533 * 1.4826 * mad / math.sqrt(n)
+
+
+def period_for(step_s: float, added_s: float | None = None) -> int:
+    """The period whose windows keep the hooks' cost under :data:`OVERHEAD_TARGET` of a ``step_s``
+    step: :data:`PERIOD` at least, :data:`LONGEST_PERIOD` where no period would (the steps' ends alone
+    cost more). ``added_s``: what a fully recorded step's hooks add to it, measured (by default the
+    estimate from the calls)."""
+    boundary = BOUNDARY_CALLS_PER_STEP * CALL_COST_S
+    if added_s is None:
+        added_s = (FULL_CALLS_PER_STEP - BOUNDARY_CALLS_PER_STEP) * CALL_COST_S
     room = OVERHEAD_TARGET * step_s - boundary  # what the windows may add per step, on average
     if room <= 0:
         return LONGEST_PERIOD
-    return max(PERIOD, min(LONGEST_PERIOD, math.ceil(WINDOW * (full - boundary) / room)))
+    return max(PERIOD, min(LONGEST_PERIOD, math.ceil(WINDOW * max(added_s, 0.0) / room)))
 
 
 class HookWindows:

@@ -37,13 +37,16 @@ class Steps(TypedDict):
 
 class Recording(TypedDict):
     """``recording``: which steps had every stage hook in place (``collect.schedule``). Stage figures come
-    from those, step times and counts from all; ``calls_per_step`` and ``overhead_fraction`` are estimates
-    (the Python calls a plain step's hooks add, at about 1.5 µs each, over the median step)."""
+    from those, step times and counts from all; ``calls_per_step`` is an estimate (the Python calls a plain
+    step's hooks add), ``overhead_fraction`` too (at about 1.5 µs a call, over the median step) but where
+    the windows' cost was measured (``window_cost_s``): then only the steps' ends are estimated."""
 
     mode: Literal["full", "windowed"]  # windowed: some steps were recorded at their ends only
     full_steps: int
     steps: int
     calls_per_step: float | None  # Python calls perfmagic added per step, on average (None: no steps)
+    window_cost_s: float | None  # measured: what full recording added to a step in the windows
+    window_cost_error_s: float | None  # its standard error
     overhead_fraction: float | None  # of the median step time
 
 

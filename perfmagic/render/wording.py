@@ -177,9 +177,17 @@ def recording_line(report: ReportData) -> str | None:
         )
     else:
         said = f"recording: the stages of every step ({rec['steps']:,})"
-    calls, share = rec["calls_per_step"], rec["overhead_fraction"]
+    calls, share, measured = rec["calls_per_step"], rec["overhead_fraction"], rec["window_cost_s"]
     if calls is not None:
         said += f"; about {calls:.0f} Python calls added per step"
         if share is not None:
             said += f", ~{100 * share:.2g}% of the median step"  # a small share, not rounded to 0%
+    if measured is not None:
+        error = rec["window_cost_error_s"] or 0.0
+        said += f"; the windows measured {_signed(measured)} ± {_signed(error)[1:]} a fully recorded step"
     return said
+
+
+def _signed(seconds: float) -> str:
+    """``+20 ms``, ``-3 µs``: a measured difference, however small, with its sign."""
+    return f"{1e6 * seconds:+.0f} µs" if abs(seconds) < 1e-3 else f"{1e3 * seconds:+.2g} ms"

@@ -3,6 +3,7 @@ analysis that takes stage shares from the fully recorded steps and the rhythm fr
 
 from __future__ import annotations
 
+import itertools
 import os
 import types
 from array import array
@@ -27,12 +28,15 @@ from perfmagic.collect.schedule import (
     FULL_SECONDS,
     FULL_STEPS,
     LONGEST_PERIOD,
+    MEASURED_PERIODS,
     OVERHEAD_TARGET,
     PERIOD,
     WINDOW,
     RecordingSchedule,
+    median_and_error,
     period_for,
 )
+from perfmagic.render.wording import recording_line
 from perfmagic.report import build_report
 from perfmagic.schema import RECORDING
 from perfmagic.session import Session
@@ -52,6 +56,78 @@ def recorded_fully(clock: FakeClock, schedule: RecordingSchedule, steps: int, st
         if left <= 0:
             full, left = schedule.plan(ended + 1)
     return out
+
+
+def recorded_with_cost(
+    clock: FakeClock,
+    schedule: RecordingSchedule,
+    steps: int,
+    step_s: float,
+    added_s: float,
+    jitter: float = 0.0,
+) -> list[bool]:
+    """As :func:`recorded_fully`, on steps whose full recording adds ``added_s`` to them, each step
+    ``step_s`` times a factor in ``1 ± jitter`` (fixed pseudo-random)."""
+    rng = np.random.default_rng(7)
+    full, left, out = True, 0.0, []
+    for ended in range(steps):
+        out.append(full)
+        clock.advance(step_s * (1 + jitter * rng.uniform(-1, 1)) + (added_s if full else 0.0))
+        left -= 1
+        if left <= 0:
+            full, left = schedule.plan(ended + 1)
+    return out
+
+
+def windows_per_period(full: list[bool]) -> list[int]:
+    """The steps from one window's start to the next, after the start's full steps."""
+    starts = [i for i in range(1, len(full)) if full[i] and not full[i - 1]]
+    return [b - a for a, b in itertools.pairwise(starts)]
+
+
+def test_windows_that_measurably_cost_over_one_percent_come_less_often(fake_clock: FakeClock) -> None:
+    """Hooks that add 60 ms to a fully recorded 200 ms step (3% of the run at 5 in 50, the estimate
+    said 0.05%) are measured over the first periods, and the period grows so they cost 1% again."""
+    schedule = RecordingSchedule(fake_clock)
+    periods = 2 * MEASURED_PERIODS + 4
+    full = recorded_with_cost(fake_clock, schedule, FULL_STEPS + periods * 160, step_s=0.2, added_s=0.06)
+    gaps = windows_per_period(full[FULL_STEPS:])
+    assert gaps[: MEASURED_PERIODS - 1] == [PERIOD] * (MEASURED_PERIODS - 1)  # measured at the default
+    longer = gaps[-1]
+    assert set(gaps[MEASURED_PERIODS:]) == {longer} and longer > PERIOD
+    added, _ = median_and_error(schedule.cost.added_s)
+    assert added == pytest.approx(0.06)
+    share = (WINDOW * 0.06 / longer + BOUNDARY_CALLS_PER_STEP * CALL_COST_S) / 0.2
+    assert share <= OVERHEAD_TARGET and longer == period_for(0.2, added_s=0.06)
+
+
+@pytest.mark.parametrize(("added_s", "jitter"), [(0.002, 0.0), (0.0, 0.9)])
+def test_windows_that_cost_little_or_only_seem_to_keep_the_default_period(
+    fake_clock: FakeClock, added_s: float, jitter: float
+) -> None:
+    """Hooks adding 1% to a fully recorded step (0.1% of the run), and hooks that add nothing to steps
+    that vary by ±90% (a busy machine): the default period throughout."""
+    schedule = RecordingSchedule(fake_clock)
+    steps = FULL_STEPS + 3 * MEASURED_PERIODS * PERIOD
+    full = recorded_with_cost(fake_clock, schedule, steps, step_s=0.2, added_s=added_s, jitter=jitter)
+    assert set(windows_per_period(full[FULL_STEPS:])) == {PERIOD}
+    assert schedule.cost.periods >= 3 * MEASURED_PERIODS - 1
+
+
+def test_a_period_whose_hooks_came_in_out_of_turn_is_not_measured(fake_clock: FakeClock) -> None:
+    """An evaluation pass installs the hooks between the schedule's edges (the recorder asks the schedule
+    again at the next step end): that period counts for nothing, the next ones count again."""
+    schedule = RecordingSchedule(fake_clock)
+    left, evaluation_at = 0.0, FULL_STEPS + 2 * PERIOD + 10
+    counted: list[int] = []
+    for ended in range(FULL_STEPS + 4 * PERIOD):
+        fake_clock.advance(0.2)
+        left -= 1
+        if left <= 0 or ended + 1 == evaluation_at:
+            _, left = schedule.plan(ended + 1)
+        if ended + 1 >= FULL_STEPS and (ended + 1 - FULL_STEPS) % PERIOD == 0:
+            counted.append(schedule.cost.periods)
+    assert counted == [0, 1, 2, 2, 3]  # the third period, interrupted, is not counted
 
 
 def test_a_short_profile_records_every_step(fake_clock: FakeClock) -> None:
@@ -108,12 +184,13 @@ def windowed_loop(
     steps: int,
     checkpoint_every: int,
     hiccup_every: int = 0,
+    hook_cost_s: float = 0.0,
     after_step: Callable[[Timeline], object] = lambda _: None,
 ) -> Timeline:
     """A loop on the fake clock whose per-step stages (data, forward, backward) are recorded only while the
     recorder's windowed hooks are in: the optimizer step, its end and checkpoints on every step. Every
-    ``hiccup_every`` steps its own Python stalls for a second (``other``); ``after_step`` sees the timeline
-    after each step."""
+    ``hiccup_every`` steps its own Python stalls for a second (``other``); a fully recorded step takes
+    ``hook_cost_s`` longer; ``after_step`` sees the timeline after each step."""
     tl = Timeline()
     tl.meta["wall_s"] = 0.0
     rec = StageRecorder(tl, origin=clock.now(), clock=clock)
@@ -132,7 +209,7 @@ def windowed_loop(
         stage("data", 0.1)
         stage("forward", 0.05 + 0.01 * (i % 3))
         stage("backward", 0.07)
-        clock.advance(0.01)  # the loop's own Python: other
+        clock.advance(0.01 + (hook_cost_s if rec.full else 0.0))  # the loop's own Python: other
         if hiccup_every and i % hiccup_every == 3:
             clock.advance(1.0)
         if i % checkpoint_every == checkpoint_every // 2:
@@ -176,6 +253,30 @@ def test_stage_shares_from_windows_are_those_of_every_step(fake_clock: FakeClock
     assert full_recording is not None and full_recording["mode"] == "full"
     assert recording["calls_per_step"] is not None and full_recording["calls_per_step"] is not None
     assert recording["calls_per_step"] < full_recording["calls_per_step"]
+
+
+def test_the_report_says_what_the_windows_measurably_cost(fake_clock: FakeClock) -> None:
+    """Full recording adds 20 ms to a 0.25 s step: the report measures it from the windows against the
+    steps before them, though a 2 s checkpoint falls outside the windows in every period, and the
+    overhead share rests on it."""
+    steps = FULL_STEPS + 10 * PERIOD
+    tl = windowed_loop(fake_clock, full=False, steps=steps, checkpoint_every=PERIOD, hook_cost_s=0.02)
+    a = analyze([tl])
+    recording = build_report(a)["recording"]
+    assert recording is not None and recording["window_cost_s"] is not None
+    assert recording["window_cost_s"] == pytest.approx(0.02, abs=0.004)
+    assert recording["window_cost_error_s"] is not None and recording["window_cost_error_s"] < 0.005
+    n_full = FULL_STEPS + 10 * WINDOW
+    ends = BOUNDARY_CALLS_PER_STEP * CALL_COST_S
+    expected = (n_full * recording["window_cost_s"] / steps + ends) / a.steps.median_s
+    assert recording["overhead_fraction"] == pytest.approx(expected)
+    footer = recording_line(build_report(a))
+    assert footer is not None and "; the windows measured +20 ms ± " in footer
+    # recorded fully throughout: nothing to measure against
+    whole = build_report(
+        analyze([windowed_loop(fake_clock, full=True, steps=steps, checkpoint_every=PERIOD)])
+    )
+    assert whole["recording"] is not None and whole["recording"]["window_cost_s"] is None
 
 
 def test_a_step_longer_than_its_neighbours_is_so_in_the_stage_that_makes_steps_long(
