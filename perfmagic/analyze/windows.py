@@ -14,7 +14,6 @@ spread over the stages. Per-step sums still make the step's time, and every read
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -189,19 +188,20 @@ def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None
 
 def window_cost(b: StepBreakdown) -> tuple[float, float] | None:
     """What recording a step fully added to it, measured as the schedule does (``WindowCost``): per window
-    of :data:`WINDOW` steps after the start, its mean step less that of the steps before it outside the
-    windows, without the stages recorded on every step (a checkpoint falls outside the windows nine times
-    in ten); the median over windows and its standard error. None under :data:`MEASURED_PERIODS`."""
+    of :data:`WINDOW` steps after the start, its seconds and those of the step after it (the hooks' removal)
+    over as many of the steps outside the windows before it (their first, a removal's, left out), per
+    window step, without the stages recorded on every step (a checkpoint falls outside the windows nine
+    times in ten); the median over windows and its standard error. None under :data:`MEASURED_PERIODS`."""
     if b.full is None or b.full.all():
         return None
     seconds = b.durations - sum(
         (b.column(name) for name in EVERY_STEP_STAGES if name in b.stages), np.zeros(b.count)
     )
     edges = np.flatnonzero(np.diff(b.full.astype(np.int8))) + 1  # where a run of steps begins
-    runs = np.split(np.arange(b.count), edges)
+    runs = np.split(np.arange(b.count), edges)[1:]  # the start's run left out
     added = [
-        float(seconds[window].mean() - seconds[outside].mean())
-        for outside, window in itertools.pairwise(runs[1:])
-        if not b.full[outside[0]] and len(window) == WINDOW and len(outside) >= WINDOW
+        float(seconds[window].sum() + seconds[after[0]] - (WINDOW + 1) * seconds[before[1:]].mean()) / WINDOW
+        for before, window, after in zip(runs, runs[1:], runs[2:], strict=False)
+        if not b.full[before[0]] and len(window) == WINDOW and len(before) > 1
     ]
     return median_and_error(added) if len(added) >= MEASURED_PERIODS else None

@@ -11,8 +11,8 @@ profile is the same as with every hook on; after that, :data:`WINDOW` steps in e
 or in a longer period where the start's steps were too short for that to cost under 1% of them
 (:func:`period_for`). ``every_step`` (``perfmagic.profile(full=True)``, ``--full``) records all of them.
 
-The windows measure what they cost: each period's window steps against the steps just before it
-(:class:`WindowCost`). Where the hooks measurably add more than the estimate allowed for, the period
+The windows measure what they cost: each period's window, and the step its hooks are taken out in,
+against the steps just before it (:class:`WindowCost`). Where the hooks measurably add more than the estimate allowed for, the period
 grows until they cost under 1% again.
 """
 
@@ -61,6 +61,9 @@ MEASURED_PERIODS = 8
 _KEPT_PERIODS = 64
 """Periods whose measurements the schedule keeps: the cost of the recent hooks, not of the start's."""
 
+_EDGES = {0: "out", 1: "settled"}
+"""A period's edges by its phase (the third, ``in``, where its window begins)."""
+
 _LOOK_AGAIN = WINDOW
 """Steps between two looks at the clock while the first :data:`FULL_SECONDS` last."""
 
@@ -90,14 +93,17 @@ class RecordingSchedule:
             self._windows_from = steps
             self.period = period_for((now - self._began) / steps)
         phase = (steps - self._windows_from) % self.period
-        if phase == 0 or phase == self.period - WINDOW:
-            self.cost.edge(steps, now, full=phase != 0)
-            if phase == 0:
-                self._lengthen_if_costly(steps)
-        else:  # asked between the two edges: the hooks went in out of turn (an evaluation pass)
+        edge = _EDGES.get(phase) if phase < 2 else "in" if phase == self.period - WINDOW else None
+        if edge is None:  # asked between the edges: the hooks went in out of turn (an evaluation pass)
             self.cost.interrupted()
+        else:
+            self.cost.edge(edge, steps, now)
+            if edge == "out":
+                self._lengthen_if_costly(steps)
         period = self.period
         phase = (steps - self._windows_from) % period
+        if phase == 0:  # the step the hooks are taken out in: measured on its own (``WindowCost``)
+            return False, 1
         if phase < period - WINDOW:
             return False, period - WINDOW - phase
         return True, period - phase
@@ -118,33 +124,42 @@ class RecordingSchedule:
 
 
 class WindowCost:
-    """What recording a step fully adds to it, measured on the run itself: per period, the mean step of
-    its window less the mean step of the steps outside the windows just before it. ``edge`` is told
-    each change of recording (the step count and the clock); a period interrupted is not counted."""
+    """What recording a step fully adds to it, measured on the run itself, per period: the seconds of its
+    window and of the step after it (which pays for taking the hooks out) over what as many steps
+    outside the windows took just before it, per step of the window. ``edge`` is told each edge of a
+    period: ``in`` (a window begins), ``out`` (it ended), ``settled`` (the step after it ended), with the
+    step count and the clock; a period interrupted is not counted."""
 
     def __init__(self) -> None:
-        self._edge: tuple[int, float, bool] | None = None  # the last change: steps, time, full after it
-        self._outside: tuple[int, float] | None = None  # this period's steps outside the windows, seconds
-        self.added_s: deque[float] = deque(maxlen=_KEPT_PERIODS)  # per period measured, window less outside
+        self._last: tuple[str, int, float] | None = None  # the last edge: kind, steps, time
+        self._baseline_s: float | None = None  # the mean step outside the windows before this window
+        self._window_s: float | None = None  # this window's seconds
+        self.added_s: deque[float] = deque(maxlen=_KEPT_PERIODS)  # per period measured, per window step
         self.outside_s: deque[float] = deque(maxlen=_KEPT_PERIODS)  # per period, the mean step outside
         self.periods = 0
         self.looked_at = 0  # ``periods`` when the schedule last looked
 
-    def edge(self, steps: int, now: float, *, full: bool) -> None:
-        last = self._edge
-        if last is not None and last[2] != full and steps > last[0]:
-            mean = (now - last[1]) / (steps - last[0])
-            if full:  # the steps outside the windows just ended
-                self._outside = (steps - last[0], mean)
-            elif self._outside is not None:  # a window ended: the period is whole
-                self.added_s.append(mean - self._outside[1])
-                self.outside_s.append(self._outside[1])
-                self.periods += 1
-                self._outside = None
-        self._edge = (steps, now, full)
+    def edge(self, kind: str, steps: int, now: float) -> None:
+        last, self._last = self._last, (kind, steps, now)
+        if last is None:
+            return
+        was, n, seconds = last[0], steps - last[1], now - last[2]
+        if kind == "in" and was == "settled" and n > 0:
+            self._baseline_s = seconds / n
+        elif kind == "out" and was == "in" and n == WINDOW and self._baseline_s is not None:
+            self._window_s = seconds
+        elif kind == "settled" and was == "out" and n == 1 and self._window_s is not None:
+            assert self._baseline_s is not None
+            added = self._window_s + seconds - (WINDOW + 1) * self._baseline_s
+            self.added_s.append(added / WINDOW)
+            self.outside_s.append(self._baseline_s)
+            self.periods += 1
+            self._baseline_s = self._window_s = None
+        elif kind != "settled" or was != "out":  # not as scheduled: start again
+            self._baseline_s = self._window_s = None
 
     def interrupted(self) -> None:
-        self._edge = self._outside = None
+        self._last = self._baseline_s = self._window_s = None
 
     def lower_bound_s(self) -> float | None:
         """The added seconds per fully recorded step, less two standard errors of their median (a noisy
