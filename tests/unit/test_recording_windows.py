@@ -45,30 +45,18 @@ from perfmagic.timeline.file import read_timeline, write_timeline
 from perfmagic.upkeep import RecordUpkeep
 
 
-def recorded_fully(clock: FakeClock, schedule: RecordingSchedule, steps: int, step_s: float) -> list[bool]:
-    """Per step, whether it is recorded fully, asking the schedule as the recorder does (at step ends,
-    once each answer's steps are over)."""
-    full, left, out = True, 0.0, []
-    for ended in range(steps):
-        out.append(full)
-        clock.advance(step_s)
-        left -= 1
-        if left <= 0:
-            full, left = schedule.plan(ended + 1)
-    return out
-
-
-def recorded_with_cost(
+def recorded_fully(
     clock: FakeClock,
     schedule: RecordingSchedule,
     steps: int,
     step_s: float,
-    added_s: float,
+    added_s: float = 0.0,
     jitter: float = 0.0,
     removal_s: float = 0.0,
 ) -> list[bool]:
-    """As :func:`recorded_fully`, on steps whose full recording adds ``added_s`` to them, the first after
-    it ``removal_s``, each step ``step_s`` times a factor in ``1 ± jitter`` (fixed pseudo-random)."""
+    """Per step, whether it is recorded fully, asking the schedule as the recorder does (at step ends,
+    once each answer's steps are over). Full recording adds ``added_s`` to a step, the first step after
+    it ``removal_s``; each step is ``step_s`` times a factor in ``1 ± jitter`` (fixed pseudo-random)."""
     rng = np.random.default_rng(7)
     full, left, out = True, 0.0, []
     for ended in range(steps):
@@ -94,7 +82,7 @@ def test_windows_that_measurably_cost_over_one_percent_come_less_often(fake_cloc
     schedule = RecordingSchedule(fake_clock)
     periods = 2 * MEASURED_PERIODS + 4
     steps = FULL_STEPS + periods * 160
-    full = recorded_with_cost(fake_clock, schedule, steps, step_s=0.2, added_s=0.05, removal_s=0.05)
+    full = recorded_fully(fake_clock, schedule, steps, step_s=0.2, added_s=0.05, removal_s=0.05)
     gaps = windows_per_period(full[FULL_STEPS:])
     assert gaps[: MEASURED_PERIODS - 1] == [PERIOD] * (MEASURED_PERIODS - 1)  # measured at the default
     longer = gaps[-1]
@@ -113,7 +101,7 @@ def test_windows_that_cost_little_or_only_seem_to_keep_the_default_period(
     that vary by ±90% (a busy machine): the default period throughout."""
     schedule = RecordingSchedule(fake_clock)
     steps = FULL_STEPS + 3 * MEASURED_PERIODS * PERIOD
-    full = recorded_with_cost(fake_clock, schedule, steps, step_s=0.2, added_s=added_s, jitter=jitter)
+    full = recorded_fully(fake_clock, schedule, steps, step_s=0.2, added_s=added_s, jitter=jitter)
     assert set(windows_per_period(full[FULL_STEPS:])) == {PERIOD}
     assert schedule.cost.periods >= 3 * MEASURED_PERIODS - 1
 
