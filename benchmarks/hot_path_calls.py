@@ -15,6 +15,8 @@ point or two with the machine (``overhead.py``). Two figures that do not move:
   together, while the loop runs (after a warm-up: the first tick's imports are a one-off); once
   with no reader of the session registry, once with an exporter's. While that thread runs Python
   it holds the GIL the training thread needs for its own.
+- **Window switches**: the median time of putting the windowed hooks in and taking them out (the
+  report's ``recording.window_cost_s`` measures them in the run, with what they do to the steps).
 
     python benchmarks/hot_path_calls.py [--steps 200] [--seconds 5]
 """
@@ -25,6 +27,7 @@ import argparse
 import collections
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +41,7 @@ import torch
 import perfmagic
 from perfmagic.collect import schedule
 from perfmagic.collect.sampler import Sampler
+from perfmagic.collect.torch_hooks import TorchStages
 from perfmagic.registry import REGISTRY_ENV, SessionStatus, mark_read
 from perfmagic.session import Session
 from perfmagic.upkeep import RecordUpkeep
@@ -112,11 +116,39 @@ def main() -> None:
             if n / args.steps >= 0.05 and window != schedule.WINDOW:
                 print(f"      {n / args.steps:6.2f}  {file}:{function}")
 
+    print(switch_times(args.seconds))
     with tempfile.TemporaryDirectory() as registry:
         os.environ[REGISTRY_ENV] = registry
         print(background(args.seconds, "no reader of the registry"))
         mark_read(Path(registry))
         print(background(args.seconds, "an exporter reading the registry"))
+
+
+def switch_times(seconds: float) -> str:
+    """The median time of putting the windowed hooks in and of taking them out, over ``seconds`` of the
+    loop recorded in windows from the start: each change sets class attributes (``nn.Module.__call__``
+    among them, whose call slot CPython updates in every subclass)."""
+    spent: dict[bool, list[float]] = {True: [], False: []}
+    original = TorchStages._record_fully
+
+    def timed_switch(self: TorchStages, full: bool) -> list[str]:
+        begin = time.perf_counter()
+        try:
+            return original(self, full)
+        finally:
+            spent[full].append(time.perf_counter() - begin)
+
+    TorchStages._record_fully = timed_switch  # type: ignore[method-assign]
+    try:
+        with windows_from_start(), perfmagic.profile():
+            make_loop(seconds)()
+    finally:
+        TorchStages._record_fully = original  # type: ignore[method-assign]
+    put_in, taken_out = (statistics.median(spent[k]) if spent[k] else float("nan") for k in (True, False))
+    return (
+        f"Window switches over {seconds:g} s: {len(spent[True])} in, median {1e3 * put_in:.3f} ms; "
+        f"{len(spent[False])} out, median {1e3 * taken_out:.3f} ms"
+    )
 
 
 def background(seconds: float, label: str) -> str:
