@@ -1,8 +1,16 @@
-"""The ``forward`` stage of torch loops: the outermost ``nn.Module.__call__``, with autocast and grad counted.
+"""The ``forward`` stage of torch loops: the outermost module call, with autocast and grad counted.
 
-``nn.Module.__call__`` is patched at the class rather than through the global module hooks: global
-hooks push every module off PyTorch's hook-free fast path, which costs more than the whole recorder
-on small models.
+Module calls are wrapped at the class rather than through the global module hooks: global hooks
+push every module off PyTorch's hook-free fast path, which costs more than the whole recorder on
+small models.
+
+While every step is recorded the wrapper is ``nn.Module.__call__``. The recording windows come and go
+every few dozen steps, and setting ``__call__`` on the class makes CPython update the call slot of
+every Module subclass (353 in torch alone: 0.3 to 0.4 ms a change, about 1 ms a window with what it
+does to the steps). So from the windows on, the wrapper is ``Module._call_impl``, which
+``Module.__call__`` looks up on each call: an attribute like any other, set in microseconds. A module
+compiled in place (``model.compile()``) calls its compiled code instead of ``_call_impl``; where the
+steps before the windows met one, the windows keep ``__call__``.
 """
 
 from __future__ import annotations
@@ -22,10 +30,10 @@ if TYPE_CHECKING:
     from perfmagic.collect.torch_hooks import TorchStages
 
 
-def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher) -> None:
-    """Time the outermost ``nn.Module.__call__`` as ``forward``; note each top-level module once."""
+def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder) -> ForwardHook:
+    """Time the outermost module call as ``forward``; note each top-level module once. The wrapper is in
+    place from now on, and comes and goes with the windows through the hook returned."""
     forward_id = rec.stage_id("forward")
-    orig_call = torch.nn.Module.__call__
     stats = stages.stats
     is_autocast, autocast_dtype = autocast_queries(torch)
     # one call where most forwards have no autocast (torch >= 2.4), else each device asked
@@ -39,40 +47,91 @@ def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patc
     record_model = _model_record(stages, torch)
     memory = stages.memory
 
-    def call(module: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            # a module inside the forward pass (most calls): one list read and on
-            if active[forward_id] or is_compiling() or not rec.enter(forward_id):
-                return orig_call(module, *args, **kwargs)
+    def wrapping(orig_call: Callable[..., Any]) -> Callable[..., Any]:
+        def call(module: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                stats["forwards"] += 1
-                sampled = False
-                if grad_enabled():
-                    stats["grad_enabled_forwards"] += 1
-                    sampled = stats["grad_enabled_forwards"] == SAMPLE_FORWARD and not memory.done
-                for device in autocast_devices if any_autocast() else ():
-                    if is_autocast(device):
-                        stats["autocast_forwards"] += 1
-                        dtype = str(autocast_dtype(device)).replace("torch.", "")
-                        key = f"{device}:{dtype}"
-                        stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
-                        break
-                if sampled:  # one steady step's memory (collect.torch_memory)
-                    result = memory.forward(orig_call, module, args, kwargs)
-                else:
-                    result = orig_call(module, *args, **kwargs)
-                if id(module) not in seen:  # after the call: a lazy module's parameters exist
-                    stages.record_once("model", record_model, module)
-                if kept.hold:
-                    kept.inputs[id(module)] = (weakref.ref(module), args, kwargs)
-                return result
-            finally:
-                rec.exit()
-        except BaseException as e:
-            drop_own_frame(e)
-            raise
+                # a module inside the forward pass (most calls): one list read and on
+                if active[forward_id] or is_compiling() or not rec.enter(forward_id):
+                    return orig_call(module, *args, **kwargs)
+                try:
+                    stats["forwards"] += 1
+                    sampled = False
+                    if grad_enabled():
+                        stats["grad_enabled_forwards"] += 1
+                        sampled = stats["grad_enabled_forwards"] == SAMPLE_FORWARD and not memory.done
+                    for device in autocast_devices if any_autocast() else ():
+                        if is_autocast(device):
+                            stats["autocast_forwards"] += 1
+                            dtype = str(autocast_dtype(device)).replace("torch.", "")
+                            key = f"{device}:{dtype}"
+                            stats["autocast_dtypes"][key] = stats["autocast_dtypes"].get(key, 0) + 1
+                            break
+                    if sampled:  # one steady step's memory (collect.torch_memory)
+                        result = memory.forward(orig_call, module, args, kwargs)
+                    else:
+                        result = orig_call(module, *args, **kwargs)
+                    if id(module) not in seen:  # after the call: a lazy module's parameters exist
+                        stages.record_once("model", record_model, module)
+                    if getattr(module, "_compiled_call_impl", None) is not None:
+                        hook.compiled_in_place = True
+                    if kept.hold:
+                        kept.inputs[id(module)] = (weakref.ref(module), args, kwargs)
+                    return result
+                finally:
+                    rec.exit()
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
 
-    p.set(torch.nn.Module, "__call__", call)
+        return call
+
+    hook = ForwardHook(torch.nn.Module, wrapping)
+    return hook
+
+
+class ForwardHook:
+    """Where the forward wrapper is: ``Module.__call__`` from the start; from the first window's end
+    ``Module._call_impl`` where torch calls it from ``__call__`` and no module compiled in place was met
+    (``switch``). ``wrappers`` are the functions it puts in place."""
+
+    def __init__(
+        self, module_cls: type, wrapping: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> None:
+        self._cls = module_cls
+        self.compiled_in_place = False  # a top-level module called its ``_compiled_call_impl``
+        impl = module_cls.__dict__.get("_call_impl")
+        self._impl = wrapping(impl) if impl is not None and _calls_impl(module_cls) else None
+        self.wrappers = [wrapping(module_cls.__call__)]  # type: ignore[operator]
+        self._patcher = Patcher()
+        self._patcher.set(module_cls, "__call__", self.wrappers[0])
+        if self._impl is not None:
+            self.wrappers.append(self._impl)
+        self._moved = False  # the wrapper left ``__call__`` for ``_call_impl``
+
+    def switch(self, full: bool) -> list[str]:
+        """Put the wrapper in (``full``) or take it out, at a step end; returns warnings."""
+        if not full and not self._moved and self._impl is not None and not self.compiled_in_place:
+            warnings = self._patcher.restore()  # ``__call__`` as torch has it, from now on
+            self._moved = True
+            self._patcher = Patcher()
+            self._patcher.suspended = True  # set by the next window
+            self._patcher.set(self._cls, "_call_impl", self._impl)
+            return warnings
+        return self._patcher.resume() if full else self._patcher.suspend()
+
+    def restore(self) -> list[str]:
+        return self._patcher.restore()
+
+
+def _calls_impl(module_cls: type) -> bool:
+    """Whether ``Module.__call__`` is torch's ``_wrapped_call_impl``, which looks up ``_call_impl`` (or a
+    compiled module's ``_compiled_call_impl``) on each call, and nobody replaced it."""
+    call = module_cls.__dict__.get("__call__")
+    names = set(getattr(getattr(call, "__code__", None), "co_names", ()))
+    return call is module_cls.__dict__.get("_wrapped_call_impl") and names >= {
+        "_call_impl",
+        "_compiled_call_impl",
+    }
 
 
 def _model_record(stages: TorchStages, torch: Any) -> Callable[[Any], None]:

@@ -9,7 +9,7 @@ What is patched (and always put back by :meth:`TorchStages.uninstall`):
 ========== ==========================================================================
 data       ``DataLoader.__iter__`` (worker start-up) and ``_BaseDataLoaderIter.__next__``
 h2d        ``Tensor.to`` / ``Tensor.cuda`` from a non-CUDA tensor to a CUDA device
-forward    the outermost ``nn.Module.__call__``
+forward    the outermost module call: ``nn.Module.__call__``, in the windows ``Module._call_impl``
 backward   ``torch.autograd.backward`` (which ``Tensor.backward`` calls)
 optimizer  the global optimizer step hooks, ``Optimizer.zero_grad``, ``Module.zero_grad``,
            ``GradScaler.step`` / ``unscale_`` (a step the scaler skips still ends a step)
@@ -27,7 +27,7 @@ step, no forward with grad: an evaluation) marks its end, so that it stays out o
 steps. On CUDA, a :class:`CudaEventClock` times stage boundaries on the device, so a stage lasts
 until the GPU has finished the work queued in it.
 
-The hooks that run several times a step (``__next__``, ``Module.__call__``, backward, ``Tensor.to``/
+The hooks that run several times a step (``__next__``, the module call, backward, ``Tensor.to``/
 ``cuda``, ``zero_grad``) are in place only in the steps the schedule records fully
 (``collect.schedule``): the recorder takes them out and puts them back at step ends
 (``StageRecorder.record_in_windows``); the others stay for the whole window.
@@ -51,7 +51,7 @@ from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.torch_checkpoint import CheckpointTiming
 from perfmagic.collect.torch_comm import install_comm, note_rank
 from perfmagic.collect.torch_data import install_data
-from perfmagic.collect.torch_forward import install_forward
+from perfmagic.collect.torch_forward import ForwardHook, install_forward
 from perfmagic.collect.torch_logging import install_logging
 from perfmagic.collect.torch_memory import MemoryProbe
 from perfmagic.collect.torch_optimizer import install_grad_scaler, install_optimizer
@@ -68,6 +68,7 @@ class TorchStages:
         # the hooks that run several times a step (fetches, forward, backward, copies, zero_grad): in place
         # in the steps the schedule records fully (``collect.schedule``), out of the others
         self._windowed = Patcher()
+        self.forward: ForwardHook | None = None  # the forward wrapper, in its own place (``torch_forward``)
         self.handles: list[Any] = []  # torch's hook handles, removed at uninstall
         self.torch: Any = None
         self.seen: set[int] = set()  # ids of the objects whose set-up was noted
@@ -94,7 +95,7 @@ class TorchStages:
         self._record_environment()
         try:
             install_data(self, torch, rec, p, windowed)
-            install_forward(self, torch, rec, windowed)
+            self.forward = install_forward(self, torch, rec)
             install_tensor_methods(self, torch, rec, p, windowed)
             ReducerWait(torch, rec).install(windowed)  # backward, with DDP's gradient reduction as comm
             install_optimizer(self, torch, rec, p, windowed)
@@ -105,7 +106,7 @@ class TorchStages:
         except BaseException:
             self.uninstall()
             raise
-        hooks = [*p.values(), *windowed.values()]
+        hooks = [*p.values(), *windowed.values(), *self.forward.wrappers]
         # dynamo is imported (1.5 to 5 s) by the code that compiles, never by perfmagic
         self._dynamo_import = when_imported(
             "torch._dynamo", lambda dynamo: _not_compiled_alone(dynamo, hooks)
@@ -115,7 +116,8 @@ class TorchStages:
 
     def _record_fully(self, full: bool) -> list[str]:
         """Put the windowed hooks in (``full``) or take them out, at a step end; returns warnings."""
-        return self._windowed.resume() if full else self._windowed.suspend()
+        forward = self.forward.switch(full) if self.forward is not None else []
+        return [*(self._windowed.resume() if full else self._windowed.suspend()), *forward]
 
     def uninstall(self) -> list[str]:
         """Remove every hook and patch; returns warnings."""
@@ -125,7 +127,9 @@ class TorchStages:
         if self._dynamo_import is not None:
             self._dynamo_import.remove()
             self._dynamo_import = None
-        warnings = [*self._windowed.restore(), *self._patcher.restore()]
+        forward = self.forward.restore() if self.forward is not None else []
+        self.forward = None
+        warnings = [*self._windowed.restore(), *forward, *self._patcher.restore()]
         self.memory.close()
         if self.torch is not None:
             # the loop may have called set_num_threads after import: what it trained with is this

@@ -59,6 +59,7 @@ def patched_things() -> dict[str, Any]:
     dist = torch.distributed
     things: dict[str, Any] = {
         "Module.__call__": torch.nn.Module.__call__,
+        "Module._call_impl": torch.nn.Module._call_impl,
         "Module.zero_grad": torch.nn.Module.zero_grad,
         "Optimizer.zero_grad": torch.optim.Optimizer.zero_grad,
         "autograd.backward": torch.autograd.backward,

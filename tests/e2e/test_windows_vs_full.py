@@ -95,3 +95,40 @@ def test_an_evaluation_pass_outside_the_windows_is_seen_whole(
     assert report.steps["count"] == epochs * batches
     assert report["evaluation"]["passes"] == epochs
     assert report["evaluation"]["total_s"] == pytest.approx(evaluations.total_s, rel=0.2)
+
+
+@pytest.mark.parametrize("compiled_in_place", [False, True])
+def test_the_windows_time_forward_without_setting_module_call_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled_in_place: bool
+) -> None:
+    """Past the start the forward wrapper is ``Module._call_impl`` (``nn.Module.__call__`` is torch's own
+    between the windows and in them), and the windows still time every forward; a model compiled in place
+    calls its compiled code instead, so for it the windows keep ``__call__``. Both are put back."""
+    monkeypatch.setattr(schedule, "FULL_STEPS", 10)
+    monkeypatch.setattr(schedule, "FULL_SECONDS", 0.0)
+    module_cls = torch.nn.Module
+    torch_call, torch_impl = module_cls.__dict__["__call__"], module_cls.__dict__["_call_impl"]
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    if compiled_in_place:
+        model.compile(backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    places: dict[str, set[tuple[bool, bool]]] = {"outside": set(), "window": set()}
+    with perfmagic.profile(sources=[], outdir=tmp_path / "perfmagic") as session:
+        for step in range(10 + 2 * schedule.PERIOD):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if step >= 12:  # the windows have begun: where the wrapper is now
+                state = (
+                    module_cls.__dict__["__call__"] is torch_call,
+                    module_cls.__dict__["_call_impl"] is torch_impl,
+                )
+                places["window" if session.recorder.full else "outside"].add(state)
+    assert module_cls.__dict__["__call__"] is torch_call and module_cls.__dict__["_call_impl"] is torch_impl
+    assert places["outside"] == {(True, True)}  # nothing of perfmagic's on the module call
+    assert places["window"] == ({(False, True)} if compiled_in_place else {(True, False)})
+    b = session.report.analysis.breakdown
+    assert b.full is not None and b.full[12:].any() and not b.full[12:].all()
+    timed = b.column("forward")[12:][b.full[12:]]
+    assert (timed > 0).all(), "every forward in the windows was timed"
