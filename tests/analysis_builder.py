@@ -62,6 +62,7 @@ LOADER: dict[str, Any] = {
 }
 MODEL: dict[str, Any] = {
     "cls": "Net",
+    "variable": "net",
     "parameters": 1_000_000,
     "param_dtype": "float32",
     "device": "cpu",
@@ -71,7 +72,14 @@ MODEL: dict[str, Any] = {
     "training": True,
     "call_site": None,
 }
-OPTIMIZER: dict[str, Any] = {"cls": "SGD", "foreach": None, "fused": None, "parameters": 1_000_000}
+OPTIMIZER: dict[str, Any] = {
+    "cls": "SGD",
+    "variable": "opt",
+    "foreach": None,
+    "fused": None,
+    "parameters": 1_000_000,
+    "call": None,
+}
 """An optimizer's mark, as its hook writes one whole; a run's ``optimizer`` sets some of it."""
 TORCH: dict[str, Any] = {
     "torch_version": "2.13.0",

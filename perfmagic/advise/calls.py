@@ -30,8 +30,17 @@ from perfmagic.collect.stacks import is_user_file
 from perfmagic.contract.code import Binding, CallHint, FixSite
 from perfmagic.places import code_place, line_name
 
-DROP = object()
-"""A change that removes the argument (``prefetch_factor`` once there are no workers)."""
+
+@dataclass(frozen=True)
+class Drop:
+    """A change that removes the argument, saying ``why``; written as one of ``harmless`` it stays."""
+
+    why: str
+    harmless: tuple[str, ...] = ("None", "False")
+
+
+WITHOUT_WORKERS = Drop("DataLoader rejects it without workers")
+"""``persistent_workers`` and ``prefetch_factor`` once there are no workers."""
 
 
 class Source(str):
@@ -71,8 +80,8 @@ class UserCall:
         return {name: text for name, text, _ in self._arguments() if name}
 
     def rewritten(self, changes: Mapping[str, Any], was: Mapping[str, Any]) -> str:
-        """The statement with ``changes`` made (``DROP`` removes an argument), each commented with what
-        it was: the user's text, else ``was[name]`` (the value in effect, a default)."""
+        """The statement with ``changes`` made (a :class:`Drop` removes an argument), each commented with
+        what it was: the user's text, else ``was[name]`` (the value in effect, a default)."""
         tree = ast.parse(self.statement)
         call = _matching_calls(tree, self.callees)[0]
         passed = self._arguments(call)
@@ -80,7 +89,7 @@ class UserCall:
         lines += [_argument_line(name, text, positional, changes, was) for name, text, positional in passed]
         named = {name for name, _, _ in passed}
         for name, value in changes.items():
-            if name not in named and value is not DROP and not (name in was and was[name] == value):
+            if name not in named and not isinstance(value, Drop) and not (name in was and was[name] == value):
                 note = f"  # was {was[name]!r}" if name in was else ""
                 lines.append(f"    {name}={value!r},{note}")
         lines.append(")")
@@ -109,23 +118,12 @@ def _argument_line(
     change = changes[name]
     if name in was and type(was[name]) is type(change) and was[name] == change:
         return f"    {written},"  # an expression already worth the change: the user's text stays
-    if change is DROP:
-        keep = text in ("None", "False")  # what DataLoader accepts without workers
-        return (
-            f"    {written},"
-            if keep
-            else f"    # {written} removed: {DROPPED_BECAUSE.get(name, 'not wanted')}"
-        )
+    if isinstance(change, Drop):
+        return f"    {written}," if text in change.harmless else f"    # {written} removed: {change.why}"
     old = text
     if name in was and not _same(text, was[name]):  # an expression: say what it was worth
         old = f"{was[name]!r} ({text})"
     return f"    {change!r},  # {name}, was {old}" if positional else f"    {name}={change!r},  # was {old}"
-
-
-DROPPED_BECAUSE = {
-    "persistent_workers": "DataLoader rejects it without workers",
-    "prefetch_factor": "DataLoader rejects it without workers",
-}
 
 
 def find_call(hint: CallHint | None, values: Mapping[str, Any] | None = None) -> UserCall | None:

@@ -1,12 +1,20 @@
-"""Fix code built from what was observed: the user's own DataLoader call, round intervals."""
+"""Fix code built from what was observed: the user's own names, their DataLoader and optimizer calls,
+round intervals."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from perfmagic.advise.calls import DROP, UserCall, find_call
+from perfmagic.advise.calls import WITHOUT_WORKERS, Drop, UserCall, find_call
+from perfmagic.analyze import Analysis
 from perfmagic.contract import LoaderConfig
 from perfmagic.contract.code import FixSite
+from perfmagic.contract.marks import OptimizerMark
+
+FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
+"""torch optimizers with a ``fused`` implementation: the update of all parameters in one kernel."""
+
+_NOT_BESIDE_FUSED = Drop("torch rejects foreach=True beside fused=True")
 
 
 def nice_interval(steps: float) -> int:
@@ -40,7 +48,7 @@ def dataloader_code(ld: LoaderConfig, **changes: Any) -> str:
     their own statement where it was found, else a call of the settings perfmagic saw."""
     if ld.call is not None and (call := find_call(ld.call)) is not None:
         if not changes.get("num_workers", ld.num_workers):  # DataLoader rejects these without workers
-            changes = {**changes, "persistent_workers": DROP, "prefetch_factor": DROP}
+            changes = {**changes, "persistent_workers": WITHOUT_WORKERS, "prefetch_factor": WITHOUT_WORKERS}
         return call.rewritten(changes, ld.call["values"])
     observed: dict[str, Any] = {
         "batch_size": ld.batch_size,
@@ -62,3 +70,21 @@ def dataloader_code(ld: LoaderConfig, **changes: Any) -> str:
         lines.append(f"    {key}={value!r},{note}")
     lines += ["    # ...your other arguments (shuffle, sampler, collate_fn) unchanged", ")"]
     return "\n".join(lines)
+
+
+def model_name(a: Analysis) -> str:
+    """The name the user's code calls the model by (``net``); ``model`` where the hooks found none."""
+    md = a.config.model
+    named = md["variable"] if md else None
+    return named or (a.memory["model_name"] if a.memory else None) or "model"
+
+
+def fused_optimizer_code(opt: OptimizerMark) -> str:
+    """The user's statement that built the optimizer, with ``fused=True``; where it was not found, the
+    change in words (a comment)."""
+    hint = opt["call"]
+    call = find_call(hint) if hint else None
+    if call is not None and hint is not None:
+        return call.rewritten({"fused": True, "foreach": _NOT_BESIDE_FUSED}, hint["values"])
+    name = opt["variable"] or "the optimizer"
+    return f"# and build {name} with fused=True: torch.optim.{opt['cls']}(..., fused=True), its update in one kernel"

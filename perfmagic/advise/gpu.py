@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from perfmagic.advise.card import Card, make_card
+from perfmagic.advise.fixes import FUSED_OPTIMIZERS, fused_optimizer_code, model_name
 from perfmagic.advise.memory import pressed_device
 from perfmagic.advise.trainer_fixes import (
     FABRIC,
@@ -158,10 +159,11 @@ def low_gpu_util(a: Analysis) -> Card | None:
         if worst and host[worst] > 0
         else ""
     )
+    model = model_name(a)
     fix = STAGE_FIX.get(
         worst or "",
         "# the host cannot issue work fast enough: fewer, larger kernels\n"
-        "model = torch.compile(model)  # fuses kernels and cuts Python overhead\n"
+        f"{model} = torch.compile({model})  # fuses kernels and cuts Python overhead\n"
         "# and/or a larger batch per step",
     )
     gpus = ", ".join(f"GPU {d['index']} {fmt_fraction(u)}" for d, u in used) if used else ""
@@ -199,11 +201,10 @@ def launch_bound(a: Analysis) -> Card | None:
         return None
     step = s.step_s
     opt = a.config.optimizers[0] if a.config.optimizers else None
-    lines = ["model = torch.compile(model, mode='reduce-overhead')  # CUDA graphs: one launch per step"]
-    if opt and not opt["fused"] and opt["cls"] in ("Adam", "AdamW", "SGD"):
-        lines.append(
-            f"optimizer = torch.optim.{opt['cls']}(model.parameters(), ..., fused=True)  # one kernel"
-        )
+    model = model_name(a)
+    lines = [f"{model} = torch.compile({model}, mode='reduce-overhead')  # CUDA graphs: one launch per step"]
+    if opt and not opt["fused"] and opt["cls"] in FUSED_OPTIMIZERS:
+        lines.append(fused_optimizer_code(opt))
     lines.append("# and/or a larger batch: fewer, bigger kernels")
     said = []
     if wait is not None:
@@ -267,7 +268,8 @@ def jit_compile(a: Analysis) -> Card | None:
     ]
     if last:
         lines.append("loader = DataLoader(dataset, ..., drop_last=True)  # every batch the same shape")
-    lines.append("model = torch.compile(model, dynamic=True)  # or: compile once for varying shapes")
+    model = model_name(a)
+    lines.append(f"{model} = torch.compile({model}, dynamic=True)  # or: compile once for varying shapes")
     return make_card(
         "jit_compile",
         f"torch.compile recompiled {int(spikes.sum())} times after warm-up",

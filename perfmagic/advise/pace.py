@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmagic.advise.card import Card, make_card
-from perfmagic.advise.fixes import dataset_name
+from perfmagic.advise.fixes import dataset_name, model_name
 from perfmagic.advise.host import contention, contention_fix, free_cpus
 from perfmagic.advise.trainer_fixes import compile_code, loader_code, mixed_precision_code
 from perfmagic.analyze import Analysis
@@ -374,8 +374,9 @@ def compute_bound(a: Analysis) -> Card | None:
         ]
     compile_fix = compile_code(a)
     if (md and not md["compiled"]) or (md is None and compile_fix):  # no torch model: Keras, JAX
+        model = model_name(a)
         levers += (compile_fix or "").splitlines() or [
-            "model = torch.compile(model)  # fused kernels, less Python overhead"
+            f"{model} = torch.compile({model})  # fused kernels, less Python overhead"
         ]
     ld = a.config.loader
     # an unmeasured peak counts as free memory; a GPU of unknown size is left out

@@ -420,8 +420,12 @@ def training_config(timeline: Timeline) -> TrainingConfig:
         torch["num_threads"] = counters["num_threads"]
     return TrainingConfig(
         dataloaders=[LoaderConfig.from_mark(m.data) for m in timeline.marks("dataloader")],
-        models=[cast(ModelMark, m.data) for m in timeline.marks("model")],
-        optimizers=[cast(OptimizerMark, m.data) for m in timeline.marks("optimizer")],
+        # a record an older perfmagic wrote has no names, no call: None, as where none was found
+        models=[cast(ModelMark, {"variable": None, **m.data}) for m in timeline.marks("model")],
+        optimizers=[
+            cast(OptimizerMark, {"variable": None, "call": None, **m.data})
+            for m in timeline.marks("optimizer")
+        ],
         checkpoints=[cast(CheckpointMark, {"t": m.t, **m.data}) for m in timeline.marks("checkpoint")],
         torch=torch,
         counters=counters,

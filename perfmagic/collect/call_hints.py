@@ -25,8 +25,8 @@ def call_hint(
     obj: Any, frame: FrameType | None, method: str | None = None, values: dict[str, Any] | None = None
 ) -> CallHint:
     """What to search for the call that built ``obj``, met in ``frame`` (or a caller of it); or, with
-    ``method``, the user's call of that method on it (``model.compile(...)``), whose settings are
-    ``values``."""
+    ``method``, the user's call of that method on it (``model.compile(...)``). ``values``: its settings,
+    where they are not its attributes (an optimizer's ``defaults``)."""
     bindings: list[Binding] = []
     files: list[str] = []
     f = user_frame(frame)
@@ -38,10 +38,9 @@ def call_hint(
         f = user_frame(f.f_back)
     cls = type(obj)
     init = getattr(cls.__init__, "__code__", None)  # a Python __init__: its positional parameters
-    attributes = getattr(obj, "__dict__", {})
+    attributes = values if values is not None else getattr(obj, "__dict__", {})
     if method is not None:
-        code = getattr(getattr(cls, method, None), "__code__", None)
-        init, attributes = code, values or {}
+        init = getattr(getattr(cls, method, None), "__code__", None)
     return CallHint(
         callees=[method] if method else [c.__name__ for c in cls.__mro__ if c.__module__ not in _NOT_CALLED],
         method=method,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.stacks import call_site
-from perfmagic.collect.torch_memory import SAMPLE_FORWARD
+from perfmagic.collect.torch_memory import SAMPLE_FORWARD, name_in_caller
 from perfmagic.collect.tracebacks import drop_own_frame
 
 if TYPE_CHECKING:
@@ -142,10 +142,12 @@ def _model_record(stages: TorchStages, torch: Any) -> Callable[[Any], None]:
         params = [q for q in module.parameters() if not torch.nn.parameter.is_lazy(q)]
         first = params[0] if params else None
         name = type(module).__name__
+        caller = sys._getframe(1)
         timeline.add_mark(
             now(),
             "model",
             cls=name,
+            variable=name_in_caller(module, caller),
             parameters=sum(int(q.numel()) for q in params),
             param_dtype=str(first.dtype).replace("torch.", "") if first is not None else None,
             device=str(first.device) if first is not None else None,
@@ -153,7 +155,7 @@ def _model_record(stages: TorchStages, torch: Any) -> Callable[[Any], None]:
             ddp=isinstance(module, torch.nn.parallel.DistributedDataParallel),
             compiled=name == "OptimizedModule" or hasattr(module, "_orig_mod"),
             training=bool(module.training),
-            call_site=call_site(sys._getframe(1)),  # where perfmagic.step() goes if nothing marks steps
+            call_site=call_site(caller),  # where perfmagic.step() goes if nothing marks steps
         )
 
     return record_model

@@ -420,12 +420,13 @@ def attribute_path(name: str) -> str:
 
 
 def name_in_caller(obj: Any, frame: Any, depth: int = 12) -> str | None:
-    """The name the calling code binds ``obj`` to (its locals, then its globals), outside perfmagic and torch."""
+    """The name the calling code binds ``obj`` to (its locals, then its globals), outside perfmagic and torch;
+    never ``self``, which names it only inside its own class."""
     while frame is not None and depth > 0:
         if not frame.f_globals.get("__name__", "").startswith(("perfmagic", "torch")):
             for scope in (frame.f_locals, frame.f_globals):
                 for name, value in scope.items():
-                    if value is obj and name.isidentifier() and not name.startswith("_"):
+                    if value is obj and name.isidentifier() and not name.startswith("_") and name != "self":
                         return str(name)
             return None
         frame, depth = frame.f_back, depth - 1

@@ -6,13 +6,16 @@ the same iteration (a GAN's generator after its discriminator) continues it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from perfmagic.collect.call_hints import call_hint
 from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.stage_wrapper import recorded_as_stage
+from perfmagic.collect.torch_memory import name_in_caller
 from perfmagic.collect.tracebacks import drop_own_frame
 
 if TYPE_CHECKING:
@@ -144,13 +147,17 @@ def _optimizer_record(stages: TorchStages) -> Callable[[Any], None]:
 
     def record_optimizer(optimizer: Any) -> None:
         defaults = optimizer.defaults
+        caller = sys._getframe(1)
         timeline.add_mark(
             now(),
             "optimizer",
             cls=type(optimizer).__name__,
+            variable=name_in_caller(optimizer, caller),
             foreach=defaults.get("foreach"),
             fused=defaults.get("fused"),
             parameters=sum(int(q.numel()) for g in optimizer.param_groups for q in g["params"]),
+            # its settings tell the user's calls apart by their literal arguments (``lr=3e-4``)
+            call=call_hint(optimizer, caller, values=dict(defaults)),
         )
 
     return record_optimizer

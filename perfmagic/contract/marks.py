@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from perfmagic.contract.code import CallHint
 from perfmagic.contract.meta import CodePlace
 
 
@@ -29,6 +30,7 @@ class ModelMark(TypedDict):
     """``model``: a module the training called at top level, as first called."""
 
     cls: str  # its class
+    variable: str | None  # the name the user's code calls it by ("net"); None: not found (or an older record)
     parameters: int
     param_dtype: str | None  # the first parameter's ("float32"); None without parameters
     device: str | None  # the first parameter's ("cuda:0")
@@ -43,9 +45,11 @@ class OptimizerMark(TypedDict):
     """``optimizer``: an optimizer the training stepped, as first stepped."""
 
     cls: str  # its class: "AdamW"
+    variable: str | None  # the name the user's code steps it by ("opt"); None: not found (or an older record)
     foreach: bool | None  # its defaults' ``foreach`` and ``fused`` (None: the optimizer's own choice)
     fused: bool | None
     parameters: int
+    call: CallHint | None  # where fixes find the user's statement that built it (None: an older record)
 
 
 class _TorchCounters(TypedDict):

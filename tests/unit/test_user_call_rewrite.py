@@ -1,8 +1,8 @@
-"""The user's DataLoader statement rewritten with a change: their text kept, only the change added."""
+"""The user's statements rewritten with a change: their text kept, only the change added."""
 
 from __future__ import annotations
 
-from perfmagic.advise.calls import DROP, UserCall
+from perfmagic.advise.calls import WITHOUT_WORKERS, Drop, UserCall
 
 
 def _call(statement: str) -> UserCall:
@@ -32,7 +32,32 @@ def test_an_argument_written_as_an_expression_already_worth_the_change_stays_as_
 
 def test_dropped_arguments_and_positional_ones_keep_the_users_text() -> None:
     call = _call("loader = DataLoader(ds, 8, True, prefetch_factor=4)")
-    fix = call.rewritten({"prefetch_factor": DROP, "shuffle": False}, {"shuffle": True, "prefetch_factor": 4})
+    fix = call.rewritten(
+        {"prefetch_factor": WITHOUT_WORKERS, "shuffle": False}, {"shuffle": True, "prefetch_factor": 4}
+    )
     assert fix.startswith("# in place of train.py:12:\n"), fix
     assert "    ds,\n    8,\n" in fix and "False,  # shuffle, was True" in fix, fix
-    assert "# prefetch_factor=4 removed" in fix, fix
+    assert "# prefetch_factor=4 removed: DataLoader rejects it without workers" in fix, fix
+
+
+def test_the_optimizer_made_fused_keeps_every_argument_and_drops_foreach() -> None:
+    call = UserCall(
+        "train.py",
+        30,
+        31,
+        "opt = torch.optim.AdamW(net.parameters(), 3e-4,\n                        weight_decay=0.1, foreach=True)",
+        ("AdamW", "Optimizer"),
+        ("params", "lr", "betas", "eps", "weight_decay", "amsgrad"),
+    )
+    no_foreach = Drop("torch rejects foreach=True with fused=True")
+    fix = call.rewritten({"fused": True, "foreach": no_foreach}, {"fused": None, "foreach": True})
+    assert fix.splitlines()[1:] == [
+        "opt = torch.optim.AdamW(",
+        "    net.parameters(),",
+        "    3e-4,",
+        "    weight_decay=0.1,",
+        "    # foreach=True removed: torch rejects foreach=True with fused=True",
+        "    fused=True,  # was None",
+        ")",
+    ], fix
+    compile(fix, "fix", "exec")
