@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from perfmagic.advise.card import Card, make_card
+from perfmagic.advise.fixes import model_name
 from perfmagic.analyze import Analysis
 from perfmagic.analyze.memory import CHECK_TOLERANCE, parts
 from perfmagic.contract.memory import MemoryDevice, MemorySection
@@ -27,7 +28,8 @@ EIGHT_BIT_KEEPS = 0.25
 """What an 8-bit optimizer keeps of 32-bit moments (bitsandbytes: one byte per value, plus block scales)."""
 Part = Literal["activations", "optimizer_state", "weights", "fragmentation", "other"]
 """The parts a memory card is picked by."""
-ADAM_FAMILY = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax")
+EIGHT_BIT = ("Adam", "AdamW")
+"""torch optimizers whose update bitsandbytes has in 8 bits, by the same name and settings."""
 
 
 def pressed_device(a: Analysis) -> tuple[MemorySection, MemoryDevice, Part] | None:
@@ -75,7 +77,7 @@ def activation_memory(a: Analysis) -> Card | None:
     blocks = [b for b in memory["blocks"] if b["activations_bytes"] > b["input_bytes"]]
     freed = sum(b["activations_bytes"] - b["input_bytes"] for b in blocks)
     cost = sum(b["forward_s"] for b in blocks)
-    model = memory["model_name"] or "model"
+    model = model_name(a)
     batch = memory["batch_size"]
     accumulation = _accumulation_lines(batch)
     if memory["hf_checkpointing"]:
@@ -118,24 +120,24 @@ def optimizer_memory(a: Analysis) -> Card | None:
         return None
     memory, d, _ = found
     state, cls = d["optimizer_state_bytes"], memory["optimizer"] or "the optimizer"
-    name, model = memory["optimizer_name"] or "optimizer", memory["model_name"] or "model"
-    if cls in ADAM_FAMILY:
+    name = memory["optimizer_name"] or "optimizer"
+    if cls in EIGHT_BIT:
         freed = int(state * (1 - EIGHT_BIT_KEEPS))
         fix = [
             "# $ pip install bitsandbytes  (in a shell)",
             "import bitsandbytes as bnb",
-            f"# moments in 8 bits: keep your {cls}'s lr, betas and weight_decay",
-            f"{name} = bnb.optim.{cls if cls in ('Adam', 'AdamW') else 'AdamW'}8bit({model}.parameters())",
-            "# or shard the state over N GPUs: torch.distributed.fsdp.FullyShardedDataParallel (each keeps 1/N)",
+            "# its moments in 8 bits, over the same parameter groups: their lr, betas, eps and weight_decay kept",
+            f"{name} = bnb.optim.{cls}8bit({name}.param_groups)  # before any LR scheduler is built on it",
+            "# or shard the state over N GPUs: torch.distributed.optim.ZeroRedundancyOptimizer (each keeps 1/N)",
         ]
         says = f"an 8-bit {cls} keeps about a quarter of it: frees about {fmt_bytes(freed)}"
     else:
         freed = state // 2
         fix = [
-            "# shard the state over the GPUs (each keeps 1/N of it): ZeRO or FSDP",
+            "# shard the state over the job's GPUs (each keeps 1/N of it), once init_process_group has run:",
             "import torch",
             "from torch.distributed.optim import ZeroRedundancyOptimizer",
-            f"{name} = ZeroRedundancyOptimizer({model}.parameters(), optimizer_class=torch.optim.{cls})",
+            f"{name} = ZeroRedundancyOptimizer({name}.param_groups, optimizer_class=torch.optim.{cls})",
         ]
         says = f"sharded over 2 GPUs it frees about {fmt_bytes(freed)} on each"
     evidence = _breakdown_words(memory, d) + f" {cls}'s state is {fmt_bytes(state)}; {says} (an estimate)."
@@ -149,12 +151,13 @@ def weight_memory(a: Analysis) -> Card | None:
         return None
     memory, d, _ = found
     weights = d["parameters_bytes"] + d["gradients_bytes"]
-    model = memory["model_name"] or "model"
+    model = model_name(a)
     freed = weights // 2  # either way: 16 bits of 32, or one of 2 GPUs' shares
     if memory["param_dtype"] == "float32":
         fix = [
             "import torch",
             f"{model} = {model}.to(torch.bfloat16)  # weights and their gradients in 16 bits: half the bytes",
+            "# and the batch's float inputs the same way, in the loop: x = x.to(torch.bfloat16)",
             "# keep a float32 copy for the update where precision matters (mixed precision);",
             "# or shard them over N GPUs: torch.distributed.fsdp.FullyShardedDataParallel (each keeps 1/N)",
         ]

@@ -269,3 +269,67 @@ def test_the_checkpointing_fix_pasted_cuts_the_activations_and_keeps_the_loss(tm
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["fixed"] <= 0.7 * got["plain"], got  # activations held for backward fall by 30% or more
     assert abs(got["loss1"] - got["loss0"]) <= 1e-6 and got["grad_diff"] <= 1e-6, got
+
+
+_EIGHT_BIT = """
+import json
+import torch
+
+def trained(fix):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1024, 1024)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.8, 0.95), weight_decay=0.1)
+    pasted = {{"torch": torch, "model": model, "opt": opt}}
+    exec(fix, pasted)
+    opt = pasted["opt"]
+    x, y = torch.randn(4, 1024), torch.randint(0, 10, (4,))
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    state = sum(t.nbytes for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+    group = opt.param_groups[0]
+    return {{"cls": type(opt).__name__, "state": state, "lr": group["lr"], "betas": list(group["betas"]),
+             "weight_decay": group["weight_decay"], "first": losses[0], "last": losses[-1]}}
+
+print(json.dumps({{"plain": trained(""), "fixed": trained({fix!r})}}))
+"""
+
+
+def test_the_eight_bit_optimizer_fix_pasted_quarters_the_state_and_keeps_the_settings(tmp_path: Path) -> None:
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+
+    from perfmagic.advise import advise
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1024, 1024)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.8, 0.95), weight_decay=0.1)
+    report = train_report(tmp_path, model, opt, torch.randn(4, 1024))
+    assert report.analysis is not None
+    asked = dataclasses.replace(  # a batch-size estimate asked for: the memory cards speak below the limit
+        report.analysis, tuning=[{"knob": "batch_size", "best": {"value": 8, "seconds": 0.001}}]
+    )
+    card = next(c for c in advise(asked).cards if c.id == "optimizer_memory")
+    assert "opt = bnb.optim.AdamW8bit(opt.param_groups)" in card.fix  # the user's name, their groups
+    pasted = card.fix.replace("# $ pip install", "#").splitlines()
+    out = subprocess.run(
+        [sys.executable, "-c", _EIGHT_BIT.format(fix="\n".join(pasted))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    plain, fixed = got["plain"], got["fixed"]
+    assert fixed["cls"] == "AdamW8bit" and plain["cls"] == "AdamW"
+    assert fixed["state"] <= 0.3 * plain["state"], got  # 8-bit moments: about a quarter
+    assert card.metrics["freed_bytes"] <= plain["state"] - fixed["state"] + plain["state"] * 0.05, got
+    for setting in ("lr", "betas", "weight_decay"):
+        assert fixed[setting] == plain[setting], got
+    assert fixed["last"] < 0.5 * fixed["first"], got  # and it trains

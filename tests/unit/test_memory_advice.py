@@ -89,8 +89,13 @@ def test_memory_cards_wait_for_pressure_or_a_batch_size_question() -> None:
 def test_the_optimizer_card_names_the_users_optimizer() -> None:
     card = next(c for c in advise(gpu_run(state=20 * GiB, acts=4 * GiB, total=31 * GiB)).cards)
     assert card.id == "optimizer_memory"
-    assert "opt = bnb.optim.AdamW8bit(net.parameters())" in card.fix
+    # the same parameter groups: every lr, beta and weight decay the user set, whatever the call
+    assert "opt = bnb.optim.AdamW8bit(opt.param_groups)" in card.fix
     assert card.metrics["freed_bytes"] == 15 * GiB  # three quarters of 32-bit moments
+    momentum = gpu_run(state=20 * GiB, acts=4 * GiB, total=31 * GiB, optimizer="SGD")
+    (sharded,) = [c for c in advise(momentum).cards if c.id == "optimizer_memory"]
+    assert "opt = ZeroRedundancyOptimizer(opt.param_groups, optimizer_class=torch.optim.SGD)" in sharded.fix
+    assert "bnb" not in sharded.fix and sharded.metrics["freed_bytes"] == 10 * GiB
 
 
 def test_the_report_draws_a_bar_per_device() -> None:
