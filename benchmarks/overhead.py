@@ -1,32 +1,42 @@
 """What perfmagic's default mode costs a training loop, next to torch.profiler's.
 
-The same small CPU training loop (1–3 ms steps: DataLoader, forward, backward,
-optimizer) runs unprofiled, under ``perfmagic.profile()`` (a run this short has every step
-recorded fully), under it past its full start (``perfmagic windowed``: stage hooks in 5 steps of
-every 50, as after a profile's first 200 steps and 30 s), under it with a device
-clock on a simulated CUDA device (``tests/sim_cuda.py``: every stage marks events, as
-on a GPU) and under ``torch.profiler.profile()``. Each run lasts ``--seconds`` (10 s:
-longer than the 1 s spool period and the device-mark drains, so periodic costs count)
-and is timed whole, as seconds per step. Modes are interleaved in rotating order over
-``--rounds`` rounds, so drift and other processes hit all of them alike; each round
-gives each mode's ratio to the unprofiled run of the same round, and the median ratio
-is reported with its spread.
+The same small CPU training loop (2–3 ms steps: DataLoader, forward, backward, optimizer) runs in
+chunks of ``--steps`` steps, timed step by step: unprofiled chunks, and between each two of them a
+chunk under one mode, the modes in rotating order. Modes: ``perfmagic`` (a run this short has every
+step recorded fully), ``perfmagic windowed`` (stage hooks in 5 steps of every 50, as past a
+profile's first 200 steps and 30 s), ``perfmagic+device clock`` (a simulated CUDA device: every
+stage marks events, as on a GPU), ``torch.profiler``, and ``control +1%``: no profiler, but a spin
+of 1% of the step on every step, the method's check of itself in the same run. Each chunk's first
+``--skip`` steps (a profile's start: one-offs, and its first window) are left out; the rest, one
+window period by default, is its span. Garbage is collected before each chunk, so one chunk's
+garbage is not collected in the next one's steps.
 
-    python benchmarks/overhead.py [--rounds 15] [--seconds 10] [--modes perfmagic,...] [--json FILE]
+A VM's CPU speed moves by 10% or more between half-seconds, far more than 1%. So each step is
+timed twice, in wall time and in the thread's CPU time, and before each step the loop times a
+probe, the step's two big matrix products on tensors of the step's shapes, in CPU time: the probe
+slows with the CPU as the step does (correlation 0.97 on the dev VM). A chunk's **overhead**
+against the unprofiled chunks on either side of it has two parts: its CPU seconds over its probes'
+(the hooks' own work), and its waits, wall time less CPU time (the GIL, which the profiler's
+threads take, and being preempted), as a share of the unprofiled step. The figure is the median
+chunk, with its standard error. **raw** is the wall time alone.
 
-``--json`` writes each profiled mode's median overhead, its middle half and the medians per step
-(``make gpu-check`` reads it).
+    python benchmarks/overhead.py [--rounds 150] [--steps 100] [--skip 50] [--modes perfmagic,...] [--json FILE]
+
+``--json`` writes each mode's figures and the median unprofiled step (``make gpu-check`` reads it).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
+import math
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,22 +67,82 @@ def training_parts(
     return DataLoader(data, batch_size=64), model, optimizer, torch.nn.CrossEntropyLoss()
 
 
-def make_loop(seconds: float) -> Callable[[], float]:
-    """A training loop that runs whole passes over its data for at least ``seconds``; returns its
-    seconds per step, everything included."""
-    loader, model, optimizer, loss_fn = training_parts(300)
+@dataclass
+class Chunk:
+    """Consecutive steps: each one's wall and CPU seconds, and its probe's CPU seconds."""
 
-    def loop() -> float:
-        steps, begin = 0, time.perf_counter()
-        while time.perf_counter() - begin < seconds:
-            for x, y in loader:
-                optimizer.zero_grad()
-                loss_fn(model(x), y).backward()
-                optimizer.step()
-                steps += 1
-        return (time.perf_counter() - begin) / steps
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    probe: list[float] = field(default_factory=list)
+    spin: list[float] = field(default_factory=list)  # the control's spins, CPU seconds
 
-    return loop
+    def after(self, skip: int) -> Chunk:
+        return Chunk(self.wall[skip:], self.cpu[skip:], self.probe[skip:], self.spin[skip:])
+
+    @property
+    def cpu_per_probe(self) -> float:
+        return sum(self.cpu) / sum(self.probe)
+
+    @property
+    def wall_s(self) -> float:
+        return statistics.fmean(self.wall)
+
+    @property
+    def wait_s(self) -> float:
+        return statistics.fmean(w - c for w, c in zip(self.wall, self.cpu, strict=True))
+
+
+class Loop:
+    """The training loop, timed step by step, each step after its probe."""
+
+    def __init__(self) -> None:
+        self.loader, self.model, self.optimizer, self.loss_fn = training_parts(300)
+        self.probe_input = torch.randn(64, 256)
+        self.probe_weights = torch.randn(512, 256), torch.randn(512, 512)
+
+    def probe(self) -> float:
+        """The thread's CPU seconds for the step's two big matrix products (no module, so no hook)."""
+        begin = time.thread_time()
+        first, second = self.probe_weights
+        torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(self.probe_input, first)), second)
+        return time.thread_time() - begin
+
+    def steps(self, n: int, spin: int = 0) -> Chunk:
+        """Runs ``n`` steps from a new pass over the data (a pass begun inside a profile is seen
+        whole by it), each with ``spin`` empty loop turns after the optimizer."""
+        gc.collect()
+        chunk = Chunk()
+        batches = iter(self.loader)
+        for _ in range(n):
+            chunk.probe.append(self.probe())
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                batches = iter(self.loader)
+                x, y = next(batches)
+            self.optimizer.zero_grad()
+            self.loss_fn(self.model(x), y).backward()
+            self.optimizer.step()
+            if spin:
+                spun = time.thread_time()
+                for _ in range(spin):
+                    pass
+                chunk.spin.append(time.thread_time() - spun)
+            chunk.cpu.append(time.thread_time() - cpu)
+            chunk.wall.append(time.perf_counter() - wall)
+        return chunk
+
+
+def spin_turns(seconds: float) -> int:
+    """How many empty loop turns take ``seconds`` (the median of 5 timings)."""
+    turns, timings = 100_000, []
+    for _ in range(5):
+        begin = time.perf_counter()
+        for _ in range(turns):
+            pass
+        timings.append(time.perf_counter() - begin)
+    return round(seconds * turns / statistics.median(timings))
 
 
 @contextlib.contextmanager
@@ -112,78 +182,113 @@ def with_perfmagic_device_clock() -> Iterator[None]:
         yield
 
 
+CONTROL = "control +1%"
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
-    "unprofiled": contextlib.nullcontext,
     "perfmagic": with_perfmagic,
     "perfmagic windowed": with_perfmagic_windowed,
     "perfmagic+device clock": with_perfmagic_device_clock,
     "torch.profiler": with_torch_profiler,
+    CONTROL: contextlib.nullcontext,
 }
+
+
+@dataclass
+class Timings:
+    """One mode's chunks, each against the unprofiled chunks on either side of it."""
+
+    overhead: list[float] = field(default_factory=list)  # the CPU part plus the waits' share
+    wait: list[float] = field(default_factory=list)  # the waits' share alone
+    raw: list[float] = field(default_factory=list)  # wall time alone
+    spun: list[float] = field(default_factory=list)  # the control's spins, as a share of the rest
+    seconds: list[float] = field(default_factory=list)  # every step of the spans
+
+    def add(self, chunk: Chunk, unprofiled: tuple[Chunk, Chunk]) -> float:
+        """Adds one chunk; returns its overhead."""
+        wall_s = statistics.fmean(u.wall_s for u in unprofiled)
+        cpu = chunk.cpu_per_probe / statistics.fmean(u.cpu_per_probe for u in unprofiled) - 1
+        self.wait.append((chunk.wait_s - statistics.fmean(u.wait_s for u in unprofiled)) / wall_s)
+        self.overhead.append(cpu + self.wait[-1])
+        self.raw.append(chunk.wall_s / wall_s - 1)
+        self.seconds.extend(chunk.wall)
+        if chunk.spin:
+            self.spun.append(sum(chunk.spin) / (sum(chunk.cpu) - sum(chunk.spin)))
+        return self.overhead[-1]
+
+    def summary(self) -> dict[str, float]:
+        """The median chunk's overhead, its standard error and the middle half of chunks; the
+        median waits' share and raw overhead; the median step; for the control, what its spins
+        took, the truth its overhead should read."""
+        ranked = sorted(self.overhead)
+        q1, q3 = ranked[len(ranked) // 4], ranked[(3 * len(ranked)) // 4]
+        # the median's standard error, from a spread that a few wild chunks do not inflate
+        error = 1.2533 * (q3 - q1) / 1.349 / math.sqrt(len(ranked))
+        return {
+            "overhead": statistics.median(ranked),
+            "error": error,
+            "q1": q1,
+            "q3": q3,
+            "wait": statistics.median(self.wait),
+            "raw": statistics.median(self.raw),
+            "step_s": statistics.median(self.seconds),
+            **({"spun": statistics.median(self.spun)} if self.spun else {}),
+        }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of each run")
-    parser.add_argument("--modes", default=",".join(list(MODES)[1:]), help="profiled modes, comma-separated")
+    parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=100, help="steps in each profile")
+    parser.add_argument("--skip", type=int, default=50, help="a profile's first steps, left out")
+    parser.add_argument("--modes", default=",".join(MODES), help="profiled modes, comma-separated")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    names = ["unprofiled", *(m for m in args.modes.split(",") if m)]
+    names = [m for m in args.modes.split(",") if m]
     unknown = [n for n in names if n not in MODES]
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; known: {list(MODES)}")
-    loop = make_loop(args.seconds)
-    make_loop(1.0)()  # warm-up: allocator, first-call costs
+    if not 0 <= args.skip < args.steps or args.rounds < 1:
+        parser.error("needs --rounds >= 1 and 0 <= --skip < --steps")
+    torch.set_num_threads(1)
+    loop = Loop()
+    spin = spin_turns(0.01 * statistics.median(loop.steps(300).wall[100:]))  # after a warm-up
 
-    per_step: dict[str, list[float]] = {n: [] for n in names}
-    ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
+    timings = {name: Timings() for name in names}
+    before = loop.steps(args.steps).after(args.skip)
+    unprofiled = list(before.wall)
     for r in range(args.rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        this_round: dict[str, float] = {}
-        for name in order:
+        overhead: dict[str, float] = {}
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             with MODES[name]():
-                this_round[name] = loop()
-            per_step[name].append(this_round[name])
-        for name in names[1:]:
-            ratios[name].append(this_round[name] / this_round["unprofiled"])
+                chunk = loop.steps(args.steps, spin if name == CONTROL else 0).after(args.skip)
+            after = loop.steps(args.steps).after(args.skip)
+            overhead[name] = timings[name].add(chunk, (before, after))
+            unprofiled.extend(after.wall)
+            before = after
         # each round as it ends: a run cut short (a device's time limit) still says what it measured
-        print(
-            f"round {r + 1}: "
-            + ", ".join(
-                f"{n} {100 * (this_round[n] / this_round['unprofiled'] - 1):+.2f}%" for n in names[1:]
-            ),
-            flush=True,
-        )
+        print(f"round {r + 1}: " + ", ".join(f"{n} {100 * overhead[n]:+.2f}%" for n in names), flush=True)
+    report(args, timings, statistics.median(unprofiled))
 
-    print(f"{args.rounds} rounds x {args.seconds:g} s per mode, torch {torch.__version__}, 1 intra-op thread")
-    for name in names:
-        print(f"  {name:<24} {statistics.median(per_step[name]) * 1e3:7.3f} ms per step (median)")
-    results = {name: summary(ratios[name], per_step[name]) for name in names[1:]}
+
+def report(args: argparse.Namespace, timings: dict[str, Timings], unprofiled_s: float) -> None:
+    """Prints each mode's figures and writes them to ``--json``."""
+    results = {name: t.summary() for name, t in timings.items()}
+    print(
+        f"{args.rounds} rounds, steps {args.skip + 1}-{args.steps} of each chunk; torch "
+        f"{torch.__version__}, 1 intra-op thread; unprofiled {unprofiled_s * 1e3:.3f} ms per step (median)"
+    )
     for name, result in results.items():
         print(
-            f"  {name:<24} overhead {100 * result['overhead']:+6.2f}%  (middle half of rounds "
-            f"{100 * result['q1']:+.2f}% .. {100 * result['q3']:+.2f}%)"
+            f"  {name:<24} overhead {100 * result['overhead']:+6.2f}% ± {100 * result['error']:.2f} (waits "
+            f"{100 * result['wait']:+.2f}%; middle half of chunks {100 * result['q1']:+.2f}% .. "
+            f"{100 * result['q3']:+.2f}%; raw {100 * result['raw']:+.2f}%)   {result['step_s'] * 1e3:.3f} ms per step"
+            + (f"; its spins took {100 * result['spun']:+.2f}%" if "spun" in result else "")
         )
     if args.json:
-        unprofiled_s = statistics.median(per_step["unprofiled"])
         Path(args.json).write_text(
             json.dumps({"unprofiled_step_s": unprofiled_s, "modes": results}, indent=1)
         )
-
-
-def summary(ratios: list[float], per_step: list[float]) -> dict[str, float]:
-    """A mode's median overhead over the rounds, the middle half of them, and its median step."""
-    ranked = sorted(ratios)
-    q1, q3 = ranked[len(ranked) // 4], ranked[(3 * len(ranked)) // 4]
-    return {
-        "overhead": statistics.median(ranked) - 1,
-        "q1": q1 - 1,
-        "q3": q3 - 1,
-        "step_s": statistics.median(per_step),
-    }
 
 
 if __name__ == "__main__":
