@@ -47,20 +47,18 @@ from perfmagic.session import Session
 from perfmagic.upkeep import RecordUpkeep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import training_parts, windows_from_start
+from overhead import Loop, training_parts, windows_from_start
 
 
 def make_loop(seconds: float) -> Callable[[], None]:
     """``overhead.py``'s training loop, running whole passes over its data for at least ``seconds``."""
-    loader, model, optimizer, loss_fn = training_parts(300)
+    training = Loop()
 
     def loop() -> None:
         begin = time.perf_counter()
         while time.perf_counter() - begin < seconds:
-            for x, y in loader:
-                optimizer.zero_grad()
-                loss_fn(model(x), y).backward()
-                optimizer.step()
+            for x, y in training.loader:
+                training.train(x, y)
 
     return loop
 

@@ -100,6 +100,12 @@ class Loop:
         self.probe_input = torch.randn(64, 256)
         self.probe_weights = torch.randn(512, 256), torch.randn(512, 512)
 
+    def train(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One training step on the batch ``x``, ``y``."""
+        self.optimizer.zero_grad()
+        self.loss_fn(self.model(x), y).backward()
+        self.optimizer.step()
+
     def probe(self) -> float:
         """The thread's CPU seconds for the step's two big matrix products (no module, so no hook)."""
         begin = time.thread_time()
@@ -121,9 +127,7 @@ class Loop:
             except StopIteration:
                 batches = iter(self.loader)
                 x, y = next(batches)
-            self.optimizer.zero_grad()
-            self.loss_fn(self.model(x), y).backward()
-            self.optimizer.step()
+            self.train(x, y)
             if spin:
                 spun = time.thread_time()
                 for _ in range(spin):
