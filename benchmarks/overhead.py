@@ -20,7 +20,8 @@ against the unprofiled chunks on either side of it has two parts: its CPU second
 threads take, and being preempted), as a share of the unprofiled step. The figure is the median
 chunk, with its standard error. **raw** is the wall time alone.
 
-    python benchmarks/overhead.py [--rounds 150] [--steps 100] [--skip 50] [--modes perfmagic,...] [--json FILE]
+    python benchmarks/overhead.py [--rounds 150] [--seconds S] [--steps 100] [--skip 50] [--modes perfmagic,...]
+                                  [--json FILE]
 
 ``--json`` writes each mode's figures and the median unprofiled step (``make gpu-check`` reads it).
 """
@@ -243,8 +244,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=150)
-    parser.add_argument("--steps", type=int, default=100, help="steps in each profile")
-    parser.add_argument("--skip", type=int, default=50, help="a profile's first steps, left out")
+    parser.add_argument("--seconds", type=float, help="stop after the round that passes this many seconds")
+    parser.add_argument("--steps", type=int, default=100, help="steps in each chunk")
+    parser.add_argument("--skip", type=int, default=50, help="each chunk's first steps, left out")
     parser.add_argument("--modes", default=",".join(MODES), help="profiled modes, comma-separated")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     args = parser.parse_args()
@@ -261,6 +263,7 @@ def main() -> None:
     timings = {name: Timings() for name in names}
     before = loop.steps(args.steps).after(args.skip)
     unprofiled = list(before.wall)
+    begin = time.perf_counter()
     for r in range(args.rounds):
         overhead: dict[str, float] = {}
         for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -272,6 +275,8 @@ def main() -> None:
             before = after
         # each round as it ends: a run cut short (a device's time limit) still says what it measured
         print(f"round {r + 1}: " + ", ".join(f"{n} {100 * overhead[n]:+.2f}%" for n in names), flush=True)
+        if args.seconds is not None and time.perf_counter() - begin > args.seconds:
+            break
     report(args, timings, statistics.median(unprofiled))
 
 
@@ -279,7 +284,7 @@ def report(args: argparse.Namespace, timings: dict[str, Timings], unprofiled_s: 
     """Prints each mode's figures and writes them to ``--json``."""
     results = {name: t.summary() for name, t in timings.items()}
     print(
-        f"{args.rounds} rounds, steps {args.skip + 1}-{args.steps} of each chunk; torch "
+        f"{len(next(iter(timings.values())).overhead)} rounds, steps {args.skip + 1}-{args.steps} of each chunk; torch "
         f"{torch.__version__}, 1 intra-op thread; unprofiled {unprofiled_s * 1e3:.3f} ms per step (median)"
     )
     for name, result in results.items():
