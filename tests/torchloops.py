@@ -200,7 +200,7 @@ def assert_other_matches(report: Report, t: Timings, *, also_untracked_s: float 
 
     The untracked sleep is in no hook, so ``other`` holds at least it (less the 5-point tolerance).
     Above that the bound is 10 points: the loop's stopwatches also hold the Python between the
-    calls perfmagic hooks (torch's optimizer wrapper before its step hooks run, the loss call's
+    calls perfmagic hooks (torch's optimizer wrapper around its step, the loss call's
     glue), which perfmagic rightly counts as ``other`` and a busy machine stretches many times over.
     A stage's time lost to ``other`` still fails: its own ``assert_stage_matches`` catches it.
     """

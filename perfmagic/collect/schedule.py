@@ -45,12 +45,12 @@ LONGEST_PERIOD = 500
 OVERHEAD_TARGET = 0.01
 """The share of the step the hooks may cost, on average over a period (an estimate, below)."""
 
-FULL_CALLS_PER_STEP = 35.0
+FULL_CALLS_PER_STEP = 33.0
 """Python calls the full stage hooks add to a plain step (DataLoader, forward, loss, backward, SGD):
 ``benchmarks/hot_path_calls.py``, the thread clock's periodic reads left out."""
 
-BOUNDARY_CALLS_PER_STEP = 6.0
-"""Python calls a plain step pays outside the windows: its optimizer step's hooks and its end."""
+BOUNDARY_CALLS_PER_STEP = 4.0
+"""Python calls a plain step pays outside the windows: its optimizer step's wrapper and its end."""
 
 CALL_COST_S = 1.5e-6
 """What one added Python call costs a fast training loop in place (1 to 2 µs: docs/benchmarks.md)."""

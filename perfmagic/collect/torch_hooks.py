@@ -11,7 +11,7 @@ data       ``DataLoader.__iter__`` (worker start-up) and ``_BaseDataLoaderIter._
 h2d        ``Tensor.to`` / ``Tensor.cuda`` from a non-CUDA tensor to a CUDA device
 forward    the outermost module call: ``nn.Module.__call__``, in the windows ``Module._call_impl``
 backward   ``torch.autograd.backward`` (which ``Tensor.backward`` calls)
-optimizer  the global optimizer step hooks, ``Optimizer.zero_grad``, ``Module.zero_grad``,
+optimizer  each hooked optimizer class's ``step``, ``Optimizer.zero_grad``, ``Module.zero_grad``,
            ``GradScaler.step`` / ``unscale_`` (a step the scaler skips still ends a step)
 checkpoint ``torch.save``, ``safetensors.torch.save_file`` / ``save_model``
 logging    ``print``, ``logging.Logger.handle``, writes to ``sys.stdout``/``sys.stderr``,

@@ -25,89 +25,96 @@ if TYPE_CHECKING:
 def install_optimizer(
     stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: Patcher
 ) -> None:
-    """Mark every optimizer ``step``'s end (through torch's global step hooks: it ends the steps, on every
-    step); time it and ``zero_grad`` in the windows (``windowed``), like the other per-step stages."""
-    from torch.optim import optimizer as opt_mod
+    """Mark every optimizer ``step``'s end (it ends the steps, on every step); time it and ``zero_grad`` in
+    the windows (``windowed``), like the other per-step stages.
 
-    optimizer_id = rec.stage_id("optimizer")
-    other_id = rec.stage_id("other")
-    open_steps: list[bool] = []  # per optimizer step open (nested ones too): whether it was recorded
-    stats, stepped, seen = stages.stats, stages.stepped, stages.seen
+    Each optimizer class torch has hooked for profiling (its instances exist) gets a wrapper around its
+    ``step``: one Python call a step, where torch's global step hooks would cost three (``step``'s
+    wrapper, a pre hook and a post hook). Classes torch hooks while profiling (an optimizer built in the
+    profiled code) are wrapped as torch hooks them.
+    """
     guarded: set[type] = set()
-    maybe_start_device_clock = stages.maybe_start_device_clock if stages.cuda_available else None
-    record_optimizer = _optimizer_record(stages)
     # the step's own span in the windows only: outside them the analysis estimates every per-step stage,
     # and the span would be two calls a step for nothing (an attribute the windowed patcher switches)
     in_windows = SimpleNamespace(time_step=False)
     windowed.set(in_windows, "time_step", True)
+    guarded_version = _step_wrapper(stages, rec, in_windows)
 
     def guard(cls: type) -> None:
-        p.set(cls, "step", _guarded_step(cls.__dict__["step"], open_steps, rec))
-        guarded.add(cls)
-
-    def pre(optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
-        if id(optimizer) not in seen:
-            stages.record_once("optimizer", record_optimizer, optimizer)
-        cls = type(optimizer)
-        if cls not in guarded and "step" in cls.__dict__:
-            guard(cls)
-        outermost = not open_steps
-        open_steps.append(in_windows.time_step and rec.enter(optimizer_id))
-        if not outermost:
-            return None
-        # The last step ended is held back until now: another optimizer's step in the same
-        # iteration (no batch fetched since) continues it; the same optimizer again starts a new one.
-        if id(optimizer) in stepped:
-            rec.release_held()
-            stepped.clear()
-        else:
-            rec.drop_held()
-        stepped.add(id(optimizer))
-        # torch hands the hooks the step's own arguments: (optimizer, closure?, ...)
-        if len(args) < 2 and not kwargs:  # no closure: most loops, every step
-            return None
-        return _with_timed_closure(args, kwargs, rec, other_id)
-
-    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if open_steps and open_steps.pop():
-            rec.exit()
-        if open_steps:
-            # A step inside a step (a subclass calling super().step(), a wrapping optimizer):
-            # the training step ends once, with the outermost.
+        """Wrap the ``step`` that instances of ``cls`` call, where torch has hooked it."""
+        owner = next((c for c in cls.__mro__ if "step" in c.__dict__), None)
+        if owner is None or owner in guarded or not getattr(owner.__dict__["step"], "hooked", False):
             return
-        stats["optimizer_steps"] += 1
-        rec.boundary("optimizer", hold=True)
-        if maybe_start_device_clock is not None:
-            maybe_start_device_clock()
+        p.set(owner, "step", guarded_version(owner.__dict__["step"]))
+        guarded.add(owner)
 
-    # Classes torch already hooked (their instances exist): guard them before their first step.
+    patch_step_function = torch.optim.Optimizer._patch_step_function
+
+    def patch_and_guard(optimizer: Any) -> None:
+        # torch hooks the class of each optimizer built (and unpickled) here, once
+        patch_step_function(optimizer)
+        guard(type(optimizer))
+
     for cls in _subclasses(torch.optim.Optimizer):
-        if getattr(cls.__dict__.get("step"), "hooked", False):
-            guard(cls)
-    stages.handles.append(opt_mod.register_optimizer_step_pre_hook(pre))
-    stages.handles.append(opt_mod.register_optimizer_step_post_hook(post))
+        guard(cls)
+    p.set(torch.optim.Optimizer, "_patch_step_function", patch_and_guard)
     windowed.set(torch.optim.Optimizer, "zero_grad", rec.wrap(torch.optim.Optimizer.zero_grad, "optimizer"))
     windowed.set(torch.nn.Module, "zero_grad", rec.wrap(torch.nn.Module.zero_grad, "optimizer"))
 
 
-def _guarded_step(step: Any, open_steps: list[bool], rec: StageRecorder) -> Any:
-    """``step`` that closes what it left open when it raised (its post hook never runs)."""
+def _step_wrapper(
+    stages: TorchStages, rec: StageRecorder, in_windows: SimpleNamespace
+) -> Callable[[Any], Any]:
+    """What wraps torch's hooked ``step`` of an optimizer class: it times the step where
+    ``in_windows.time_step``, ends the training step, and closes what it left open when it raised."""
+    optimizer_id = rec.stage_id("optimizer")
+    other_id = rec.stage_id("other")
+    open_steps: list[bool] = []  # per optimizer step open (nested ones too): whether it was recorded
+    stats, stepped, seen = stages.stats, stages.stepped, stages.seen
+    maybe_start_device_clock = stages.maybe_start_device_clock if stages.cuda_available else None
+    record_optimizer = _optimizer_record(stages)
 
-    def guarded_step(*args: Any, **kwargs: Any) -> Any:
-        depth = len(open_steps)
-        try:
-            return step(*args, **kwargs)
-        except BaseException as e:
-            drop_own_frame(e)
-            raise
-        finally:
-            while len(open_steps) > depth:
-                if open_steps.pop():
-                    rec.exit()
+    def guarded_version(step: Any) -> Any:
+        """``step`` (torch's hooked one), wrapped."""
 
-    guarded_step.hooked = True  # type: ignore[attr-defined]  # torch must not wrap it again
-    guarded_step.__wrapped__ = step  # type: ignore[attr-defined]
-    return guarded_step
+        def guarded_step(*args: Any, **kwargs: Any) -> Any:
+            depth = len(open_steps)
+            if not depth:  # the outermost step (a subclass calling super().step() nests one)
+                optimizer = id(args[0])
+                if optimizer not in seen:
+                    stages.record_once("optimizer", record_optimizer, args[0])
+                # The last step ended is held back until now: another optimizer's step in the same
+                # iteration (no batch fetched since) continues it; the same optimizer again starts a new one.
+                if optimizer in stepped:
+                    rec.release_held()
+                    stepped.clear()
+                else:
+                    rec.drop_held()
+                stepped.add(optimizer)
+                if len(args) > 1 or kwargs:  # a closure, perhaps; most loops pass none
+                    args, kwargs = _with_timed_closure(args, kwargs, rec, other_id)
+            open_steps.append(in_windows.time_step and rec.enter(optimizer_id))
+            try:
+                result = step(*args, **kwargs)
+            except BaseException as e:
+                drop_own_frame(e)
+                raise
+            finally:
+                while len(open_steps) > depth:
+                    if open_steps.pop():
+                        rec.exit()
+            if not depth:
+                stats["optimizer_steps"] += 1
+                rec.boundary("optimizer", hold=True)
+                if maybe_start_device_clock is not None:
+                    maybe_start_device_clock()
+            return result
+
+        guarded_step.hooked = True  # type: ignore[attr-defined]  # torch must not wrap it again
+        guarded_step.__wrapped__ = step  # type: ignore[attr-defined]
+        return guarded_step
+
+    return guarded_version
 
 
 def install_grad_scaler(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher) -> None:
@@ -164,14 +171,14 @@ def _optimizer_record(stages: TorchStages) -> Callable[[Any], None]:
 
 
 def _with_timed_closure(
-    args: Any, kwargs: Any, rec: StageRecorder, other_id: int
-) -> tuple[Any, dict[str, Any]] | None:
+    args: tuple[Any, ...], kwargs: dict[str, Any], rec: StageRecorder, other_id: int
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """An optimizer step's arguments with its closure timed: a closure (Lightning runs ``training_step``
     in one, LBFGS re-evaluates the loss) is not the optimizer's time: inside it, what is no forward or
     backward is ``other``."""
     closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
     if closure is None or not callable(closure):
-        return None
+        return args, kwargs
     timed_closure = recorded_as_stage(closure, rec.enter, rec.exit, other_id)
 
     if "closure" in kwargs:

@@ -72,6 +72,7 @@ def patched_things() -> dict[str, Any]:
         "DataLoaderIter.__next__": dataloader_module._BaseDataLoaderIter.__next__,
         "optimizer pre hooks": dict(optimizer_module._global_optimizer_pre_hooks),
         "optimizer post hooks": dict(optimizer_module._global_optimizer_post_hooks),
+        "Optimizer._patch_step_function": torch.optim.Optimizer.__dict__["_patch_step_function"],
         "sys.meta_path": list(sys.meta_path),
         "gc.callbacks": list(gc.callbacks),
         "signal handlers": {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)},
@@ -86,10 +87,17 @@ def patched_things() -> dict[str, Any]:
     return things
 
 
+def optimizer_subclasses(cls: type = torch.optim.Optimizer) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *optimizer_subclasses(sub))]
+
+
 def assert_all_restored(before: dict[str, Any]) -> None:
     after = patched_things()
     changed = [k for k, v in before.items() if after[k] is not v and after[k] != v]
     assert not changed, f"not restored: {changed}"
+    # torch hooks an optimizer class's step once, for good; perfmagic's wrapper around it goes
+    stepping = [c for c in optimizer_subclasses() if c.__dict__.get("step") is not None]
+    assert not [c for c in stepping if c.__dict__["step"].__module__.startswith("perfmagic")]
     assert not [t for t in threading.enumerate() if t.name == "perfmagic-sampler"]
     assert perfmagic.session.active_session() is None
 

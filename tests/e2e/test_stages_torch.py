@@ -72,7 +72,7 @@ def test_backward_stage(tmp_path: Path) -> None:
 
 
 def test_optimizer_stage_and_one_step_per_outermost_optimizer_step(tmp_path: Path) -> None:
-    # SleepySGD.step calls SGD.step: both fire the global step hooks, yet it is one training step
+    # SleepySGD.step calls SGD.step: both are timed, yet it is one training step
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])  # make sure SGD.step itself is hooked
     report, t = profiled(tmp_path, lambda: train(STEPS, optimizer_s=0.015))
     assert_steps_match(report, t)

@@ -437,15 +437,17 @@ def test_short_steps_get_fewer_windows_so_the_hooks_stay_near_one_percent(fake_c
         return calls * CALL_COST_S / period / step_s / (1 + 1e-9)  # not failed by a rounding
 
     assert period_for(0.002) == PERIOD and cost_share(PERIOD, 0.002) <= OVERHEAD_TARGET
-    # the steps' ends alone cost 1% of a 0.9 ms step (6 calls at 1.5 µs)
+    # the steps' ends alone cost 1% of a 0.6 ms step (4 calls at 1.5 µs)
     ends_only_s = BOUNDARY_CALLS_PER_STEP * CALL_COST_S / OVERHEAD_TARGET
     for step_s in (1.1 * ends_only_s, 1.2 * ends_only_s, 1.3 * ends_only_s):
         period = period_for(step_s)
         assert PERIOD < period < LONGEST_PERIOD and cost_share(period, step_s) <= OVERHEAD_TARGET
         assert cost_share(period - 1, step_s) > OVERHEAD_TARGET  # the shortest such period
     assert period_for(0.9 * ends_only_s) == LONGEST_PERIOD
-    # the schedule measures the start's steps on its clock: 0.8 ms steps, one window in the longest period
-    steps = int(FULL_SECONDS / 0.0008) + 2 * LONGEST_PERIOD
-    full = recorded_fully(fake_clock, RecordingSchedule(fake_clock), steps, step_s=0.0008)
+    # the schedule measures the start's steps on its clock: steps too short even for their ends alone get
+    # one window in the longest period
+    short_s = 0.9 * ends_only_s
+    steps = int(FULL_SECONDS / short_s) + 2 * LONGEST_PERIOD
+    full = recorded_fully(fake_clock, RecordingSchedule(fake_clock), steps, step_s=short_s)
     later = full[full.index(False) :]
     assert sum(later[:LONGEST_PERIOD]) == WINDOW
