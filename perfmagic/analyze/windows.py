@@ -25,6 +25,7 @@ from perfmagic.collect.schedule import (
     CALL_COST_S,
     FULL_CALLS_PER_STEP,
     MEASURED_PERIODS,
+    SETTLING_STEPS,
     WINDOW,
     median_and_error,
 )
@@ -188,9 +189,9 @@ def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None
 
 def window_cost(b: StepBreakdown) -> tuple[float, float] | None:
     """What recording a step fully added to it, measured as the schedule does (``WindowCost``): per window
-    of :data:`WINDOW` steps after the start, its seconds and those of the step after it (the hooks' removal)
-    over as many of the steps outside the windows before it (their first, a removal's, left out), per
-    window step, without the stages recorded on every step (a checkpoint falls outside the windows nine
+    of :data:`WINDOW` steps after the start, its seconds and those of the :data:`SETTLING_STEPS` after it
+    (the hooks' removal) over as many of the steps outside the windows before it (less their first
+    :data:`SETTLING_STEPS`, a removal's), per window step, without the stages recorded on every step (a checkpoint falls outside the windows nine
     times in ten); the median over windows and its standard error. None under :data:`MEASURED_PERIODS`."""
     if b.full is None or b.full.all():
         return None
@@ -199,9 +200,15 @@ def window_cost(b: StepBreakdown) -> tuple[float, float] | None:
     )
     edges = np.flatnonzero(np.diff(b.full.astype(np.int8))) + 1  # where a run of steps begins
     runs = np.split(np.arange(b.count), edges)[1:]  # the start's run left out
+    settle = SETTLING_STEPS
     added = [
-        float(seconds[window].sum() + seconds[after[0]] - (WINDOW + 1) * seconds[before[1:]].mean()) / WINDOW
+        float(
+            seconds[window].sum()
+            + seconds[after[:settle]].sum()
+            - (WINDOW + settle) * seconds[before[settle:]].mean()
+        )
+        / WINDOW
         for before, window, after in zip(runs, runs[1:], runs[2:], strict=False)
-        if not b.full[before[0]] and len(window) == WINDOW and len(before) > 1
+        if not b.full[before[0]] and len(window) == WINDOW and len(before) > settle and len(after) >= settle
     ]
     return median_and_error(added) if len(added) >= MEASURED_PERIODS else None

@@ -11,9 +11,10 @@ profile is the same as with every hook on; after that, :data:`WINDOW` steps in e
 or in a longer period where the start's steps were too short for that to cost under 1% of them
 (:func:`period_for`). ``every_step`` (``perfmagic.profile(full=True)``, ``--full``) records all of them.
 
-The windows measure what they cost: each period's window, and the step its hooks are taken out in,
-against the steps just before it (:class:`WindowCost`). Where the hooks measurably add more than the estimate allowed for, the period
-grows until they cost under 1% again.
+The windows measure what they cost: each period's window, and the :data:`SETTLING_STEPS` steps after
+it that pay for its hooks' removal, against the steps just before it (:class:`WindowCost`). Where the
+hooks measurably add more than the estimate allowed for, the period grows until they cost under 1%
+again.
 """
 
 from __future__ import annotations
@@ -55,13 +56,19 @@ BOUNDARY_CALLS_PER_STEP = 4.0
 CALL_COST_S = 1.5e-6
 """What one added Python call costs a fast training loop in place (1 to 2 µs: docs/benchmarks.md)."""
 
+SETTLING_STEPS = 3
+"""Steps after a window that pay for its hooks' coming out, measured with it: the step they are taken out
+in and two more. Changing a type's attributes makes CPython respecialize the loop's code that looks
+attributes up on it and its subclasses; on ``overhead.py``'s loop (3.4 ms steps, medians over 330
+periods) these steps took +295, +87 and +19 µs, the window's own five +106 to +260."""
+
 MEASURED_PERIODS = 8
 """Periods whose windows are measured before their cost may lengthen the period, and between two looks."""
 
 _KEPT_PERIODS = 64
 """Periods whose measurements the schedule keeps: the cost of the recent hooks, not of the start's."""
 
-_EDGES = {0: "out", 1: "settled"}
+_EDGES = {0: "out", SETTLING_STEPS: "settled"}
 """A period's edges by its phase (the third, ``in``, where its window begins)."""
 
 _LOOK_AGAIN = WINDOW
@@ -93,7 +100,9 @@ class RecordingSchedule:
             self._windows_from = steps
             self.period = period_for((now - self._began) / steps)
         phase = (steps - self._windows_from) % self.period
-        edge = _EDGES.get(phase) if phase < 2 else "in" if phase == self.period - WINDOW else None
+        edge = (
+            _EDGES.get(phase) if phase <= SETTLING_STEPS else "in" if phase == self.period - WINDOW else None
+        )
         if edge is None:  # asked between the edges: the hooks went in out of turn (an evaluation pass)
             self.cost.interrupted()
         else:
@@ -102,8 +111,8 @@ class RecordingSchedule:
                 self._lengthen_if_costly(steps)
         period = self.period
         phase = (steps - self._windows_from) % period
-        if phase == 0:  # the step the hooks are taken out in: measured on its own (``WindowCost``)
-            return False, 1
+        if phase < SETTLING_STEPS:  # the steps the hooks' removal slows: measured apart (``WindowCost``)
+            return False, SETTLING_STEPS - phase
         if phase < period - WINDOW:
             return False, period - WINDOW - phase
         return True, period - phase
@@ -125,10 +134,10 @@ class RecordingSchedule:
 
 class WindowCost:
     """What recording a step fully adds to it, measured on the run itself, per period: the seconds of its
-    window and of the step after it (which pays for taking the hooks out) over what as many steps
-    outside the windows took just before it, per step of the window. ``edge`` is told each edge of a
-    period: ``in`` (a window begins), ``out`` (it ended), ``settled`` (the step after it ended), with the
-    step count and the clock; a period interrupted is not counted."""
+    window and of the :data:`SETTLING_STEPS` after it (which pay for taking the hooks out) over what as
+    many steps outside the windows took just before it, per step of the window. ``edge`` is told each
+    edge of a period: ``in`` (a window begins), ``out`` (it ended), ``settled`` (the steps after it
+    ended), with the step count and the clock; a period interrupted is not counted."""
 
     def __init__(self) -> None:
         self._last: tuple[str, int, float] | None = None  # the last edge: kind, steps, time
@@ -148,9 +157,9 @@ class WindowCost:
             self._baseline_s = seconds / n
         elif kind == "out" and was == "in" and n == WINDOW and self._baseline_s is not None:
             self._window_s = seconds
-        elif kind == "settled" and was == "out" and n == 1 and self._window_s is not None:
+        elif kind == "settled" and was == "out" and n == SETTLING_STEPS and self._window_s is not None:
             assert self._baseline_s is not None
-            added = self._window_s + seconds - (WINDOW + 1) * self._baseline_s
+            added = self._window_s + seconds - (WINDOW + SETTLING_STEPS) * self._baseline_s
             self.added_s.append(added / WINDOW)
             self.outside_s.append(self._baseline_s)
             self.periods += 1

@@ -7,7 +7,7 @@ import itertools
 import os
 import types
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,7 @@ from perfmagic.collect.schedule import (
     MEASURED_PERIODS,
     OVERHEAD_TARGET,
     PERIOD,
+    SETTLING_STEPS,
     WINDOW,
     RecordingSchedule,
     median_and_error,
@@ -52,16 +53,18 @@ def recorded_fully(
     step_s: float,
     added_s: float = 0.0,
     jitter: float = 0.0,
-    removal_s: float = 0.0,
+    removal_s: Sequence[float] = (),
 ) -> list[bool]:
     """Per step, whether it is recorded fully, asking the schedule as the recorder does (at step ends,
-    once each answer's steps are over). Full recording adds ``added_s`` to a step, the first step after
-    it ``removal_s``; each step is ``step_s`` times a factor in ``1 ± jitter`` (fixed pseudo-random)."""
+    once each answer's steps are over). Full recording adds ``added_s`` to a step, the steps after it
+    ``removal_s`` (the first, the second…); each step is ``step_s`` times a factor in ``1 ± jitter``
+    (fixed pseudo-random)."""
     rng = np.random.default_rng(7)
-    full, left, out = True, 0.0, []
+    full, left, out, since_full = True, 0.0, [], 0
     for ended in range(steps):
         out.append(full)
-        cost = added_s if full else removal_s if ended and out[-2] else 0.0
+        since_full = 0 if full else since_full + 1
+        cost = added_s if full else removal_s[since_full - 1] if since_full <= len(removal_s) else 0.0
         clock.advance(step_s * (1 + jitter * rng.uniform(-1, 1)) + cost)
         left -= 1
         if left <= 0:
@@ -76,13 +79,15 @@ def windows_per_period(full: list[bool]) -> list[int]:
 
 
 def test_windows_that_measurably_cost_over_one_percent_come_less_often(fake_clock: FakeClock) -> None:
-    """Hooks that add 50 ms to a fully recorded 200 ms step and 50 ms to the step they are taken out
-    in (60 ms per window step: 3% of the run at 5 in 50, the estimate said 0.05%) are measured over the
-    first periods, and the period grows so they cost 1% again."""
+    """Hooks that add 50 ms to a fully recorded 200 ms step, and 30, 12 and 8 ms to the three steps after
+    a window (their removal: 60 ms per window step, 3% of the run at 5 in 50; the estimate said
+    0.05%) are measured over the first periods, and the period grows so they cost 1% again."""
     schedule = RecordingSchedule(fake_clock)
     periods = 2 * MEASURED_PERIODS + 4
     steps = FULL_STEPS + periods * 160
-    full = recorded_fully(fake_clock, schedule, steps, step_s=0.2, added_s=0.05, removal_s=0.05)
+    removal = (0.03, 0.012, 0.008)
+    assert len(removal) == SETTLING_STEPS
+    full = recorded_fully(fake_clock, schedule, steps, step_s=0.2, added_s=0.05, removal_s=removal)
     gaps = windows_per_period(full[FULL_STEPS:])
     assert gaps[: MEASURED_PERIODS - 1] == [PERIOD] * (MEASURED_PERIODS - 1)  # measured at the default
     longer = gaps[-1]
@@ -112,12 +117,14 @@ def test_a_period_whose_hooks_came_in_out_of_turn_is_not_measured(fake_clock: Fa
     schedule = RecordingSchedule(fake_clock)
     left, evaluation_at = 0.0, FULL_STEPS + 2 * PERIOD + 10
     counted: list[int] = []
-    for ended in range(FULL_STEPS + 4 * PERIOD + 1):
+    for ended in range(FULL_STEPS + 4 * PERIOD + SETTLING_STEPS):
         fake_clock.advance(0.2)
         left -= 1
         if left <= 0 or ended + 1 == evaluation_at:
             _, left = schedule.plan(ended + 1)
-        if ended + 1 > FULL_STEPS and (ended + 1 - FULL_STEPS) % PERIOD == 1:  # a period measured
+        if (
+            ended + 1 > FULL_STEPS and (ended + 1 - FULL_STEPS) % PERIOD == SETTLING_STEPS
+        ):  # a period measured
             counted.append(schedule.cost.periods)
     assert counted == [0, 1, 2, 2, 3]  # the third period, interrupted, is not counted
 
@@ -177,14 +184,14 @@ def windowed_loop(
     checkpoint_every: int,
     hiccup_every: int = 0,
     hook_cost_s: float = 0.0,
-    removal_cost_s: float = 0.0,
+    removal_cost_s: Sequence[float] = (),
     after_step: Callable[[Timeline], object] = lambda _: None,
 ) -> Timeline:
     """A loop on the fake clock whose per-step stages (data, forward, backward) are recorded only while the
     recorder's windowed hooks are in: the optimizer step, its end and checkpoints on every step. Every
     ``hiccup_every`` steps its own Python stalls for a second (``other``); a fully recorded step takes
-    ``hook_cost_s`` longer, the step the hooks are taken out in ``removal_cost_s``; ``after_step`` sees the
-    timeline after each step."""
+    ``hook_cost_s`` longer, the steps from the one the hooks are taken out in ``removal_cost_s`` (the first,
+    the second…); ``after_step`` sees the timeline after each step."""
     tl = Timeline()
     tl.meta["wall_s"] = 0.0
     rec = StageRecorder(tl, origin=clock.now(), clock=clock)
@@ -199,14 +206,16 @@ def windowed_loop(
         with rec.stage(name):
             clock.advance(seconds)
 
-    removals_paid = 0
+    removals_paid, since_removal = 0, 0
     for i in range(steps):  # 0.25 s steps: the first FULL_STEPS outlast FULL_SECONDS
         stage("data", 0.1)
         stage("forward", 0.05 + 0.01 * (i % 3))
         stage("backward", 0.07)
         removed_now = bool(switched) and switched[-1] is False and len(switched) != removals_paid
         removals_paid = len(switched)
-        cost = hook_cost_s if rec.full else removal_cost_s if removed_now else 0.0
+        since_removal = 1 if removed_now else since_removal + 1
+        settling = removal_cost_s[since_removal - 1] if since_removal <= len(removal_cost_s) else 0.0
+        cost = hook_cost_s if rec.full else settling
         clock.advance(0.01 + cost)  # the loop's own Python: other
         if hiccup_every and i % hiccup_every == 3:
             clock.advance(1.0)
@@ -254,13 +263,18 @@ def test_stage_shares_from_windows_are_those_of_every_step(fake_clock: FakeClock
 
 
 def test_the_report_says_what_the_windows_measurably_cost(fake_clock: FakeClock) -> None:
-    """Full recording adds 20 ms to a 0.25 s step and taking the hooks out 50 ms to the step after a
-    window: the report measures both, 30 ms per window step, from the windows against the steps before
+    """Full recording adds 20 ms to a 0.25 s step and taking the hooks out 30, 12 and 8 ms to the three
+    steps after a window: the report measures both, 30 ms per window step, from the windows against the steps before
     them, though a 2 s checkpoint falls outside the windows in every period; the overhead share rests
     on it."""
     steps = FULL_STEPS + 10 * PERIOD
     tl = windowed_loop(
-        fake_clock, full=False, steps=steps, checkpoint_every=PERIOD, hook_cost_s=0.02, removal_cost_s=0.05
+        fake_clock,
+        full=False,
+        steps=steps,
+        checkpoint_every=PERIOD,
+        hook_cost_s=0.02,
+        removal_cost_s=(0.03, 0.012, 0.008),
     )
     a = analyze([tl])
     recording = build_report(a)["recording"]
