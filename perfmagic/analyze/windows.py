@@ -14,6 +14,7 @@ spread over the stages. Per-step sums still make the step's time, and every read
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -188,11 +189,13 @@ def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None
 
 
 def window_cost(b: StepBreakdown) -> tuple[float, float] | None:
-    """What recording a step fully added to it, measured as the schedule does (``WindowCost``): per window
-    of :data:`WINDOW` steps after the start, its seconds and those of the :data:`SETTLING_STEPS` after it
-    (the hooks' removal) over as many of the steps outside the windows before it (less their first
-    :data:`SETTLING_STEPS`, a removal's), per window step, without the stages recorded on every step (a checkpoint falls outside the windows nine
-    times in ten); the median over windows and its standard error. None under :data:`MEASURED_PERIODS`."""
+    """What recording a step fully added to it, measured: for each step of a window (:data:`WINDOW` steps
+    after the start) and each of the :data:`SETTLING_STEPS` after it (the hooks' removal), its median
+    over the windows, less the median step outside the windows (the ones before each window, less their
+    first :data:`SETTLING_STEPS`); summed, per window step, with its standard error. Medians, as a busy
+    machine's slow steps fall on any step: a mean of the steps outside would take them in, while most
+    windows miss them. Without the stages recorded on every step (a checkpoint falls outside the windows
+    nine times in ten). None under :data:`MEASURED_PERIODS` windows."""
     if b.full is None or b.full.all():
         return None
     seconds = b.durations - sum(
@@ -201,14 +204,16 @@ def window_cost(b: StepBreakdown) -> tuple[float, float] | None:
     edges = np.flatnonzero(np.diff(b.full.astype(np.int8))) + 1  # where a run of steps begins
     runs = np.split(np.arange(b.count), edges)[1:]  # the start's run left out
     settle = SETTLING_STEPS
-    added = [
-        float(
-            seconds[window].sum()
-            + seconds[after[:settle]].sum()
-            - (WINDOW + settle) * seconds[before[settle:]].mean()
-        )
-        / WINDOW
+    measured = [
+        (before[settle:], np.concatenate((window, after[:settle])))
         for before, window, after in zip(runs, runs[1:], runs[2:], strict=False)
         if not b.full[before[0]] and len(window) == WINDOW and len(before) > settle and len(after) >= settle
     ]
-    return median_and_error(added) if len(added) >= MEASURED_PERIODS else None
+    if len(measured) < MEASURED_PERIODS:
+        return None
+    paid = seconds[np.array([steps for _, steps in measured])]  # per window, its steps and the settling
+    by_position = [median_and_error(paid[:, j].tolist()) for j in range(paid.shape[1])]
+    outside, outside_error = median_and_error(seconds[np.concatenate([o for o, _ in measured])].tolist())
+    added = (sum(m for m, _ in by_position) - paid.shape[1] * outside) / WINDOW
+    error = math.sqrt(sum(e * e for _, e in by_position) + (paid.shape[1] * outside_error) ** 2) / WINDOW
+    return added, error
