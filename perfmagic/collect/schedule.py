@@ -68,9 +68,6 @@ MEASURED_PERIODS = 8
 _KEPT_PERIODS = 64
 """Periods whose measurements the schedule keeps: the cost of the recent hooks, not of the start's."""
 
-_EDGES = {0: "out", SETTLING_STEPS: "settled"}
-"""A period's edges by its phase (the third, ``in``, where its window begins)."""
-
 _LOOK_AGAIN = WINDOW
 """Steps between two looks at the clock while the first :data:`FULL_SECONDS` last."""
 
@@ -99,10 +96,7 @@ class RecordingSchedule:
                 return True, _LOOK_AGAIN
             self._windows_from = steps
             self.period = period_for((now - self._began) / steps)
-        phase = (steps - self._windows_from) % self.period
-        edge = (
-            _EDGES.get(phase) if phase <= SETTLING_STEPS else "in" if phase == self.period - WINDOW else None
-        )
+        edge = self._edge((steps - self._windows_from) % self.period)
         if edge is None:  # asked between the edges: the hooks went in out of turn (an evaluation pass)
             self.cost.interrupted()
         else:
@@ -113,9 +107,19 @@ class RecordingSchedule:
         phase = (steps - self._windows_from) % period
         if phase < SETTLING_STEPS:  # the steps the hooks' removal slows: measured apart (``WindowCost``)
             return False, SETTLING_STEPS - phase
+        compared_from = period - 2 * WINDOW - SETTLING_STEPS  # the steps the window is compared with
+        if phase < compared_from:
+            return False, compared_from - phase
         if phase < period - WINDOW:
             return False, period - WINDOW - phase
         return True, period - phase
+
+    def _edge(self, phase: int) -> str | None:
+        """The period's edge at ``phase``: ``out`` (its window ended), ``settled`` (the steps the removal
+        slows ended), ``before`` (the steps compared with the next window begin), ``in`` (it begins)."""
+        window_from = self.period - WINDOW
+        edges = {0: "out", SETTLING_STEPS: "settled", window_from - WINDOW - SETTLING_STEPS: "before"}
+        return "in" if phase == window_from else edges.get(phase)
 
     def _lengthen_if_costly(self, steps: int) -> None:
         """At a period's start: lengthen the period where its windows measurably cost the step more than
@@ -134,14 +138,16 @@ class RecordingSchedule:
 
 class WindowCost:
     """What recording a step fully adds to it, measured on the run itself, per period: the seconds of its
-    window and of the :data:`SETTLING_STEPS` after it (which pay for taking the hooks out) over what as
-    many steps outside the windows took just before it, per step of the window. ``edge`` is told each
-    edge of a period: ``in`` (a window begins), ``out`` (it ended), ``settled`` (the steps after it
-    ended), with the step count and the clock; a period interrupted is not counted."""
+    window and of the :data:`SETTLING_STEPS` after it (which pay for taking the hooks out) over those of
+    as many steps just before the window, per step of the window. Equal counts on both sides: a busy
+    machine's slow steps fall into either as often, and the median over periods leaves them out, where a
+    mean of every step outside would take them in while most windows miss them. ``edge`` is told each
+    edge of a period (``RecordingSchedule._edge``) with the step count and the clock; a period
+    interrupted is not counted."""
 
     def __init__(self) -> None:
         self._last: tuple[str, int, float] | None = None  # the last edge: kind, steps, time
-        self._baseline_s: float | None = None  # the mean step outside the windows before this window
+        self._before_s: float | None = None  # the seconds of the steps compared with this window
         self._window_s: float | None = None  # this window's seconds
         self.added_s: deque[float] = deque(maxlen=_KEPT_PERIODS)  # per period measured, per window step
         self.outside_s: deque[float] = deque(maxlen=_KEPT_PERIODS)  # per period, the mean step outside
@@ -153,22 +159,23 @@ class WindowCost:
         if last is None:
             return
         was, n, seconds = last[0], steps - last[1], now - last[2]
-        if kind == "in" and was == "settled" and n > 0:
-            self._baseline_s = seconds / n
-        elif kind == "out" and was == "in" and n == WINDOW and self._baseline_s is not None:
-            self._window_s = seconds
+        if kind == "in":
+            self._before_s = seconds if was == "before" and n == WINDOW + SETTLING_STEPS else None
+            self._window_s = None
+        elif kind == "out":
+            measuring = was == "in" and n == WINDOW and self._before_s is not None
+            self._window_s = seconds if measuring else None
         elif kind == "settled" and was == "out" and n == SETTLING_STEPS and self._window_s is not None:
-            assert self._baseline_s is not None
-            added = self._window_s + seconds - (WINDOW + SETTLING_STEPS) * self._baseline_s
-            self.added_s.append(added / WINDOW)
-            self.outside_s.append(self._baseline_s)
+            assert self._before_s is not None
+            self.added_s.append((self._window_s + seconds - self._before_s) / WINDOW)
+            self.outside_s.append(self._before_s / (WINDOW + SETTLING_STEPS))
             self.periods += 1
-            self._baseline_s = self._window_s = None
-        elif kind != "settled" or was != "out":  # not as scheduled: start again
-            self._baseline_s = self._window_s = None
+            self._before_s = self._window_s = None
+        else:  # ``before``, or not as scheduled: start again
+            self._before_s = self._window_s = None
 
     def interrupted(self) -> None:
-        self._last = self._baseline_s = self._window_s = None
+        self._last = self._before_s = self._window_s = None
 
     def lower_bound_s(self) -> float | None:
         """The added seconds per fully recorded step, less two standard errors of their median (a noisy

@@ -54,18 +54,20 @@ def recorded_fully(
     added_s: float = 0.0,
     jitter: float = 0.0,
     removal_s: Sequence[float] = (),
+    stall_every: int = 0,
 ) -> list[bool]:
     """Per step, whether it is recorded fully, asking the schedule as the recorder does (at step ends,
     once each answer's steps are over). Full recording adds ``added_s`` to a step, the steps after it
     ``removal_s`` (the first, the second…); each step is ``step_s`` times a factor in ``1 ± jitter``
-    (fixed pseudo-random)."""
+    (fixed pseudo-random), and every ``stall_every``-th stalls for a second more."""
     rng = np.random.default_rng(7)
     full, left, out, since_full = True, 0.0, [], 0
     for ended in range(steps):
         out.append(full)
         since_full = 0 if full else since_full + 1
         cost = added_s if full else removal_s[since_full - 1] if since_full <= len(removal_s) else 0.0
-        clock.advance(step_s * (1 + jitter * rng.uniform(-1, 1)) + cost)
+        stall = 1.0 if stall_every and ended % stall_every == 3 else 0.0
+        clock.advance(step_s * (1 + jitter * rng.uniform(-1, 1)) + cost + stall)
         left -= 1
         if left <= 0:
             full, left = schedule.plan(ended + 1)
@@ -98,6 +100,25 @@ def test_windows_that_measurably_cost_over_one_percent_come_less_often(fake_cloc
     assert share <= OVERHEAD_TARGET and longer == period_for(0.2, added_s=0.06)
 
 
+def test_the_schedule_sees_the_windows_cost_on_a_machine_that_stalls(fake_clock: FakeClock) -> None:
+    """The same hooks (60 ms per window step) while one step in 7 stalls for a second, inside the windows
+    and out: the schedule still measures 60 ms, and lengthens the period as it would on a quiet machine."""
+    schedule = RecordingSchedule(fake_clock)
+    steps = FULL_STEPS + (2 * MEASURED_PERIODS + 4) * 160
+    recorded_fully(
+        fake_clock,
+        schedule,
+        steps,
+        step_s=0.2,
+        added_s=0.05,
+        removal_s=(0.03, 0.012, 0.008),
+        stall_every=7,
+    )
+    added, _ = median_and_error(schedule.cost.added_s)
+    assert added == pytest.approx(0.06, abs=0.01)
+    assert schedule.period > PERIOD
+
+
 @pytest.mark.parametrize(("added_s", "jitter"), [(0.002, 0.0), (0.0, 0.9)])
 def test_windows_that_cost_little_or_only_seem_to_keep_the_default_period(
     fake_clock: FakeClock, added_s: float, jitter: float
@@ -115,7 +136,8 @@ def test_a_period_whose_hooks_came_in_out_of_turn_is_not_measured(fake_clock: Fa
     """An evaluation pass installs the hooks between the schedule's edges (the recorder asks the schedule
     again at the next step end): that period counts for nothing, the next ones count again."""
     schedule = RecordingSchedule(fake_clock)
-    left, evaluation_at = 0.0, FULL_STEPS + 2 * PERIOD + 10
+    # among the steps the third window is compared with, just before it
+    left, evaluation_at = 0.0, FULL_STEPS + 3 * PERIOD - WINDOW - 2
     counted: list[int] = []
     for ended in range(FULL_STEPS + 4 * PERIOD + SETTLING_STEPS):
         fake_clock.advance(0.2)
@@ -281,9 +303,10 @@ def test_the_report_says_what_the_windows_measurably_cost(fake_clock: FakeClock)
     assert recording is not None and recording["window_cost_s"] is not None
     assert recording["window_cost_s"] == pytest.approx(0.03, abs=0.004)
     assert recording["window_cost_error_s"] is not None and recording["window_cost_error_s"] < 0.005
-    n_full = FULL_STEPS + 40 * WINDOW
+    # 1.2% of the step at 5 in 50: the schedule measured that too, and recorded fewer windows
+    assert recording["full_steps"] < FULL_STEPS + 40 * WINDOW
     ends = BOUNDARY_CALLS_PER_STEP * CALL_COST_S
-    expected = (n_full * recording["window_cost_s"] / steps + ends) / a.steps.median_s
+    expected = (recording["full_steps"] * recording["window_cost_s"] / steps + ends) / a.steps.median_s
     assert recording["overhead_fraction"] == pytest.approx(expected)
     footer = recording_line(build_report(a))
     assert footer is not None and "; the windows measured +30 ms ± " in footer
