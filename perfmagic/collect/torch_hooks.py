@@ -30,7 +30,8 @@ until the GPU has finished the work queued in it.
 The hooks that run several times a step (``__next__``, the module call, backward, ``Tensor.to``/
 ``cuda``, ``zero_grad``) are in place only in the steps the schedule records fully
 (``collect.schedule``): the recorder takes them out and puts them back at step ends
-(``StageRecorder.record_in_windows``); the others stay for the whole window.
+(``StageRecorder.record_in_windows``); the others stay for the whole window. Without CUDA the tensor
+methods are not hooked at all: there is no copy to a device or sync to record.
 
 Inside ``torch.compile``'s tracing the wrappers only call through: anything else would break the graph.
 An exception passes through each wrapper without its frame (``collect.tracebacks``).

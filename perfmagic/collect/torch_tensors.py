@@ -43,7 +43,10 @@ def install_tensor_methods(
 ) -> None:
     """Time ``Tensor.to``/``cuda`` to a CUDA device as ``h2d`` (in the windows, ``windowed``), and a CUDA
     tensor's ``item``, ``tolist``, ``cpu``, ``numpy`` and ``cuda.synchronize`` as ``logging`` (syncs are
-    rare and long: on every step)."""
+    rare and long: on every step). Without CUDA there is nothing for them to record, and no hook goes in:
+    changing ``Tensor`` at each window's edges slows the steps after it (``collect.schedule``)."""
+    if not stages.cuda_available:
+        return
     Tensor = torch.Tensor
     windowed.set(Tensor, "to", _copy_to_device(stages, torch, rec, Tensor.to, always_cuda=False))
     windowed.set(Tensor, "cuda", _copy_to_device(stages, torch, rec, Tensor.cuda, always_cuda=True))

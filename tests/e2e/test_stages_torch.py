@@ -31,6 +31,7 @@ from torchloops import (
 
 import perfmagic
 from perfmagic import Report
+from tests.sim_cuda import SimCuda, install
 
 T = TypeVar("T")
 STEPS = 15
@@ -745,8 +746,20 @@ def test_non_blocking_is_read_by_keyword_or_position(
     assert non_blocking(args, kwargs) is expected
 
 
-def test_moving_the_model_is_no_batch_copy(tmp_path: Path) -> None:
-    """model.to("cuda") in the profiled cell used to count every parameter as a pageable blocking copy."""
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_without_cuda_the_tensor_methods_are_left_alone() -> None:
+    """Copies to a CUDA device and syncs with one are all the tensor hooks record: without CUDA, no hook
+    goes in (each change of ``Tensor`` slows the steps after it), and ``.to`` still works."""
+    before = {name: getattr(torch.Tensor, name) for name in ("to", "cuda", "item", "cpu", "numpy", "tolist")}
+    with perfmagic.profile(sample=False):
+        assert {name: getattr(torch.Tensor, name) for name in before} == before
+        assert torch.ones(2).to(torch.float64).dtype == torch.float64
+
+
+def test_moving_the_model_is_no_batch_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.to("cuda") in the profiled cell used to count every parameter as a pageable blocking copy.
+    (A simulated CUDA device: the copy hooks go in only where CUDA is available.)"""
+    install(monkeypatch, SimCuda())
     model = torch.nn.Linear(4, 4)
     with perfmagic.profile(outdir=tmp_path, sample=False) as session:
         for tensor in (*model.parameters(), torch.ones(3)):
