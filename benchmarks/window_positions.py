@@ -3,7 +3,8 @@
 ``overhead.py`` times short profiles against unprofiled chunks; a long run is another thing: its
 windows come every period, and changing the hooks' types makes CPython respecialize the loop's
 code on the steps after each change. This runs ``overhead.py``'s loop under one windowed profile
-(windows from the first step, 5 in every 50) for ``--seconds``, times every step, and takes the
+(windows from the first step, 5 in every 50) for about ``--seconds``, times every step (its probe
+of the CPU's speed before it, untimed, as in ``overhead.py``), and takes the
 median step at each position of the period over all periods: the positions in and just after a
 window, against the median step of the quiet middle of the period. Medians, so that the machine's
 own stalls, which fall on any step, drop out. Beside it, the report's own measurement
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,23 +32,6 @@ QUIET = slice(schedule.SETTLING_STEPS + 3, schedule.PERIOD - 2 * schedule.WINDOW
 """Positions of a period far from its window: the steps the others are measured against."""
 
 
-def step_seconds(loop: Loop, seconds: float) -> list[float]:
-    """Each step's wall seconds, for ``seconds``, passing over the loop's data again and again."""
-    times: list[float] = []
-    batches = iter(loop.loader)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        begin = time.perf_counter()
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            batches = iter(loop.loader)
-            x, y = next(batches)
-        loop.train(x, y)
-        times.append(time.perf_counter() - begin)
-    return times
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -57,9 +40,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     loop = Loop()
-    loop.steps(300)  # warm-up
+    step_s = statistics.median(loop.steps(300).wall[100:])  # after a warm-up
     with windows_from_start(), perfmagic.profile() as session:
-        times = step_seconds(loop, args.seconds)
+        times = loop.steps(int(args.seconds / step_s)).wall
     period = schedule.PERIOD
     periods = len(times) // period
     by_position = [statistics.median(times[i : periods * period : period]) for i in range(period)]
@@ -85,7 +68,7 @@ def main() -> None:
     share = recording["overhead_fraction"]
     print(
         f"the report: {cost * 1e6:+.0f} ± {error * 1e6:.0f} µs per window step; overhead_fraction "
-        + (f"{100 * share:.2f}%" if share is not None else "none")
+        + (f"{100 * share:.2f}% (of its median step, the probe in it)" if share is not None else "none")
     )
 
 
