@@ -48,7 +48,10 @@ def main() -> None:
     by_position = [statistics.median(times[i : periods * period : period]) for i in range(period)]
     quiet = statistics.median(by_position[QUIET])
     added = [s - quiet for s in by_position]
-    print(f"{len(times)} steps, {periods} periods of {period}; the median quiet step {quiet * 1e3:.3f} ms")
+    print(
+        f"{len(times)} steps, {periods} periods of {period}; the median quiet step {quiet * 1e3:.3f} ms "
+        f"(unprofiled before the profile: {step_s * 1e3:.3f} ms)"
+    )
     window_from = period - schedule.WINDOW
     paid = list(range(window_from, period)) + list(range(schedule.SETTLING_STEPS))
     shown = ", ".join(f"{i}: {added[i] * 1e6:+.0f}" for i in paid)
