@@ -188,7 +188,8 @@ def with_perfmagic_device_clock() -> Iterator[None]:
 
 
 TARGET_STEP_S = 0.002
-"""The step the hot path's goal is set for (≤ 1% of it): the added µs a step are shown as its share too."""
+"""The step the hot path's goal is set for (≤ 1% of it): the added µs a step are shown as its share too,
+an estimate where the loop's own step is longer."""
 
 CONTROL = "control +1%"
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
@@ -300,7 +301,8 @@ def report(args: argparse.Namespace, timings: dict[str, Timings], unprofiled_s: 
         added_s = result["overhead"] * unprofiled_s
         print(
             f"  {'':<24} {added_s * 1e6:+.1f} µs a step ± {result['error'] * unprofiled_s * 1e6:.1f}: "
-            f"{100 * added_s / TARGET_STEP_S:+.2f}% of a {TARGET_STEP_S * 1e3:.0f} ms step of the same loop on this CPU (a smaller batch: the same calls)"
+            f"about {100 * added_s / TARGET_STEP_S:+.2f}% of a {TARGET_STEP_S * 1e3:.0f} ms step, an estimate "
+            "(a smaller batch makes the same calls; that they cost the same µs is assumed)"
         )
     if args.json:
         Path(args.json).write_text(
