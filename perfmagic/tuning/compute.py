@@ -36,6 +36,20 @@ def scalar_of(output: Any) -> Any:
     raise TypeError(f"no tensor to run backward from in the model's output ({type(output).__name__})")
 
 
+def at_rest(optimizer: Any) -> Any:
+    """``optimizer`` with a learning rate of 0 in every group, returned.
+
+    Its step runs the same kernels, but the weights stay where the user's were. Trained for seconds on
+    one captured batch towards an unbounded scalar (:func:`scalar_of`), the copies' weights reached inf
+    and NaN within a few hundred steps, and steps on NaN weights timed faster or slower at random.
+    A tensor learning rate (``capturable``, ``fused``) stays a tensor.
+    """
+    for group in getattr(optimizer, "param_groups", ()):
+        lr = group.get("lr")
+        group["lr"] = lr * 0 if hasattr(lr, "mul_") else 0.0
+    return optimizer
+
+
 class TrainingStep:
     """One training step on private copies of the model and optimizer, with a captured batch."""
 
@@ -45,6 +59,7 @@ class TrainingStep:
         # copied together, the optimizer's parameter references point at the copied model's
         self.model, self.optimizer, self.args, self.kwargs = copy.deepcopy((model, optimizer, args, kwargs))
         self.model.train()
+        at_rest(self.optimizer)
 
         self.around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
         self.device = next((p.device for p in self.model.parameters()), None)
@@ -76,7 +91,9 @@ class TrainingStep:
         for name, value in changes.items():
             setattr(other, name, value)
         if "model" in changes and self.optimizer is not None:
-            other.optimizer = type(self.optimizer)(other.model.parameters(), **self.optimizer.defaults)
+            other.optimizer = at_rest(
+                type(self.optimizer)(other.model.parameters(), **self.optimizer.defaults)
+            )
         return other
 
     def seconds(self, deadline: float) -> float:

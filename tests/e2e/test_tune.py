@@ -318,6 +318,27 @@ def test_compute_knobs_are_timed_in_turns_on_copies_and_leave_torch_as_it_was() 
     assert next(model.parameters()).is_contiguous()  # the user's model is not channels_last
 
 
+@pytest.mark.parametrize("lr", [0.01, torch.tensor(0.01)], ids=["float", "tensor"])
+def test_steps_are_timed_on_the_users_weights_not_on_weights_tuning_drove_to_nan(lr: Any) -> None:
+    """Hundreds of steps on one batch towards the output's mean drove the copies' weights to NaN, and
+    steps on NaN timed faster or slower at random; tuning's copies keep the user's weights, every variant
+    too, while their optimizer still steps (its state is built)."""
+    from perfmagic.tuning.compute import TrainingStep, compute_variants
+
+    model, _ = conv_model_and_optimizer()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    step = TrainingStep(model, opt, (torch.randn(2, 3, 8, 8),), {})
+    variants = [v for settings in compute_variants(step, autocast_seen=False).values() for _, v in settings]
+    assert len(variants) == 6  # autocast, channels_last and batch size: the step as it is and one other
+    for variant in variants:
+        for _ in range(300):
+            variant()
+        assert variant.optimizer is not None and len(variant.optimizer.state) == len(list(model.parameters()))
+        for mine, theirs in zip(model.parameters(), variant.model.parameters(), strict=True):
+            assert torch.equal(mine, theirs), "tuning trained its copy away from the user's weights"
+    assert opt.param_groups[0]["lr"] == 0.01  # the user's optimizer keeps its rate
+
+
 class SlowConv(torch.nn.Module):
     """A convolution whose forward waits ``wait_s``: a big model's step, in small."""
 
