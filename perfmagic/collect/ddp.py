@@ -28,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.stage_wrapper import named_like
 from perfmagic.collect.tracebacks import drop_own_frame
+from perfmagic.collect.windowed_hooks import WindowedHooks
 
 
 class ReducerWait:
@@ -49,13 +49,16 @@ class ReducerWait:
         # (start, end, device event tokens at both) of each wait, appended from the thread that finishes the graph
         self._waits: list[tuple[float, float, object | None, object | None]] = []
 
-    def install(self, p: Patcher) -> None:
+    def install(self, windowed: WindowedHooks) -> None:
         torch = self._torch
         # Tensor.backward calls torch.autograd.backward by its module attribute: one wrapper times both,
         # and each wrapper in the step costs a fast loop a microsecond or two
-        p.set(torch.autograd, "backward", self.wrap(torch.autograd.backward))
-        orig_forward = self._ddp.forward
-        grad_enabled = torch.is_grad_enabled
+        windowed.set(torch.autograd, "backward", self.wrap)
+        windowed.set(self._ddp, "forward", self._noting_reduction)
+
+    def _noting_reduction(self, orig_forward: Callable[..., Any]) -> Callable[..., Any]:
+        """DDP's ``forward``, noting a forward that will reduce gradients in the next backward."""
+        grad_enabled = self._torch.is_grad_enabled
 
         def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
             try:
@@ -67,7 +70,7 @@ class ReducerWait:
                 drop_own_frame(e)
                 raise
 
-        p.set(self._ddp, "forward", forward)
+        return forward
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         rec = self._recorder

@@ -11,6 +11,7 @@ from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.threadclock import cpu_only_reading, voluntary_switches, wait_off_cpu
 from perfmagic.collect.tracebacks import drop_own_frame
+from perfmagic.collect.windowed_hooks import WindowedHooks
 from perfmagic.schema import (
     THREAD_DATA_CPU,
     THREAD_DATA_TIMED,
@@ -41,17 +42,20 @@ class _TimedFetches:
         self.last_began = -DATA_CPU_EVERY_S
 
 
-def install_data(stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: Patcher) -> None:
+def install_data(
+    stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: WindowedHooks
+) -> None:
     """Time ``_BaseDataLoaderIter.__next__`` (in the windows, ``windowed``) and ``DataLoader.__iter__`` as
     ``data``."""
     from torch.utils.data import dataloader as dl
 
     data_id = rec.stage_id("data")
-    orig_next = dl._BaseDataLoaderIter.__next__
     # id(iterator) -> when its pass began and what had trained by then (optimizer steps, forwards with grad)
     passes: dict[int, tuple[float, int, int]] = {}
     windowed.set(
-        dl._BaseDataLoaderIter, "__next__", _next_batch(stages, torch, rec, orig_next, data_id, passes)
+        dl._BaseDataLoaderIter,
+        "__next__",
+        lambda orig: _next_batch(stages, torch, rec, orig, data_id, passes),
     )
     p.set(dl.DataLoader, "__iter__", _start_iter(stages, dl.DataLoader.__iter__, data_id, passes))
 

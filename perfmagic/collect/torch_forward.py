@@ -1,16 +1,10 @@
 """The ``forward`` stage of torch loops: the outermost module call, with autocast and grad counted.
 
-Module calls are wrapped at the class rather than through the global module hooks: global hooks
-push every module off PyTorch's hook-free fast path, which costs more than the whole recorder on
-small models.
-
-While every step is recorded the wrapper is ``nn.Module.__call__``. The recording windows come and go
-every few dozen steps, and setting ``__call__`` on the class makes CPython update the call slot of
-every Module subclass (353 in torch alone: 0.3 to 0.4 ms a change, about 1 ms a window with what it
-does to the steps). So from the windows on, the wrapper is ``Module._call_impl``, which
-``Module.__call__`` looks up on each call: an attribute like any other, set in microseconds. A module
-compiled in place (``model.compile()``) calls its compiled code instead of ``_call_impl``; where the
-steps before the windows met one, the windows keep ``__call__``.
+Module calls are wrapped at ``nn.Module.__call__`` rather than through the global module hooks: global
+hooks push every module off PyTorch's hook-free fast path, which costs more than the whole recorder on
+small models (2.2 µs a module call against 0.3). The wrapper comes and goes with the recording windows
+by switching the code of torch's own function (``collect.windowed_hooks``), so no class changes: it
+sees a module compiled in place (``model.compile()``) as it sees any other.
 """
 
 from __future__ import annotations
@@ -20,19 +14,19 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.stacks import call_site
 from perfmagic.collect.torch_memory import SAMPLE_FORWARD, name_in_caller
 from perfmagic.collect.tracebacks import drop_own_frame
+from perfmagic.collect.windowed_hooks import WindowedHooks
 
 if TYPE_CHECKING:
     from perfmagic.collect.torch_hooks import TorchStages
 
 
-def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder) -> ForwardHook:
-    """Time the outermost module call as ``forward``; note each top-level module once. The wrapper is in
-    place from now on, and comes and goes with the windows through the hook returned."""
+def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder, windowed: WindowedHooks) -> None:
+    """Time the outermost module call as ``forward`` (in the windows, ``windowed``); note each top-level
+    module once."""
     forward_id = rec.stage_id("forward")
     stats = stages.stats
     is_autocast, autocast_dtype = autocast_queries(torch)
@@ -72,8 +66,6 @@ def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder) -> Forw
                         result = orig_call(module, *args, **kwargs)
                     if id(module) not in seen:  # after the call: a lazy module's parameters exist
                         stages.record_once("model", record_model, module)
-                    if getattr(module, "_compiled_call_impl", None) is not None:
-                        hook.compiled_in_place = True
                     if kept.hold:
                         kept.inputs[id(module)] = (weakref.ref(module), args, kwargs)
                     return result
@@ -85,53 +77,7 @@ def install_forward(stages: TorchStages, torch: Any, rec: StageRecorder) -> Forw
 
         return call
 
-    hook = ForwardHook(torch.nn.Module, wrapping)
-    return hook
-
-
-class ForwardHook:
-    """Where the forward wrapper is: ``Module.__call__`` from the start; from the first window's end
-    ``Module._call_impl`` where torch calls it from ``__call__`` and no module compiled in place was met
-    (``switch``). ``wrappers`` are the functions it puts in place."""
-
-    def __init__(
-        self, module_cls: type, wrapping: Callable[[Callable[..., Any]], Callable[..., Any]]
-    ) -> None:
-        self._cls = module_cls
-        self.compiled_in_place = False  # a top-level module called its ``_compiled_call_impl``
-        impl = module_cls.__dict__.get("_call_impl")
-        self._impl = wrapping(impl) if impl is not None and _calls_impl(module_cls) else None
-        self.wrappers = [wrapping(module_cls.__call__)]  # type: ignore[operator]
-        self._patcher = Patcher()
-        self._patcher.set(module_cls, "__call__", self.wrappers[0])
-        if self._impl is not None:
-            self.wrappers.append(self._impl)
-        self._moved = False  # the wrapper left ``__call__`` for ``_call_impl``
-
-    def switch(self, full: bool) -> list[str]:
-        """Put the wrapper in (``full``) or take it out, at a step end; returns warnings."""
-        if not full and not self._moved and self._impl is not None and not self.compiled_in_place:
-            warnings = self._patcher.restore()  # ``__call__`` as torch has it, from now on
-            self._moved = True
-            self._patcher = Patcher()
-            self._patcher.suspended = True  # set by the next window
-            self._patcher.set(self._cls, "_call_impl", self._impl)
-            return warnings
-        return self._patcher.resume() if full else self._patcher.suspend()
-
-    def restore(self) -> list[str]:
-        return self._patcher.restore()
-
-
-def _calls_impl(module_cls: type) -> bool:
-    """Whether ``Module.__call__`` is torch's ``_wrapped_call_impl``, which looks up ``_call_impl`` (or a
-    compiled module's ``_compiled_call_impl``) on each call, and nobody replaced it."""
-    call = module_cls.__dict__.get("__call__")
-    names = set(getattr(getattr(call, "__code__", None), "co_names", ()))
-    return call is module_cls.__dict__.get("_wrapped_call_impl") and names >= {
-        "_call_impl",
-        "_compiled_call_impl",
-    }
+    windowed.set(torch.nn.Module, "__call__", wrapping)
 
 
 def _model_record(stages: TorchStages, torch: Any) -> Callable[[Any], None]:

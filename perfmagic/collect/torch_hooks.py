@@ -9,7 +9,7 @@ What is patched (and always put back by :meth:`TorchStages.uninstall`):
 ========== ==========================================================================
 data       ``DataLoader.__iter__`` (worker start-up) and ``_BaseDataLoaderIter.__next__``
 h2d        ``Tensor.to`` / ``Tensor.cuda`` from a non-CUDA tensor to a CUDA device
-forward    the outermost module call: ``nn.Module.__call__``, in the windows ``Module._call_impl``
+forward    the outermost module call: ``nn.Module.__call__``
 backward   ``torch.autograd.backward`` (which ``Tensor.backward`` calls)
 optimizer  each hooked optimizer class's ``step``, ``Optimizer.zero_grad``, ``Module.zero_grad``,
            ``GradScaler.step`` / ``unscale_`` (a step the scaler skips still ends a step)
@@ -27,11 +27,13 @@ step, no forward with grad: an evaluation) marks its end, so that it stays out o
 steps. On CUDA, a :class:`CudaEventClock` times stage boundaries on the device, so a stage lasts
 until the GPU has finished the work queued in it.
 
-The hooks that run several times a step (``__next__``, the module call, backward, ``Tensor.to``/
-``cuda``, ``zero_grad``) are in place only in the steps the schedule records fully
-(``collect.schedule``): the recorder takes them out and puts them back at step ends
-(``StageRecorder.record_in_windows``); the others stay for the whole window. Without CUDA the tensor
-methods are not hooked at all: there is no copy to a device or sync to record.
+The hooks that run several times a step (``__next__``, the module call, backward, ``zero_grad``) are
+in place only in the steps the schedule records fully (``collect.schedule``): the recorder takes them
+out and puts them back at step ends (``StageRecorder.record_in_windows``), by switching the code of
+torch's functions, never a class (``collect.windowed_hooks``). ``Tensor.to``/``cuda`` are C methods,
+with no code to switch: their wrappers stay and record only in the windows. The others stay for the
+whole profile. Without CUDA the tensor methods are not hooked at all: there is no copy to a device or
+sync to record.
 
 Inside ``torch.compile``'s tracing the wrappers only call through: anything else would break the graph.
 An exception passes through each wrapper without its frame (``collect.tracebacks``).
@@ -52,11 +54,12 @@ from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.torch_checkpoint import CheckpointTiming
 from perfmagic.collect.torch_comm import install_comm, note_rank
 from perfmagic.collect.torch_data import install_data
-from perfmagic.collect.torch_forward import ForwardHook, install_forward
+from perfmagic.collect.torch_forward import install_forward
 from perfmagic.collect.torch_logging import install_logging
 from perfmagic.collect.torch_memory import MemoryProbe
 from perfmagic.collect.torch_optimizer import install_grad_scaler, install_optimizer
 from perfmagic.collect.torch_tensors import install_tensor_methods
+from perfmagic.collect.windowed_hooks import WindowedHooks
 from perfmagic.contract.marks import no_counters
 
 
@@ -66,10 +69,9 @@ class TorchStages:
     def __init__(self, recorder: StageRecorder, evaluation: EvaluationPasses | None = None) -> None:
         self.recorder = recorder
         self._patcher = Patcher()
-        # the hooks that run several times a step (fetches, forward, backward, copies, zero_grad): in place
-        # in the steps the schedule records fully (``collect.schedule``), out of the others
-        self._windowed = Patcher()
-        self.forward: ForwardHook | None = None  # the forward wrapper, in its own place (``torch_forward``)
+        # the hooks that run several times a step (fetches, forward, backward, zero_grad): in place in the
+        # steps the schedule records fully (``collect.schedule``), out of the others
+        self.windowed = WindowedHooks()
         self.handles: list[Any] = []  # torch's hook handles, removed at uninstall
         self.torch: Any = None
         self.seen: set[int] = set()  # ids of the objects whose set-up was noted
@@ -92,11 +94,11 @@ class TorchStages:
         self.torch = torch
         self.cuda_available = bool(torch.cuda.is_available())
         rec = self.recorder
-        p, windowed = self._patcher, self._windowed
+        p, windowed = self._patcher, self.windowed
         self._record_environment()
         try:
             install_data(self, torch, rec, p, windowed)
-            self.forward = install_forward(self, torch, rec)
+            install_forward(self, torch, rec, windowed)
             install_tensor_methods(self, torch, rec, p, windowed)
             ReducerWait(torch, rec).install(windowed)  # backward, with DDP's gradient reduction as comm
             install_optimizer(self, torch, rec, p, windowed)
@@ -107,7 +109,7 @@ class TorchStages:
         except BaseException:
             self.uninstall()
             raise
-        hooks = [*p.values(), *windowed.values(), *self.forward.wrappers]
+        hooks = [*p.values(), *windowed.functions()]
         # dynamo is imported (1.5 to 5 s) by the code that compiles, never by perfmagic
         self._dynamo_import = when_imported(
             "torch._dynamo", lambda dynamo: _not_compiled_alone(dynamo, hooks)
@@ -117,8 +119,7 @@ class TorchStages:
 
     def _record_fully(self, full: bool) -> list[str]:
         """Put the windowed hooks in (``full``) or take them out, at a step end; returns warnings."""
-        forward = self.forward.switch(full) if self.forward is not None else []
-        return [*(self._windowed.resume() if full else self._windowed.suspend()), *forward]
+        return self.windowed.switch(full)
 
     def uninstall(self) -> list[str]:
         """Remove every hook and patch; returns warnings."""
@@ -128,9 +129,7 @@ class TorchStages:
         if self._dynamo_import is not None:
             self._dynamo_import.remove()
             self._dynamo_import = None
-        forward = self.forward.restore() if self.forward is not None else []
-        self.forward = None
-        warnings = [*self._windowed.restore(), *forward, *self._patcher.restore()]
+        warnings = [*self.windowed.restore(), *self._patcher.restore()]
         self.memory.close()
         if self.torch is not None:
             # the loop may have called set_num_threads after import: what it trained with is this

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from perfmagic.collect.call_hints import call_hint
@@ -17,13 +16,14 @@ from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.stage_wrapper import recorded_as_stage
 from perfmagic.collect.torch_memory import name_in_caller
 from perfmagic.collect.tracebacks import drop_own_frame
+from perfmagic.collect.windowed_hooks import WindowedHooks
 
 if TYPE_CHECKING:
     from perfmagic.collect.torch_hooks import TorchStages
 
 
 def install_optimizer(
-    stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: Patcher
+    stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: WindowedHooks
 ) -> None:
     """Mark every optimizer ``step``'s end (it ends the steps, on every step); time it and ``zero_grad`` in
     the windows (``windowed``), like the other per-step stages.
@@ -34,11 +34,7 @@ def install_optimizer(
     profiled code) are wrapped as torch hooks them.
     """
     guarded: set[type] = set()
-    # the step's own span in the windows only: outside them the analysis estimates every per-step stage,
-    # and the span would be two calls a step for nothing (an attribute the windowed patcher switches)
-    in_windows = SimpleNamespace(time_step=False)
-    windowed.set(in_windows, "time_step", True)
-    guarded_version = _step_wrapper(stages, rec, in_windows)
+    guarded_version = _step_wrapper(stages, rec, windowed)
 
     def guard(cls: type) -> None:
         """Wrap the ``step`` that instances of ``cls`` call, where torch has hooked it."""
@@ -58,15 +54,14 @@ def install_optimizer(
     for cls in _subclasses(torch.optim.Optimizer):
         guard(cls)
     p.set(torch.optim.Optimizer, "_patch_step_function", patch_and_guard)
-    windowed.set(torch.optim.Optimizer, "zero_grad", rec.wrap(torch.optim.Optimizer.zero_grad, "optimizer"))
-    windowed.set(torch.nn.Module, "zero_grad", rec.wrap(torch.nn.Module.zero_grad, "optimizer"))
+    windowed.set(torch.optim.Optimizer, "zero_grad", lambda orig: rec.wrap(orig, "optimizer"))
+    windowed.set(torch.nn.Module, "zero_grad", lambda orig: rec.wrap(orig, "optimizer"))
 
 
-def _step_wrapper(
-    stages: TorchStages, rec: StageRecorder, in_windows: SimpleNamespace
-) -> Callable[[Any], Any]:
-    """What wraps torch's hooked ``step`` of an optimizer class: it times the step where
-    ``in_windows.time_step``, ends the training step, and closes what it left open when it raised."""
+def _step_wrapper(stages: TorchStages, rec: StageRecorder, windowed: WindowedHooks) -> Callable[[Any], Any]:
+    """What wraps torch's hooked ``step`` of an optimizer class: it ends the training step, times the step
+    in the windows (``windowed.on``: outside them the analysis estimates every per-step stage, and the span
+    would be two calls a step for nothing), and closes what it left open when it raised."""
     optimizer_id = rec.stage_id("optimizer")
     other_id = rec.stage_id("other")
     open_steps: list[bool] = []  # per optimizer step open (nested ones too): whether it was recorded
@@ -93,7 +88,7 @@ def _step_wrapper(
                 stepped.add(optimizer)
                 if len(args) > 1 or kwargs:  # a closure, perhaps; most loops pass none
                     args, kwargs = _with_timed_closure(args, kwargs, rec, other_id)
-            open_steps.append(in_windows.time_step and rec.enter(optimizer_id))
+            open_steps.append(windowed.on and rec.enter(optimizer_id))
             try:
                 result = step(*args, **kwargs)
             except BaseException as e:
