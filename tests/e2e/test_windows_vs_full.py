@@ -121,7 +121,7 @@ def test_the_windows_time_every_forward_and_change_no_class(
 ) -> None:
     """The hooks come and go with the windows by switching the code of torch's functions, and no class
     changes at a window's edges (on Python 3.13 a class changed 1,000 times is never specialized again:
-    every module attribute read 25 times slower for the rest of the process). A model compiled in place
+    every module attribute read 8 times slower for the rest of the process). A model compiled in place
     is timed the same. Torch's own code is back after the profile."""
     monkeypatch.setattr(schedule, "FULL_STEPS", 10)
     monkeypatch.setattr(schedule, "FULL_SECONDS", 0.0)
