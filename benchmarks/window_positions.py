@@ -1,11 +1,10 @@
 """What the recording windows cost a long run, step by step, against what the report says they cost.
 
 ``overhead.py`` times short profiles against unprofiled chunks; a long run is another thing: its
-windows come every period, and changing the hooks' types makes CPython respecialize the loop's
-code on the steps after each change. This runs ``overhead.py``'s loop under one windowed profile
-(windows from the first step, 5 in every 50) for about ``--seconds``, times every step (its probe
-of the CPU's speed before it, untimed, as in ``overhead.py``), and takes the
-median step at each position of the period over all periods: the positions in and just after a
+windows come every period, and taking the hooks out slows the steps after each window too. This
+runs ``overhead.py``'s loop under one windowed profile (windows from the first step, 5 in every 50)
+for about ``--seconds``, times every step (its probe of the CPU's speed before it, untimed, as in
+``overhead.py``), and takes the median step at each position of the period over all periods: the positions in and just after a
 window, against the median step of the quiet middle of the period. Medians, so that the machine's
 own stalls, which fall on any step, drop out. Beside it, the report's own measurement
 (``recording.window_cost_s``, ``overhead_fraction``), which should say the same.

@@ -1,8 +1,9 @@
 """Reversible attribute patches: every patch is undone, whatever happened in between.
 
 A patcher's patches can also be taken out for a while and set again (``suspend`` / ``resume``):
-the stage hooks recorded in windows (``collect.schedule``) come and go at step ends that way, and
-an exit restores the same, suspended or not.
+the stage hooks recorded in windows (``collect.schedule``) that have no Python code to switch come
+and go at step ends that way (``collect.windowed_hooks``), and an exit restores the same, suspended
+or not.
 """
 
 from __future__ import annotations

@@ -59,9 +59,10 @@ CALL_COST_S = 1.5e-6
 
 SETTLING_STEPS = 3
 """Steps after a window that pay for its hooks' coming out, measured with it: the step they are taken out
-in and two more. Changing a type's attributes makes CPython respecialize the loop's code that looks
-attributes up on it and its subclasses; on ``overhead.py``'s loop (3.4 ms steps, medians over 330
-periods) these steps took +295, +87 and +19 µs, the window's own five +106 to +260."""
+in and two more. On ``overhead.py``'s loop (medians by position over about 300 periods) these steps
+took +295, +87 and +19 µs while the hooks were class attributes, and still +160 to +210, +30 to +50
+and +10 to +80 µs with the functions' code switched instead (``collect.windowed_hooks``), the
+window's own five +40 to +200 (``benchmarks/window_positions.py``)."""
 
 MEASURED_PERIODS = 8
 """Periods whose windows are measured before their cost may lengthen the period, and between two looks."""
