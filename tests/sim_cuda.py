@@ -224,6 +224,12 @@ SURFACE = (
     "mem_get_info",
     "host_memory_stats",
 )
+"""What the simulated device answers for, where this torch has it (``host_memory_stats`` since 2.3):
+a function an older torch lacks stays absent, as it is for the hooks on a real device."""
+
+
+def _surface(torch: Any) -> list[str]:
+    return [name for name in SURFACE if hasattr(torch.cuda, name)]
 
 
 @contextmanager
@@ -231,9 +237,9 @@ def installed(sim: SimCuda) -> Iterator[SimCuda]:
     """The simulated device behind ``torch.cuda`` for a block (benchmarks; tests use ``install``)."""
     import torch
 
-    real = {name: getattr(torch.cuda, name) for name in SURFACE}
+    real = {name: getattr(torch.cuda, name) for name in _surface(torch)}
     try:
-        for name in SURFACE:
+        for name in real:
             setattr(torch.cuda, name, getattr(sim, name))
         yield sim
     finally:
@@ -245,6 +251,6 @@ def install(monkeypatch: pytest.MonkeyPatch, sim: SimCuda) -> SimCuda:
     """Put the simulated device behind ``torch.cuda`` for one test (monkeypatch puts the real one back)."""
     import torch
 
-    for name in SURFACE:
+    for name in _surface(torch):
         monkeypatch.setattr(torch.cuda, name, getattr(sim, name))
     return sim

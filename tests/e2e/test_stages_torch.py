@@ -74,7 +74,7 @@ def test_backward_stage(tmp_path: Path) -> None:
 
 def test_optimizer_stage_and_one_step_per_outermost_optimizer_step(tmp_path: Path) -> None:
     # SleepySGD.step calls SGD.step: both are timed, yet it is one training step
-    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])  # make sure SGD.step itself is hooked
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # make sure SGD.step itself is hooked
     report, t = profiled(tmp_path, lambda: train(STEPS, optimizer_s=0.015))
     assert_steps_match(report, t)
     assert_stage_matches(report, "optimizer", t.optimizer.total_s)
@@ -718,7 +718,7 @@ def test_a_device_clock_that_fails_to_start_leaves_host_times(
 ) -> None:
     if torch.cuda.is_available():
         pytest.skip("needs a machine where starting the CUDA clock fails")
-    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])  # torch's lazy imports, outside the window
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # torch's lazy imports, outside the window
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA "in use", yet unusable
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     report, t = profiled(tmp_path, lambda: train(STEPS, forward_s=0.015))

@@ -20,12 +20,14 @@ torch = pytest.importorskip("torch")
 
 def test_autocast_is_read_the_pre_2_4_way() -> None:
     """torch < 2.4: no ``get_autocast_dtype``; ``is_autocast_enabled()`` takes no device and means CUDA."""
-    old_torch = SimpleNamespace(
-        is_autocast_enabled=lambda: torch.is_autocast_enabled("cuda"),
-        is_autocast_cpu_enabled=lambda: torch.is_autocast_enabled("cpu"),
-        get_autocast_gpu_dtype=lambda: torch.get_autocast_dtype("cuda"),
-        get_autocast_cpu_dtype=lambda: torch.get_autocast_dtype("cpu"),
-    )
+    old_torch: object = torch  # an older torch itself (make test-torch-min), else one seen as older
+    if hasattr(torch, "get_autocast_dtype"):
+        old_torch = SimpleNamespace(
+            is_autocast_enabled=lambda: torch.is_autocast_enabled("cuda"),
+            is_autocast_cpu_enabled=lambda: torch.is_autocast_enabled("cpu"),
+            get_autocast_gpu_dtype=lambda: torch.get_autocast_dtype("cuda"),
+            get_autocast_cpu_dtype=lambda: torch.get_autocast_dtype("cpu"),
+        )
     enabled, dtype = autocast_queries(old_torch)
     assert not enabled("cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
