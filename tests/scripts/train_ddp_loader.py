@@ -3,12 +3,16 @@
 Environment: ``SLOW_RANK`` (default: none; ``all``: every rank) waits ``SLOW_S`` (default 0.04) per
 batch in its dataset, as a rank on slow storage would; ``TRAIN_STEPS`` (default 30); ``USER_HOOK=1`` registers the user's own
 comm hook (the default all-reduce, counted) before training; ``FSDP=1`` wraps the model in FSDP instead.
-Each rank writes what it saw to ``$RESULT_DIR/rank<N>.json`` when that is set.
+Each rank writes what it saw to ``$RESULT_DIR/rank<N>.json`` when that is set, its own median batch
+fetch (``data_s``) among it: what a busy machine made of the waits, measured in the same run.
 """
 
 import json
 import os
+import statistics
 import sys
+import time
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -45,7 +49,25 @@ else:
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = DataLoader(Samples(wait), batch_size=BATCH)
 steps = int(os.environ.get("TRAIN_STEPS", "30"))
-for step, (x, y) in enumerate(loader):
+fetch_s: list[float] = []
+
+
+def timed(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches, each fetch's seconds in ``fetch_s``."""
+    it = iter(batches)
+    while True:
+        begin = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        fetch_s.append(time.perf_counter() - begin)
+        yield batch
+
+
+for step, (x, y) in enumerate(timed(loader)):
     if step == steps:
         break
     optimizer.zero_grad()
@@ -55,6 +77,7 @@ for step, (x, y) in enumerate(loader):
 dist.barrier()
 if os.environ.get("RESULT_DIR"):
     with open(os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "hook_calls": hook_calls, "node_rank": os.environ.get("GROUP_RANK")}, f)
+        seen = {"rank": rank, "hook_calls": hook_calls, "node_rank": os.environ.get("GROUP_RANK")}
+        json.dump({**seen, "data_s": statistics.median(fetch_s[1:])}, f)
 del model, optimizer
 dist.destroy_process_group()
