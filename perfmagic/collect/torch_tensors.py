@@ -42,27 +42,21 @@ def targets_cuda(args: tuple[Any, ...], kwargs: dict[str, Any], device_cls: Any,
 def install_tensor_methods(
     stages: TorchStages, torch: Any, rec: StageRecorder, p: Patcher, windowed: WindowedHooks
 ) -> None:
-    """Time ``Tensor.to``/``cuda`` to a CUDA device as ``h2d`` (in the windows, ``windowed.on``), and a
-    CUDA tensor's ``item``, ``tolist``, ``cpu``, ``numpy`` and ``cuda.synchronize`` as ``logging`` (syncs
-    are rare and long: on every step). Without CUDA there is nothing for them to record, and no hook goes in.
-
-    ``to`` and ``cuda`` are C methods, with no code to switch (``collect.windowed_hooks``): their wrappers
-    stay in place and only call through outside the windows, one call each, where setting them at each
-    window's edges would change ``Tensor`` and every subclass there."""
+    """Time ``Tensor.to``/``cuda`` to a CUDA device as ``h2d`` (in the windows), and a CUDA tensor's
+    ``item``, ``tolist``, ``cpu``, ``numpy`` and ``cuda.synchronize`` as ``logging`` (syncs are rare and
+    long: on every step). Without CUDA there is nothing for them to record, and no hook goes in."""
     if not stages.cuda_available:
         return
     Tensor = torch.Tensor
-    p.set(Tensor, "to", _copy_to_device(stages, torch, rec, Tensor.to, windowed, always_cuda=False))
-    p.set(Tensor, "cuda", _copy_to_device(stages, torch, rec, Tensor.cuda, windowed, always_cuda=True))
+    windowed.set(Tensor, "to", lambda orig: _copy_to_device(stages, torch, rec, orig, always_cuda=False))
+    windowed.set(Tensor, "cuda", lambda orig: _copy_to_device(stages, torch, rec, orig, always_cuda=True))
     for name in _SYNC_METHODS:
         p.set(Tensor, name, _sync(stages, torch, rec, getattr(Tensor, name)))
     if torch.cuda.is_available():
         p.set(torch.cuda, "synchronize", rec.wrap(torch.cuda.synchronize, "logging"))
 
 
-def _copy_to_device(
-    stages: TorchStages, torch: Any, rec: StageRecorder, orig: Any, windowed: WindowedHooks, always_cuda: bool
-) -> Any:
+def _copy_to_device(stages: TorchStages, torch: Any, rec: StageRecorder, orig: Any, always_cuda: bool) -> Any:
     """``orig`` (``Tensor.to``, or ``Tensor.cuda`` where ``always_cuda``) with copies to CUDA in the windows
     as ``h2d``."""
     h2d_id = rec.stage_id("h2d")
@@ -75,8 +69,7 @@ def _copy_to_device(
     def copy(t: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             if (
-                not windowed.on
-                or t.is_cuda
+                t.is_cuda
                 # model.to("cuda") moves parameters once (Module._apply): set-up, not batch copies
                 or isinstance(t, parameter_cls)
                 or not (always_cuda or targets_cuda(args, kwargs, device_cls, Tensor))

@@ -11,7 +11,9 @@ So a hook on a Python function leaves the function where it is (the same object,
 ``torch.compile``'s identity checks expect) and switches its ``__code__``: its own, or a trampoline
 that calls the wrapper. The trampoline finds the wrapper in the function's keyword-only defaults, so
 nothing outside the function object changes. What has no Python code of its own to switch (a C
-method, a closure) is set as an attribute, as before.
+method such as ``Tensor.to``, a closure) gets one wrapper for the whole profile, set once, which calls
+the hook's wrapper while the hooks are on and the original otherwise: one call more outside the windows,
+and still no class change at their edges.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class WindowedHooks:
     def __init__(self) -> None:
         self.on = True
         self._switched: list[_Switched] = []
-        self._patcher = Patcher()  # what has no code to switch
+        self._gated = Patcher()  # what has no code to switch: set once, gated on ``on``
         self.wrappers: list[Callable[..., Any]] = []
 
     def set(self, owner: Any, name: str, wrapping: Wrapping) -> Callable[..., Any]:
@@ -70,7 +72,7 @@ class WindowedHooks:
         function = _switchable(current)
         if function is None:
             wrapper = wrapping(current)
-            self._patcher.set(owner, name, wrapper)
+            self._gated.set(owner, name, _gate(self, wrapper, current))
         else:
             wrapper = wrapping(_copy(function))
             own = function.__kwdefaults__
@@ -103,17 +105,32 @@ class WindowedHooks:
                 _unroute(switched)
             kept.append(switched)
         self._switched = kept
-        return [*warnings, *(self._patcher.resume() if on else self._patcher.suspend())]
+        return warnings
 
     def restore(self) -> list[str]:
         """Take every hook out for good; returns warnings."""
         warnings = self.switch(False)
         self._switched = []
-        return [*warnings, *self._patcher.restore()]
+        return [*warnings, *self._gated.restore()]
 
     def functions(self) -> list[Callable[..., Any]]:
-        """What runs in place of the hooked functions: the wrappers and the trampoline."""
-        return [*self.wrappers, _trampoline]
+        """What runs in place of the hooked functions: the wrappers, the gates and the trampoline."""
+        return [*self.wrappers, *self._gated.values(), _trampoline]
+
+
+def _gate(hooks: WindowedHooks, wrapper: Callable[..., Any], original: Callable[..., Any]) -> Any:
+    """Calls ``wrapper`` while ``hooks`` are on, ``original`` otherwise."""
+
+    def gate(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if hooks.on:
+                return wrapper(*args, **kwargs)
+            return original(*args, **kwargs)
+        except BaseException as e:
+            drop_own_frame(e)
+            raise
+
+    return gate
 
 
 def _switchable(attribute: Any) -> types.FunctionType | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import types
 from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,7 +18,6 @@ from perfmagic import bootstrap, cli
 from perfmagic.analyze import analyze
 from perfmagic.analyze.running import RunningStages
 from perfmagic.children import FULL_ENV, RUN_DIR_ENV, ChildProfiling
-from perfmagic.collect.patching import Patcher
 from perfmagic.collect.recorder import StageRecorder
 from perfmagic.collect.schedule import (
     BOUNDARY_CALLS_PER_STEP,
@@ -179,23 +177,6 @@ def test_the_first_thirty_seconds_are_recorded_fully_however_many_steps(fake_clo
 def test_full_records_every_step(fake_clock: FakeClock) -> None:
     full = recorded_fully(fake_clock, RecordingSchedule(fake_clock, every_step=True), 1000, step_s=1.0)
     assert all(full)
-
-
-def test_patches_come_and_go_and_an_exit_restores_them_in_either_state() -> None:
-    owner = types.SimpleNamespace(f="original", g="g original")
-    p = Patcher()
-    p.set(owner, "f", "patched")
-    assert p.suspend() == [] and owner.f == "original"
-    assert p.resume() == [] and owner.f == "patched"
-    p.suspend()
-    assert p.restore() == [] and owner.f == "original"
-    # someone replaced the original while the patch was out: theirs stays, the patch is not set again
-    q = Patcher()
-    q.set(owner, "g", "patched")
-    q.suspend()
-    owner.g = "theirs"
-    assert q.resume() and owner.g == "theirs"
-    assert q.restore() == [] and owner.g == "theirs"
 
 
 def windowed_loop(

@@ -108,16 +108,36 @@ class Tensor:
     to = staticmethod(abs)  # a C function: no code to switch
 
 
-def test_what_has_no_code_to_switch_is_set_only_while_on() -> None:
+def test_what_has_no_code_to_switch_is_gated_and_its_class_changes_only_at_install() -> None:
     calls: list[str] = []
+    own = dict(vars(Tensor))
     hooks = WindowedHooks()
     hooks.set(Tensor, "to", counting(calls))
+    installed = dict(vars(Tensor))
     assert Tensor.to(-2) == 2 and calls == ["abs"]
     hooks.switch(False)
-    assert Tensor.__dict__["to"].__func__ is abs and Tensor.to(-3) == 3 and calls == ["abs"]
+    assert dict(vars(Tensor)) == installed and Tensor.to(-3) == 3 and calls == ["abs"]
     hooks.switch(True)
+    assert dict(vars(Tensor)) == installed and Tensor.to(-4) == 4 and calls == ["abs", "abs"]
     hooks.restore()
-    assert Tensor.__dict__["to"].__func__ is abs
+    assert dict(vars(Tensor)) == own and Tensor.__dict__["to"].__func__ is abs
+
+
+def test_a_gated_hook_leaves_no_frame_of_its_own_in_the_users_traceback() -> None:
+    class Owner:
+        fails = staticmethod(int)  # a C function: no code to switch
+
+    hooks = WindowedHooks()
+    hooks.set(Owner, "fails", lambda original: original)  # only the gate is between
+    try:
+        for on in (True, False):
+            hooks.switch(on)
+            with pytest.raises(ValueError) as raised:
+                Owner.fails("not a number")
+            names = [frame.name for frame in traceback.extract_tb(raised.value.__traceback__)]
+            assert names == ["test_a_gated_hook_leaves_no_frame_of_its_own_in_the_users_traceback"]
+    finally:
+        hooks.restore()
 
 
 def test_code_someone_else_put_in_meanwhile_stays_theirs() -> None:
