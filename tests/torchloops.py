@@ -24,11 +24,12 @@ TOLERANCE = 0.05  # the issue's bound: 5 percentage points of step time
 
 
 class Stopwatch:
-    """Adds up the ``perf_counter`` time of the blocks it times."""
+    """Adds up the ``perf_counter`` time of the blocks it times, and keeps each block's."""
 
     def __init__(self) -> None:
         self.total_s = 0.0
         self.count = 0
+        self.times_s: list[float] = []
 
     @contextmanager
     def __call__(self) -> Iterator[None]:
@@ -36,8 +37,10 @@ class Stopwatch:
         try:
             yield
         finally:
-            self.total_s += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.total_s += elapsed
             self.count += 1
+            self.times_s.append(elapsed)
 
 
 class SleepyDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
-from torchloops import SleepyDataset, SlowPickle, Stopwatch, train
+from torchloops import SleepyDataset, SlowPickle, Stopwatch, Timings, train
 
 import perfmagic
 from perfmagic import Report
@@ -20,10 +21,10 @@ STEPS = 270
 SAVE_EVERY = 50
 
 
-def profiled(tmp_path: Path, *, full: bool) -> tuple[Report, dict[str, float]]:
+def profiled(tmp_path: Path, *, full: bool) -> tuple[Report, Timings]:
     """The loop, profiled: a slow DataLoader (the bottleneck), forward, backward and optimizer steps,
-    and a ``torch.save`` every :data:`SAVE_EVERY` steps that falls outside the windows; with the
-    shares of the steps the loop measured itself (the truth of this run, whatever the machine did)."""
+    and a ``torch.save`` every :data:`SAVE_EVERY` steps that falls outside the windows; with the loop's
+    own timers (the truth of this run, whatever the machine did)."""
     state = {"weights": torch.randn(100_000), "slow": SlowPickle(0.2)}
     path = tmp_path / "checkpoint.pt"
 
@@ -34,10 +35,33 @@ def profiled(tmp_path: Path, *, full: bool) -> tuple[Report, dict[str, float]]:
     outdir = tmp_path / ("full" if full else "windowed")
     with perfmagic.profile(sources=[], outdir=outdir, full=full) as session:
         t = train(STEPS, data_s=0.02, forward_s=0.005, backward_s=0.008, optimizer_s=0.003, extra=save)
-    steps_s = sum(t.step_s)
-    measured = {"data": t.data, "forward": t.forward, "backward": t.backward, "optimizer": t.optimizer}
-    truth = {name: w.total_s / steps_s for name, w in {**measured, "checkpoint": t.extra}.items()}
-    return session.report, truth
+    return session.report, t
+
+
+def shares(t: Timings) -> dict[str, float]:
+    """Each stage's share of the loop's own step time."""
+    timers = {"data": t.data, "forward": t.forward, "backward": t.backward, "optimizer": t.optimizer}
+    return {name: w.total_s / sum(t.step_s) for name, w in {**timers, "checkpoint": t.extra}.items()}
+
+
+def sampling_error(t: Timings, seen: np.ndarray) -> dict[str, float]:
+    """How far the per-step stages' shares in the ``seen`` steps (a mask) are from the whole run's, in the
+    loop's own timers: what stages estimated from those steps may miss by, and no more. The saves, timed
+    on every step, are out of both; so is the first step, the loop's warm-up."""
+    step_s = np.asarray(t.step_s) - np.asarray(t.extra.times_s)
+    steady = np.arange(len(step_s)) > 0
+    rest = 1.0 - t.extra.total_s / sum(t.step_s)
+    errors = {}
+    for name, w in {
+        "data": t.data,
+        "forward": t.forward,
+        "backward": t.backward,
+        "optimizer": t.optimizer,
+    }.items():
+        times = np.asarray(w.times_s)
+        in_seen, in_all = (times[m].sum() / step_s[m].sum() for m in (steady & seen, steady))
+        errors[name] = abs(float(in_seen - in_all)) * rest
+    return {**errors, "checkpoint": 0.0}
 
 
 def test_windows_give_the_stage_shares_of_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,8 +70,9 @@ def test_windows_give_the_stage_shares_of_every_step(tmp_path: Path, monkeypatch
     # windows from the 20th step on, not after 200 steps and 30 s: the loop stays short
     monkeypatch.setattr(schedule, "FULL_STEPS", 20)
     monkeypatch.setattr(schedule, "FULL_SECONDS", 0.0)
-    windowed, windowed_truth = profiled(tmp_path, full=False)
-    full, full_truth = profiled(tmp_path, full=True)
+    windowed, windowed_timers = profiled(tmp_path, full=False)
+    full, full_timers = profiled(tmp_path, full=True)
+    windowed_truth, full_truth = shares(windowed_timers), shares(full_timers)
 
     recording = windowed["recording"]
     assert recording is not None and recording["mode"] == "windowed" and recording["steps"] == STEPS
@@ -61,8 +86,12 @@ def test_windows_give_the_stage_shares_of_every_step(tmp_path: Path, monkeypatch
     errors = {
         name: (error(windowed, windowed_truth, name), error(full, full_truth, name)) for name in full_truth
     }
+    # the windows cannot know better than the steps they saw: where a burst of other work slowed the
+    # steps between them, their own timers' shares differ from the whole run's by as much
+    assert windowed.analysis is not None and windowed.analysis.breakdown.full is not None
+    sampling = sampling_error(windowed_timers, windowed.analysis.breakdown.full)
     for name, (windows_error, full_error) in errors.items():
-        assert windows_error <= full_error + 0.01, (name, errors)
+        assert windows_error <= full_error + 0.01 + sampling[name], (name, errors, sampling)
     assert windowed["bottleneck"] == full["bottleneck"] == "data"
     # the saves fall outside the windows: their hook is on every step, their share is whole
     assert full.stages["checkpoint"]["fraction"] >= 0.05, errors
