@@ -4,7 +4,8 @@ The same small CPU training loop (2–3 ms steps: DataLoader, forward, backward,
 chunks of ``--steps`` steps, timed step by step: unprofiled chunks, and between each two of them a
 chunk under one mode, the modes in rotating order. Modes: ``perfmagic`` (a run this short has every
 step recorded fully), ``perfmagic windowed`` (stage hooks in 5 steps of every 50, as past a
-profile's first 200 steps and 30 s), ``perfmagic+device clock`` (a simulated CUDA device: every
+profile's first 200 steps and 30 s), ``perfmagic step ends`` (no windows: what each step outside
+them pays), ``perfmagic+device clock`` (a simulated CUDA device: every
 stage marks events, as on a GPU), ``torch.profiler``, and ``control +1%``: no profiler, but a spin
 of 1% of the step on every step, the method's check of itself in the same run. Each chunk's first
 ``--skip`` steps (a profile's start: one-offs, and its first window) are left out; the rest, one
@@ -176,6 +177,14 @@ def with_perfmagic_windowed() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def with_perfmagic_step_ends() -> Iterator[None]:
+    """Only what is on every step outside the windows: windows of no step (the windowed mode's cost
+    less this one's is what its windows add)."""
+    with windows_from_start(window=0), perfmagic.profile():
+        yield
+
+
+@contextlib.contextmanager
 def with_torch_profiler() -> Iterator[None]:
     with torch.profiler.profile():
         yield
@@ -195,6 +204,7 @@ CONTROL = "control +1%"
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "perfmagic": with_perfmagic,
     "perfmagic windowed": with_perfmagic_windowed,
+    "perfmagic step ends": with_perfmagic_step_ends,
     "perfmagic+device clock": with_perfmagic_device_clock,
     "torch.profiler": with_torch_profiler,
     CONTROL: contextlib.nullcontext,
