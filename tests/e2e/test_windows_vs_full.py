@@ -38,10 +38,15 @@ def profiled(tmp_path: Path, *, full: bool) -> tuple[Report, Timings]:
     return session.report, t
 
 
+def stage_timers(t: Timings) -> dict[str, Stopwatch]:
+    """The loop's timers of the stages the windows record (the saves are timed on every step)."""
+    return {"data": t.data, "forward": t.forward, "backward": t.backward, "optimizer": t.optimizer}
+
+
 def shares(t: Timings) -> dict[str, float]:
     """Each stage's share of the loop's own step time."""
-    timers = {"data": t.data, "forward": t.forward, "backward": t.backward, "optimizer": t.optimizer}
-    return {name: w.total_s / sum(t.step_s) for name, w in {**timers, "checkpoint": t.extra}.items()}
+    timers = {**stage_timers(t), "checkpoint": t.extra}
+    return {name: w.total_s / sum(t.step_s) for name, w in timers.items()}
 
 
 def sampling_error(t: Timings, seen: np.ndarray) -> dict[str, float]:
@@ -52,12 +57,7 @@ def sampling_error(t: Timings, seen: np.ndarray) -> dict[str, float]:
     steady = np.arange(len(step_s)) > 0
     rest = 1.0 - t.extra.total_s / sum(t.step_s)
     errors = {}
-    for name, w in {
-        "data": t.data,
-        "forward": t.forward,
-        "backward": t.backward,
-        "optimizer": t.optimizer,
-    }.items():
+    for name, w in stage_timers(t).items():
         times = np.asarray(w.times_s)
         in_seen, in_all = (times[m].sum() / step_s[m].sum() for m in (steady & seen, steady))
         errors[name] = abs(float(in_seen - in_all)) * rest
