@@ -17,6 +17,10 @@ point or two with the machine (``overhead.py``). Two figures that do not move:
   it holds the GIL the training thread needs for its own.
 - **Window switches**: the median time of putting the windowed hooks in and taking them out (the
   report's ``recording.window_cost_s`` measures them in the run, with what they do to the steps).
+- **A step end, warm**: the thread's CPU time of ``optimizer.step()`` on one parameter (so little
+  of torch's own work that perfmagic's part shows), unprofiled and in a profile with no windows,
+  medians of interleaved chunks: what the step end outside the windows costs with everything in the
+  caches, a lower bound for its cost in a real step.
 
     python benchmarks/hot_path_calls.py [--steps 200] [--seconds 5]
 """
@@ -130,6 +134,7 @@ def main() -> None:
                 print(f"      {n / args.steps:6.2f}  {file}:{function}")
 
     print(switch_times(args.seconds))
+    print(step_end_time())
     with tempfile.TemporaryDirectory() as registry:
         os.environ[REGISTRY_ENV] = registry
         print(background(args.seconds, "no reader of the registry"))
@@ -161,6 +166,32 @@ def switch_times(seconds: float) -> str:
     return (
         f"Window switches over {seconds:g} s: {len(spent[True])} in, median {1e3 * put_in:.3f} ms; "
         f"{len(spent[False])} out, median {1e3 * taken_out:.3f} ms"
+    )
+
+
+def step_end_time(rounds: int = 15, steps: int = 2000) -> str:
+    """The CPU µs ``optimizer.step()`` of one parameter takes unprofiled and in a profile of no
+    windows (what is left is the step end's own work), medians of ``rounds`` interleaved chunks."""
+    weight = torch.nn.Parameter(torch.zeros(1))
+    weight.grad = torch.ones(1)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+
+    def chunk() -> float:
+        begin = time.thread_time()
+        for _ in range(steps):
+            optimizer.step()
+        return (time.thread_time() - begin) / steps
+
+    plain, profiled = [], []
+    for _ in range(rounds):
+        plain.append(chunk())
+        with windows_from_start(0), perfmagic.profile(sample=False):
+            chunk()  # the profile's first steps: one-offs
+            profiled.append(chunk())
+    unprofiled, ends = statistics.median(plain), statistics.median(profiled)
+    return (
+        f"A step end outside the windows, warm: optimizer.step() of one parameter {1e6 * unprofiled:.2f} µs "
+        f"unprofiled, {1e6 * ends:.2f} µs profiled: +{1e6 * (ends - unprofiled):.2f} µs (medians of {rounds})"
     )
 
 
