@@ -160,14 +160,18 @@ def with_perfmagic() -> Iterator[None]:
 @contextlib.contextmanager
 def windows_from_start(window: int | None = None) -> Iterator[None]:
     """Profiles with no full start (``collect.schedule``): their steps are recorded in windows from the
-    first one, ``window`` steps in every period (None: the default)."""
-    saved = schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW
+    first one, ``window`` steps in every period (None: the default; 0: no window ever, by a period no
+    run reaches, so the analysis still reads the windows' usual size)."""
+    saved = schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW, schedule.PERIOD
     schedule.FULL_STEPS, schedule.FULL_SECONDS = 0, 0.0
-    schedule.WINDOW = saved[2] if window is None else window
+    if window == 0:
+        schedule.PERIOD = sys.maxsize
+    elif window is not None:
+        schedule.WINDOW = window
     try:
         yield
     finally:
-        schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW = saved
+        schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW, schedule.PERIOD = saved
 
 
 @contextlib.contextmanager
