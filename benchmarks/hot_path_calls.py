@@ -51,7 +51,7 @@ from perfmagic.session import Session
 from perfmagic.upkeep import RecordUpkeep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import Loop, training_parts, windows_from_start
+from overhead import Loop, training_parts, windows_from_start, with_perfmagic_step_ends
 
 
 def make_loop(seconds: float) -> Callable[[], None]:
@@ -170,8 +170,9 @@ def switch_times(seconds: float) -> str:
 
 
 def step_end_time(rounds: int = 15, steps: int = 2000) -> str:
-    """The CPU µs ``optimizer.step()`` of one parameter takes unprofiled and in a profile of no
-    windows (what is left is the step end's own work), medians of ``rounds`` interleaved chunks."""
+    """The CPU µs ``optimizer.step()`` of one parameter takes on its thread unprofiled and in
+    ``overhead.py``'s step-ends mode (what is left is the step end's own work), medians of ``rounds``
+    interleaved chunks."""
     weight = torch.nn.Parameter(torch.zeros(1))
     weight.grad = torch.ones(1)
     optimizer = torch.optim.SGD([weight], lr=0.1)
@@ -185,7 +186,7 @@ def step_end_time(rounds: int = 15, steps: int = 2000) -> str:
     plain, profiled = [], []
     for _ in range(rounds):
         plain.append(chunk())
-        with windows_from_start(0), perfmagic.profile(sample=False):
+        with with_perfmagic_step_ends():  # overhead.py's mode: the default profile, no windows
             chunk()  # the profile's first steps: one-offs
             profiled.append(chunk())
     unprofiled, ends = statistics.median(plain), statistics.median(profiled)
