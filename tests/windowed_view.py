@@ -185,14 +185,25 @@ def _swapped(full: ReportData, windowed: ReportData) -> bool:
 def _settled(full: ReportData, windowed: ReportData) -> Callable[[list[str]], list[str]]:
     """A filter of card ids down to those not at a border: a card whose stages' share lies on one side
     of a share at which it appears (:data:`BORDERS`, its threshold) in one report and on the other side
-    in the other rightly says different things, however close the two shares are."""
+    in the other rightly says different things, however close the two shares are. ``compute_bound``,
+    which goes where a card of medium or high severity fires (``advise.catalog.advise``), is at the
+    borders of such cards too."""
 
     def at_border(id: str) -> bool:
         a, b = (sum(_share(d, stage) for stage in stages_of(id)) for d in (full, windowed))
         borders = (about(id).threshold, *BORDERS.get(id, ()))
         return any(t is not None and min(a, b) <= t <= max(a, b) for t in borders)
 
-    return lambda ids: [id for id in ids if not at_border(id)]
+    serious_at_border = any(
+        c["severity"] in ("high", "medium") and at_border(c["id"])
+        for d in (full, windowed)
+        for c in d["advice"]
+    )
+
+    def settled(id: str) -> bool:
+        return not at_border(id) and not (id == "compute_bound" and serious_at_border)
+
+    return lambda ids: [id for id in ids if settled(id)]
 
 
 def _share(data: ReportData, stage: str) -> float:
