@@ -1,15 +1,17 @@
 """Stage seconds from the fully recorded steps, the rhythm from all (``collect.schedule``).
 
 Outside the recording windows a step's end is marked but its stages are not: its fetches, forward,
-backward and copies read as ``other``. Each such step keeps its own duration and the stages that
-are recorded on every step (checkpoints, logging and syncs: rare, long, and not to be averaged
-away). The rest of it is estimated: each stage takes its mean seconds in the fully recorded steps
-nearest the step, and the step's difference from their sum goes to the stages in the proportions
-the fully recorded steps' stages grew with their length (least-squares slopes); what passes the
-longest of those steps, which nothing recorded explains, goes in the stages' typical shares. A stall of the
-loop's own code that the windows missed is then ``other``'s, as the stalls they saw were, not
-spread over the stages. Per-step sums still make the step's time, and every reader of the breakdown
-(stage shares, bottleneck, plan, step table) reads the same estimate.
+backward and copies read as ``other``. Each such step keeps its own duration and the stages that are
+recorded on every step (checkpoints, logging and syncs: rare, long, and not to be averaged away). The
+rest of it is estimated: each stage takes its mean seconds in the fully recorded steps nearest the step,
+and the step's difference from their sum goes to the stages in the proportions the fully recorded steps'
+stages grew with their length (least-squares slopes); what passes the longest of those steps, which
+nothing recorded explains, goes in the stages' typical shares. A stall of the loop's own code that the
+windows missed is then ``other``'s, as the stalls they saw were, not spread over the stages. A fully
+recorded step that stands alone far past all others (a collection, a preemption) keeps its own stages
+but sets neither the typical seconds, the slopes nor the reach. Per-step sums still make the step's
+time, and every reader of the breakdown (stage shares, bottleneck, plan, step table) reads the same
+estimate.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ so a run whose stages drift (loading that slows, a warm-up) is estimated from it
 MEASURED_SHARE_ERROR = 0.0025
 """The largest standard error, as a share of the step, with which the windows' measured cost replaces the
 estimate in ``overhead_fraction`` (a busy machine's steps vary too much for it to say more)."""
+
+ALONE = 2.0
+"""How many times farther from the usual length than any other a fully recorded step must be for the
+estimate to leave it out (:func:`_usual`)."""
 
 _TOLERANCE_S = 1e-6
 """A change of recording this close to a step's end is at its end (folded steps' ends are float32 sums)."""
@@ -88,6 +94,7 @@ def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:
     kept = np.array([s in EVERY_STEP_STAGES for s in b.stages], dtype=bool)
     seconds = b.seconds.copy()
     rest = np.maximum(b.durations - seconds[:, kept].sum(axis=1), 0.0)
+    model = model[_usual(rest[model])]
     recorded = seconds[model][:, ~kept]
     # per partial step, each stage's mean seconds over the NEAREST fully recorded steps on each side
     at = np.searchsorted(model, partial)
@@ -117,6 +124,22 @@ def from_windows(b: StepBreakdown, full: np.ndarray) -> StepBreakdown:
     guess[total <= 0, -1] = rest[partial][total <= 0]  # nothing to go by: the step is ``other``
     seconds[np.ix_(partial, ~kept)] = guess
     return replace(b, seconds=seconds)
+
+
+def _usual(lengths: np.ndarray) -> np.ndarray:
+    """Which fully recorded steps the estimate goes by: all but the few farthest from their median
+    length that stand alone, each more than :data:`ALONE` times as far as the next (at most one in 50).
+    One step that a collection or a preemption made a thousand times longer would otherwise set the
+    typical seconds of the steps near it and send every longer step's extra time to its stage; a stall
+    the loop makes again and again is its rhythm, and stays."""
+    usual = np.ones(len(lengths), dtype=bool)
+    far = np.abs(lengths - np.median(lengths))
+    order = np.argsort(far)[::-1]
+    for k in range(min(max(1, len(lengths) // 50), len(lengths) - 1)):
+        if far[order[k]] <= ALONE * far[order[k + 1]]:
+            break
+        usual[order[k]] = False
+    return usual
 
 
 def _growth(seconds: np.ndarray, rest: np.ndarray) -> np.ndarray:

@@ -186,13 +186,15 @@ def windowed_loop(
     steps: int,
     checkpoint_every: int,
     hiccup_every: int = 0,
+    preempted: int = -1,
     hook_cost_s: float = 0.0,
     removal_cost_s: Sequence[float] = (),
     after_step: Callable[[Timeline], object] = lambda _: None,
 ) -> Timeline:
     """A loop on the fake clock whose per-step stages (data, forward, backward) are recorded only while the
     recorder's windowed hooks are in: the optimizer step, its end and checkpoints on every step. Every
-    ``hiccup_every`` steps its own Python stalls for a second (``other``); a fully recorded step takes
+    ``hiccup_every`` steps its own Python stalls for a second (``other``), and step ``preempted``'s forward
+    for half a minute (another process took the CPU); a fully recorded step takes
     ``hook_cost_s`` longer, the steps from the one the hooks are taken out in ``removal_cost_s`` (the first,
     the second…); ``after_step`` sees the timeline after each step."""
     tl = Timeline()
@@ -212,7 +214,7 @@ def windowed_loop(
     removals_paid, since_removal = 0, 0
     for i in range(steps):  # 0.25 s steps: the first FULL_STEPS outlast FULL_SECONDS
         stage("data", 0.1)
-        stage("forward", 0.05 + 0.01 * (i % 3))
+        stage("forward", 0.05 + 0.01 * (i % 3) + 30.0 * (i == preempted))
         stage("backward", 0.07)
         removed_now = bool(switched) and switched[-1] is False and len(switched) != removals_paid
         removals_paid = len(switched)
@@ -331,6 +333,25 @@ def test_a_step_longer_than_its_neighbours_is_so_in_the_stage_that_makes_steps_l
     assert b.breakdown.full is not None
     stalled = np.arange(FULL_STEPS + 3, steps, PERIOD)  # after the start
     assert (b.breakdown.durations[stalled] > 1.0).all() and not b.breakdown.full[stalled].any()
+    for name, stats in a.stages.items():
+        assert b.stages[name].fraction == pytest.approx(stats.fraction, abs=0.005), name
+
+
+def test_one_step_preempted_in_a_window_does_not_decide_where_the_others_time_goes(
+    fake_clock: FakeClock,
+) -> None:
+    """A forward preempted for half a minute in a fully recorded step would, by itself, make every
+    longer step's extra time forward's: the loop's own stalls outside the windows stay ``other``'s."""
+    steps = FULL_STEPS + 8 * PERIOD
+    loops = [
+        windowed_loop(
+            fake_clock, full=full, steps=steps, checkpoint_every=PERIOD, hiccup_every=PERIOD, preempted=100
+        )
+        for full in (True, False)
+    ]
+    a, b = (analyze([timeline]) for timeline in loops)
+    assert b.breakdown.full is not None and b.breakdown.full[100]
+    assert b.breakdown.column("forward")[100] > 30.0
     for name, stats in a.stages.items():
         assert b.stages[name].fraction == pytest.approx(stats.fraction, abs=0.005), name
 
