@@ -51,8 +51,9 @@ FULL_CALLS_PER_STEP = 43.0
 ``benchmarks/hot_path_calls.py``, the thread clock's periodic reads left out, the trampolines of
 ``collect.windowed_hooks`` (one a hooked call) in."""
 
-BOUNDARY_CALLS_PER_STEP = 4.0
-"""Python calls a plain step pays outside the windows: its optimizer step's wrapper and its end."""
+BOUNDARY_CALLS_PER_STEP = 3.0
+"""Python calls a plain step pays outside the windows: its optimizer step's wrapper and its end (marked,
+then written as the next one is)."""
 
 CALL_COST_S = 1.5e-6
 """What one added Python call costs a fast training loop in place (1 to 2 µs: docs/benchmarks.md)."""

@@ -79,9 +79,9 @@ def _step_wrapper(stages: TorchStages, rec: StageRecorder, windowed: WindowedHoo
                 if optimizer not in seen:
                     stages.record_once("optimizer", record_optimizer, args[0])
                 # The last step ended is held back until now: another optimizer's step in the same
-                # iteration (no batch fetched since) continues it; the same optimizer again starts a new one.
+                # iteration (no batch fetched since) continues it; the same optimizer again starts a new
+                # one, and this step's own end (``rec.boundary``) writes the held one, at its own time.
                 if optimizer in stepped:
-                    rec.release_held()
                     stepped.clear()
                 else:
                     rec.drop_held()

@@ -28,11 +28,11 @@ functions reach the wrappers, one a hooked call: switching the functions' code r
 classes' attributes keeps every class as it is (``collect.windowed_hooks``). That is a fully recorded step's: the first 200 steps and
 30 s, and 5 steps in every 50 after them (``collect.schedule``)."""
 
-OUTSIDE_WINDOWS_BUDGET = 6
+OUTSIDE_WINDOWS_BUDGET = 5
 """Python calls perfmagic may add to the same step outside the recording windows: the optimizer step's
-wrapper, which ends the step (4: the wrapper, the boundary marked and held, then written as the next
-step begins; 5.4 with the first step's records spread over 200); its own span is timed in the windows
-only."""
+wrapper, which ends the step (3: the wrapper, the boundary marked and held, then written as the next
+step's is marked; 4.5 with the first step's records spread over 200); its own span is timed in the
+windows only."""
 
 
 def added_calls(steps: int) -> tuple[float, collections.Counter[tuple[str, str]]]:
