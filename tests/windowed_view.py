@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from perfmagic.advise.about import about, stages_of
+from perfmagic.advise.card import SERIOUS
 from perfmagic.advise.workers import HANDOFF_SHARE
 from perfmagic.analyze import analyze
 from perfmagic.analyze.steps import StepBreakdown, step_breakdown
@@ -200,9 +201,7 @@ def _settled(full: ReportData, windowed: ReportData) -> Callable[[list[str]], li
         return any(t is not None and min(a, b) <= t <= max(a, b) for t in borders)
 
     serious_at_border = any(
-        c["severity"] in ("high", "medium") and at_border(c["id"])
-        for d in (full, windowed)
-        for c in d["advice"]
+        c["severity"] in SERIOUS and at_border(c["id"]) for d in (full, windowed) for c in d["advice"]
     )
 
     def settled(id: str) -> bool:

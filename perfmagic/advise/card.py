@@ -16,6 +16,8 @@ from perfmagic.contract import Severity
 from perfmagic.contract.code import FixSite
 
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low", "info")
+SERIOUS: frozenset[Severity] = frozenset({"high", "medium"})
+"""Severities of a problem worth fixing first: where a card of one fires, ``compute_bound`` is not shown."""
 
 HIGH_SAVING = 0.25
 """A card is ``high`` when fixing it saves at least this share of the step…"""

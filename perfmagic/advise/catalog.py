@@ -18,7 +18,7 @@ from perfmagic.advise import (
     startup,
     storage,
 )
-from perfmagic.advise.card import SEVERITIES, Card
+from perfmagic.advise.card import SERIOUS, SEVERITIES, Card
 from perfmagic.advise.energy import with_energy_savings
 from perfmagic.advise.plan import Plan, plan_of
 from perfmagic.analyze import Analysis
@@ -128,7 +128,7 @@ def advise(analysis: Analysis) -> Advice:
             cards.append(card)
     order = {c.id: i for i, c in enumerate(cards)}
     cards.sort(key=lambda c: (-(c.saving_s or 0.0), SEVERITIES.index(c.severity), order[c.id]))
-    if any(c.severity in ("high", "medium") for c in cards if not _minor(c)):
+    if any(c.severity in SERIOUS for c in cards if not _minor(c)):
         cards = [c for c in cards if c.id != "compute_bound"]
     plan, cards = plan_of(cards, analysis.steady, STAGE_OF, SYMPTOMS)
     # a symptom stays, its saving what the fixes before it leave: the data wait a worker cannot remove

@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import perfmagic  # noqa: E402
+from perfmagic.advise.card import SERIOUS  # noqa: E402
 from perfmagic.places import shown_path  # noqa: E402
 from perfmagic.report import Report  # noqa: E402
 
@@ -118,12 +119,10 @@ def _assert_leads(report: Report, expected: str, related: tuple[str, ...] = ()) 
         ranked = [c for c in ranked if c["severity"] != "low" or c["id"] == expected]
     if expected == "compute_bound" and shared and "compute_bound" not in ids:
         # a crowded machine is a real problem: the healthy verdict rightly stays away
-        assert not [c["id"] for c in ranked if c["severity"] in ("high", "medium")], str(report)
+        assert not [c["id"] for c in ranked if c["severity"] in SERIOUS], str(report)
         return cards[0]
     assert ranked and ranked[0]["id"] == expected, f"expected {expected} first, got {ids}\n{report}"
-    unrelated = [
-        c["id"] for c in ranked[1:] if c["id"] not in related and c["severity"] in ("high", "medium")
-    ]
+    unrelated = [c["id"] for c in ranked[1:] if c["id"] not in related and c["severity"] in SERIOUS]
     assert not unrelated, f"unrelated cards {unrelated}\n{report}"
     return ranked[0]
 
@@ -388,9 +387,7 @@ def _assert_healthy(report: Report) -> None:
     # nothing else is wrong with so plain a loop, unless the report itself found the machine crowded:
     # then the waits the load made are real, and cards about them are right
     ids = {c["id"] for c in report.advice}
-    loud = [
-        c["id"] for c in report.advice if c["severity"] in ("high", "medium") and c["id"] != "cpu_contention"
-    ]
+    loud = [c["id"] for c in report.advice if c["severity"] in SERIOUS and c["id"] != "cpu_contention"]
     assert not loud or "cpu_contention" in ids, str(report)
     startup = [c for c in report.advice if c["id"] == "slow_startup"]
     assert all(c["severity"] == "low" for c in startup), str(report)
@@ -448,9 +445,7 @@ def test_short_script_under_perfmagic_run_is_not_a_slow_startup(tmp_path: Path) 
     # nothing else is wrong with so plain a loop, unless the report itself found the machine crowded:
     # then the waits the load made are real, and cards about them are right
     ids = {c["id"] for c in report.advice}
-    loud = [
-        c["id"] for c in report.advice if c["severity"] in ("high", "medium") and c["id"] != "cpu_contention"
-    ]
+    loud = [c["id"] for c in report.advice if c["severity"] in SERIOUS and c["id"] != "cpu_contention"]
     assert not loud or "cpu_contention" in ids, str(report)
 
 
