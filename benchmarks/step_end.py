@@ -1,0 +1,118 @@
+"""What a step end outside the windows costs a real training step in place, and nothing else.
+
+``overhead.py`` times whole profiles against unprofiled chunks: the sampler, the windows and a fresh
+profile's start all come with the step ends, and its chunks of 100 steps move by more than the effect.
+This isolates the step end. One profile stays open throughout, with no windows, so every step pays
+the same for everything but its end. ``overhead.py``'s 2 ms loop runs in short blocks, in turn:
+
+- ``torch``: the step ends through torch's own hooked ``optimizer.step`` (perfmagic's wrapper skipped);
+- ``perfmagic``: through the wrapper, which marks the step's end (``collect.torch_optimizer``);
+- ``control``: torch's, then a spin of ``--spin`` µs: the method must read that as what it added.
+
+Each block's first step is left out (it pays for the block before it); a block's figure is the mean
+of the rest. Blocks are paired within a round (order rotating), the median of their differences from
+``torch`` with its standard error. Where the control does not read its spin within two standard
+errors, the machine moved too much for the run to say anything.
+
+    python benchmarks/step_end.py [--rounds 2000] [--block 6] [--spin 20] [--no-sample]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import perfmagic
+from perfmagic.collect import schedule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import training_parts
+
+
+def paired(
+    rounds: int,
+    block: int,
+    ends: dict[str, Callable[[], object]],
+    batches: list[tuple[torch.Tensor, ...]],
+    forward_backward: Callable[[torch.Tensor, torch.Tensor], None],
+) -> dict[str, list[float]]:
+    """Per way of ending the step, its blocks' mean step seconds, one per round."""
+    names = list(ends)
+    per: dict[str, list[float]] = {n: [] for n in names}
+    now = time.perf_counter
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            end, times = ends[name], []
+            for i in range(block):
+                x, y = batches[(r * 7 + i) % len(batches)]
+                began = now()
+                forward_backward(x, y)
+                end()
+                times.append(now() - began)
+            per[name].append(statistics.fmean(times[1:]))
+    return per
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--block", type=int, default=6, help="steps a block (the first left out)")
+    parser.add_argument("--spin", type=float, default=20.0, help="the control's spin, µs")
+    parser.add_argument("--no-sample", action="store_true", help="profile without the sampler thread")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    loader, model, optimizer, loss_fn = training_parts(64)
+    batches = list(loader)
+    spin_s = args.spin * 1e-6
+
+    def forward_backward(x: torch.Tensor, y: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+
+    schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW = 0, 0.0, 0  # no window ever
+    with perfmagic.profile(sample=not args.no_sample) as session:
+        wrapped: Any = type(optimizer).step  # perfmagic's wrapper around torch's hooked step
+        torch_step = wrapped.__wrapped__
+
+        def control() -> None:
+            torch_step(optimizer)
+            until = time.perf_counter() + spin_s
+            while time.perf_counter() < until:
+                pass
+
+        ends: dict[str, Callable[[], object]] = {
+            "torch": lambda: torch_step(optimizer),
+            "perfmagic": optimizer.step,
+            "control": control,
+        }
+        for x, y in batches[:30]:  # warm-up
+            forward_backward(x, y)
+            optimizer.step()
+        gc.collect()
+        per = paired(args.rounds, args.block, ends, batches, forward_backward)
+    assert session.report.steps["count"] >= 30, "the profile saw no steps"
+    base = per["torch"]
+    print(
+        f"{args.rounds} rounds of {args.block}-step blocks; torch's step {statistics.median(base) * 1e6:.1f} µs"
+    )
+    for name in ("perfmagic", "control"):
+        differences = [a - b for a, b in zip(per[name], base, strict=True)]
+        error = 1.2533 * statistics.stdev(differences) / math.sqrt(len(differences))
+        print(f"{name:9s} {statistics.median(differences) * 1e6:+7.2f} ± {error * 1e6:.2f} µs a step")
+    read = statistics.median(a - b for a, b in zip(per["control"], base, strict=True))
+    print(f"the control spun {args.spin:.0f} µs and read {read * 1e6:+.2f}")
+
+
+if __name__ == "__main__":
+    main()
