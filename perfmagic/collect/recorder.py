@@ -112,10 +112,12 @@ class StageRecorder:
         self._opaque_depth = 0
         self._warnings: list[str] = []
         self._device_spans = DeviceSpans(timeline, self._now() - origin, self._warnings)
-        self._boundaries: dict[str, int] = {}
+        self._boundaries: dict[str, int] = {}  # boundaries written, per kind
         self._steps_end_elsewhere = False  # an optimizer or user boundary was written: batches end no step
         self.rhythm_wanted = True  # no stronger boundary yet: each backward pass ends a step (step_policy)
-        self._boundary_ids: dict[str, int] = {}
+        # per kind written: its boundary's name id and whether it ends a training step (STEP_ENDS), looked
+        # up once a write: a step end runs on every step, and each name and set it reads costs it in place
+        self._written_kinds: dict[str, tuple[int, bool]] = {}
         # a boundary held back (kind, time, device event token, thread clock reading): see ``boundary``
         self._held: tuple[str, float, object | None, _ClockReading | None] | None = None
         # which steps are recorded fully (None: all), and the hooks it installs and removes at step
@@ -265,7 +267,8 @@ class StageRecorder:
                 clock_reading = (None, None, clock.gc_s) if clock.gc_s != self._gc_s_written else _UNREAD
         if hold:  # an optimizer step: the backward rhythm is not wanted (nor able to release it early)
             self._held = (kind, t, token, clock_reading)
-            self.rhythm_wanted = self.rhythm_wanted and kind not in ENDS_RHYTHM
+            if self.rhythm_wanted and kind in ENDS_RHYTHM:
+                self.rhythm_wanted = False
         else:
             self._write_boundary(kind, t, token, clock_reading)
 
@@ -315,13 +318,11 @@ class StageRecorder:
     def _write_boundary(
         self, kind: str, t: float, token: object | None, clock_reading: _ClockReading | None
     ) -> None:
-        self._boundaries[kind] = self._boundaries.get(kind, 0) + 1
-        if kind in ENDS_RHYTHM:
-            self.rhythm_wanted = False
-            self._steps_end_elsewhere = self._steps_end_elsewhere or kind in ENDS_BATCH_STEPS
-        sid = self._boundary_ids.get(kind)
-        if sid is None:  # once per kind: this runs every step
-            sid = self._boundary_ids[kind] = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
+        written = self._written_kinds.get(kind)
+        if written is None:
+            written = self._first_written(kind)
+        sid, ends_step = written
+        self._boundaries[kind] += 1
         if token is not None:
             self._device_spans.pending.append((self.timeline.span_count, token, token))
         self._add_name(sid)
@@ -342,8 +343,21 @@ class StageRecorder:
         if self.timeline.pending_fold is not None:  # old steps folded into rows: cut here, between appends
             self.timeline.apply_fold()
         on_step = self.on_step
-        if on_step is not None and (kind in STEP_ENDS or (kind == "batch" and not self._steps_end_elsewhere)):
+        if on_step is not None and (ends_step or (kind == "batch" and not self._steps_end_elsewhere)):
             on_step()
+
+    def _first_written(self, kind: str) -> tuple[int, bool]:
+        """The first boundary of ``kind`` written: what the step policy learns from it (the flags only
+        ever turn one way, so once a kind is enough), and its name id."""
+        if kind in ENDS_RHYTHM:
+            self.rhythm_wanted = False
+            self._steps_end_elsewhere = self._steps_end_elsewhere or kind in ENDS_BATCH_STEPS
+        self._boundaries.setdefault(kind, 0)  # ``boundary_at`` may have counted some
+        written = self._written_kinds[kind] = (
+            self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind),
+            kind in STEP_ENDS,
+        )
+        return written
 
     def _check_backlog(self) -> None:
         on_backlog = self.on_backlog

@@ -81,11 +81,12 @@ def _step_wrapper(stages: TorchStages, rec: StageRecorder, windowed: WindowedHoo
                 # The last step ended is held back until now: another optimizer's step in the same
                 # iteration (no batch fetched since) continues it; the same optimizer again starts a new
                 # one, and this step's own end (``rec.boundary``) writes the held one, at its own time.
-                if optimizer in stepped:
-                    stepped.clear()
-                else:
+                if optimizer not in stepped:
                     rec.drop_held()
-                stepped.add(optimizer)
+                    stepped.add(optimizer)
+                elif len(stepped) > 1:  # with one optimizer (most loops) the set stays as it is
+                    stepped.clear()
+                    stepped.add(optimizer)
                 if len(args) > 1 or kwargs:  # a closure, perhaps; most loops pass none
                     args, kwargs = _with_timed_closure(args, kwargs, rec, other_id)
             open_steps.append(windowed.on and rec.enter(optimizer_id))

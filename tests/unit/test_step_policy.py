@@ -77,6 +77,17 @@ def test_the_recorder_marks_the_rhythm_until_stronger_evidence_appears() -> None
     assert rec.boundary_counts["backward"] == 1, "an evaluation pass is no evidence of steps"
 
 
+def test_boundaries_marked_late_and_at_once_are_counted_together() -> None:
+    """An evaluation pass's start is marked once the pass is over (``boundary_at``), its end at once:
+    each kind counts all of its boundaries, whichever came first."""
+    rec = StageRecorder(Timeline(), origin=0.0)
+    rec.boundary_at("eval_start", 0.1)
+    rec.boundary("eval_start")
+    rec.boundary("eval_end")
+    rec.boundary_at("eval_end", 0.2)
+    assert rec.boundary_counts == {"eval_start": 2, "eval_end": 2}
+
+
 def test_an_explicit_step_wins_over_the_optimizer_in_the_recorder_too() -> None:
     rec = record_boundaries(["batch", "optimizer", "user", "batch", "optimizer", "user"])
     assert rec.step_count == 2
