@@ -353,10 +353,8 @@ class StageRecorder:
             self.rhythm_wanted = False
             self._steps_end_elsewhere = self._steps_end_elsewhere or kind in ENDS_BATCH_STEPS
         self._boundaries.setdefault(kind, 0)  # ``boundary_at`` may have counted some
-        written = self._written_kinds[kind] = (
-            self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind),
-            kind in STEP_ENDS,
-        )
+        sid = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
+        written = self._written_kinds[kind] = (sid, kind in STEP_ENDS)
         return written
 
     def _check_backlog(self) -> None:
