@@ -7,6 +7,7 @@ the same for everything but its end. ``overhead.py``'s 2 ms loop runs in short b
 
 - ``torch``: the step ends through torch's own hooked ``optimizer.step`` (perfmagic's wrapper skipped);
 - ``perfmagic``: through the wrapper, which marks the step's end (``collect.torch_optimizer``);
+- ``append``: torch's, then the time appended to a list: what a step end that does nothing else costs;
 - ``control``: torch's, then a spin of ``--spin`` µs: the method must read that as what it added.
 
 Each block's first step is left out (it pays for the block before it); a block's figure is the mean
@@ -91,9 +92,16 @@ def main() -> None:
             while time.perf_counter() < until:
                 pass
 
+        times: list[float] = []
+
+        def append() -> None:
+            torch_step(optimizer)
+            times.append(time.perf_counter())
+
         ends: dict[str, Callable[[], object]] = {
             "torch": lambda: torch_step(optimizer),
             "perfmagic": optimizer.step,
+            "append": append,
             "control": control,
         }
         for x, y in batches[:30]:  # warm-up
@@ -106,7 +114,7 @@ def main() -> None:
     print(
         f"{args.rounds} rounds of {args.block}-step blocks; torch's step {statistics.median(base) * 1e6:.1f} µs"
     )
-    for name in ("perfmagic", "control"):
+    for name in ("perfmagic", "append", "control"):
         differences = [a - b for a, b in zip(per[name], base, strict=True)]
         error = 1.2533 * statistics.stdev(differences) / math.sqrt(len(differences))
         print(f"{name:9s} {statistics.median(differences) * 1e6:+7.2f} ± {error * 1e6:.2f} µs a step")
