@@ -1,21 +1,20 @@
 """Stage recording: the hot path that framework hooks and ``perfmagic.stage`` call.
 
-A recorder keeps a stack of open stages for the profiled thread and writes
-each one to the timeline as a span with its nesting depth when it closes. The
-analysis later gives each instant of a step to the innermost open stage.
+A recorder keeps a stack of open stages for the profiled thread and writes each one to the timeline
+as a span with its nesting depth when it closes. The analysis later gives each instant of a step to
+the innermost open stage.
 
 Rules that keep the picture right without the user's help:
 
-- a stage is recorded only where :func:`perfmagic.schema.nests_inside` allows
-  it: not inside itself, and nothing built in inside ``data``, ``checkpoint`` or
-  ``comm``. ``enter`` runs for every stage of every step, so it applies that
-  rule with stage ids and an open-opaque-stage counter instead of names
+- a stage is recorded only where :func:`perfmagic.schema.nests_inside` allows it: not inside itself,
+  and nothing built in inside ``data``, ``checkpoint`` or ``comm``. ``enter`` runs for every stage of
+  every step, so it applies that rule with stage ids and an open-opaque-stage counter instead of names
   (``tests/unit/test_nesting.py`` checks that the two agree);
-- only the thread that started profiling is recorded (DataLoader's pin-memory
-  thread and a live panel's thread are not training stages);
-- once closed, a recorder records nothing: a wrapper that outlives the session
-  (a ``torch.save`` a library bound while profiling, a ``sys.stdout`` proxy a
-  ``redirect_stdout`` put back after the block) just calls through.
+- only the thread that started profiling is recorded (DataLoader's pin-memory thread and a live
+  panel's thread are not training stages);
+- once closed, a recorder records nothing: a wrapper that outlives the session (a ``torch.save`` a
+  library bound while profiling, a ``sys.stdout`` proxy a ``redirect_stdout`` put back after the
+  block) just calls through.
 """
 
 from __future__ import annotations
@@ -76,8 +75,7 @@ class StageRecorder:
         self, timeline: Timeline, origin: float, thread_id: int | None = None, *, clock: Clock = REAL_CLOCK
     ) -> None:
         # ``clock.now`` read once: the real one is time.perf_counter itself, no Python call per read
-        self.timeline, self.clock, self._now = timeline, clock, clock.now
-        self.origin = origin
+        self.timeline, self.clock, self._now, self.origin = timeline, clock, clock.now, origin
         # a span per stage, several a step: the columns' appends, not a method call (see Timeline.span_appenders)
         self._add_name, self._add_start, self._add_end, self._add_depth = timeline.span_appenders()
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
@@ -107,17 +105,13 @@ class StageRecorder:
         # called on the recorded thread at a boundary where more than ``backlog_spans`` spans are held:
         # whoever spools and folds them (the session's sampler thread) has fallen behind
         self.on_backlog: Callable[[], object] | None = None
-        self.backlog_spans = 0
-        self._backlog_countdown = _BACKLOG_CHECK_EVERY
-        self._opaque_depth = 0
+        self.backlog_spans, self._backlog_countdown, self._opaque_depth = 0, _BACKLOG_CHECK_EVERY, 0
         self._warnings: list[str] = []
         self._device_spans = DeviceSpans(timeline, self._now() - origin, self._warnings)
-        self._boundaries: dict[str, int] = {}  # boundaries written, per kind
+        self._boundaries: dict[str, int] = {}
         self._steps_end_elsewhere = False  # an optimizer or user boundary was written: batches end no step
         self.rhythm_wanted = True  # no stronger boundary yet: each backward pass ends a step (step_policy)
-        # per kind written: its boundary's name id and whether it ends a training step (STEP_ENDS), looked
-        # up once a write: a step end runs on every step, and each name and set it reads costs it in place
-        self._written_kinds: dict[str, tuple[int, bool]] = {}
+        self._written_kinds: dict[str, tuple[int, bool]] = {}  # per kind: boundary name id, in STEP_ENDS
         # a boundary held back (kind, time, device event token, thread clock reading): see ``boundary``
         self._held: tuple[str, float, object | None, _ClockReading | None] | None = None
         # which steps are recorded fully (None: all), and the hooks it installs and removes at step
@@ -267,8 +261,7 @@ class StageRecorder:
                 clock_reading = (None, None, clock.gc_s) if clock.gc_s != self._gc_s_written else _UNREAD
         if hold:  # an optimizer step: the backward rhythm is not wanted (nor able to release it early)
             self._held = (kind, t, token, clock_reading)
-            if self.rhythm_wanted and kind in ENDS_RHYTHM:
-                self.rhythm_wanted = False
+            self.rhythm_wanted = self.rhythm_wanted and kind not in ENDS_RHYTHM
         else:
             self._write_boundary(kind, t, token, clock_reading)
 
@@ -319,8 +312,13 @@ class StageRecorder:
         self, kind: str, t: float, token: object | None, clock_reading: _ClockReading | None
     ) -> None:
         written = self._written_kinds.get(kind)
-        if written is None:
-            written = self._first_written(kind)
+        if written is None:  # once per kind (this runs every step): the step policy's flags only turn one way
+            if kind in ENDS_RHYTHM:
+                self.rhythm_wanted = False
+                self._steps_end_elsewhere = self._steps_end_elsewhere or kind in ENDS_BATCH_STEPS
+            self._boundaries.setdefault(kind, 0)  # ``boundary_at`` may have counted some
+            sid = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
+            written = self._written_kinds[kind] = (sid, kind in STEP_ENDS)
         sid, ends_step = written
         self._boundaries[kind] += 1
         if token is not None:
@@ -345,17 +343,6 @@ class StageRecorder:
         on_step = self.on_step
         if on_step is not None and (ends_step or (kind == "batch" and not self._steps_end_elsewhere)):
             on_step()
-
-    def _first_written(self, kind: str) -> tuple[int, bool]:
-        """The first boundary of ``kind`` written: what the step policy learns from it (the flags only
-        ever turn one way, so once a kind is enough), and its name id."""
-        if kind in ENDS_RHYTHM:
-            self.rhythm_wanted = False
-            self._steps_end_elsewhere = self._steps_end_elsewhere or kind in ENDS_BATCH_STEPS
-        self._boundaries.setdefault(kind, 0)  # ``boundary_at`` may have counted some
-        sid = self.timeline.name_id(STEP_BOUNDARY_PREFIX + kind)
-        written = self._written_kinds[kind] = (sid, kind in STEP_ENDS)
-        return written
 
     def _check_backlog(self) -> None:
         on_backlog = self.on_backlog
