@@ -6,7 +6,9 @@ This isolates the step end. One profile stays open throughout, with no windows, 
 the same for everything but its end. ``overhead.py``'s 2 ms loop runs in short blocks, in turn:
 
 - ``torch``: the step ends through torch's own hooked ``optimizer.step`` (perfmagic's wrapper skipped);
-- ``perfmagic``: through the wrapper, which marks the step's end (``collect.torch_optimizer``);
+- ``perfmagic``: through the wrapper, which notes the step's end (``collect.quick_ends``);
+- ``marked``: through the wrapper, the end marked at once (``StageRecorder.boundary``), as before
+  the quick path;
 - ``append``: torch's, then the time appended to a list: what a step end that does nothing else costs;
 - ``control``: torch's, then a spin of ``--spin`` µs: the method must read that as what it added.
 
@@ -93,6 +95,12 @@ def main() -> None:
                 pass
 
         times: list[float] = []
+        assert session.recorder is not None
+        quick = session.recorder.quick
+
+        def marked() -> None:
+            quick.owner = None  # the wrapper allows it again after each step it marks
+            optimizer.step()
 
         def append() -> None:
             torch_step(optimizer)
@@ -101,6 +109,7 @@ def main() -> None:
         ends: dict[str, Callable[[], object]] = {
             "torch": lambda: torch_step(optimizer),
             "perfmagic": optimizer.step,
+            "marked": marked,
             "append": append,
             "control": control,
         }
@@ -114,7 +123,7 @@ def main() -> None:
     print(
         f"{args.rounds} rounds of {args.block}-step blocks; torch's step {statistics.median(base) * 1e6:.1f} µs"
     )
-    for name in ("perfmagic", "append", "control"):
+    for name in ("perfmagic", "marked", "append", "control"):
         differences = [a - b for a, b in zip(per[name], base, strict=True)]
         error = 1.2533 * statistics.stdev(differences) / math.sqrt(len(differences))
         print(f"{name:9s} {statistics.median(differences) * 1e6:+7.2f} ± {error * 1e6:.2f} µs a step")

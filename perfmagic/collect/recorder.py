@@ -31,38 +31,22 @@ from perfmagic.collect.forked_child import keep_until_exit
 from perfmagic.collect.nvtx_ranges import NVTX as _NVTX
 from perfmagic.collect.nvtx_ranges import nvtx_pop as _nvtx_pop
 from perfmagic.collect.nvtx_ranges import nvtx_push as _nvtx_push
+from perfmagic.collect.quick_ends import HELD_AT_MOST, QuickEnds
 from perfmagic.collect.schedule import HookWindows, RecordingSchedule
 from perfmagic.collect.stage_wrapper import recorded_as_stage
+from perfmagic.collect.thread_series import UNREAD, Reading, ThreadClockSeries
 from perfmagic.collect.threadclock import ThreadClock
-from perfmagic.schema import (
-    OPAQUE_STAGES,
-    STAGES,
-    STEP_BOUNDARY_PREFIX,
-    THREAD_CPU,
-    THREAD_GC,
-    THREAD_WAIT,
-)
+from perfmagic.schema import OPAQUE_STAGES, STAGES, STEP_BOUNDARY_PREFIX
 from perfmagic.step_policy import ENDS_BATCH_STEPS, ENDS_RHYTHM, EVIDENCE, STEP_ENDS, delimiting_kind
 from perfmagic.timeline import Timeline
 
 MAX_DEPTH = 127
 """Open stages beyond this depth are not recorded (a span's depth is one signed byte)."""
 
-_ClockReading = tuple[float | None, float | None, float]
-"""A thread clock reading: CPU and run-queue wait seconds (None where not read this time), GC seconds."""
-
-THREAD_CLOCK_EVERY_S = 0.01
-"""Shortest time between two readings of the recorded thread's CPU and wait: they are system calls that
-cost a fast loop more in place than they seem to (cache and TLB refills). Steps at least this long get
-them at both ends, shorter ones share them by time between readings."""
-
 _get_ident = threading.get_ident
 
 _CLOSED = -1
 """The thread id of a closed recorder: no thread has it, so ``enter`` and ``boundary`` do nothing."""
-
-_UNREAD: _ClockReading = (None, None, 0.0)
-"""The thread clock at a step end where nothing was due to be read (see ``boundary``)."""
 
 _BACKLOG_CHECK_EVERY = 1024
 """Step boundaries between two looks at the spans held (``on_backlog``)."""
@@ -79,13 +63,13 @@ class StageRecorder:
         # a span per stage, several a step: the columns' appends, not a method call (see Timeline.span_appenders)
         self._add_name, self._add_start, self._add_end, self._add_depth = timeline.span_appenders()
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
+        self.quick = QuickEnds()  # step ends the optimizer's wrapper only notes (``collect.quick_ends``)
+        self._quick_times = self.quick.times
         # per-step CPU and run-queue wait of the recorded thread: only readable on that thread
         self.thread_clock = ThreadClock(clock) if thread_id is None else None
-        self._clock_read_at = -math.inf  # clock time of the last full thread clock reading
-        self._clock_t = 0.0  # timeline time of the last step boundary that carried the thread clock
-        self._gc_s_written = 0.0
-        # the thread clock's series, appended to at step ends: the columns' appends, not a method call
-        self._add_clock = {m: timeline.sample_appenders(m) for m in (THREAD_GC, THREAD_CPU, THREAD_WAIT)}
+        self._thread_series = ThreadClockSeries(self.thread_clock, timeline) if self.thread_clock else None
+        if self.thread_clock is not None:  # a collection's step must carry its GC seconds
+            self.thread_clock.after_collection = self._collected
         self.read_thread_clock_now()  # the first reading, which the first step's CPU is counted from
         self._device_clock: DeviceClock | None = None
         self._annotate: Callable[[str], Callable[[], object]] | None = None
@@ -113,7 +97,7 @@ class StageRecorder:
         self.rhythm_wanted = True  # no stronger boundary yet: each backward pass ends a step (step_policy)
         self._written_kinds: dict[str, tuple[int, bool]] = {}  # per kind: boundary name id, in STEP_ENDS
         # a boundary held back (kind, time, device event token, thread clock reading): see ``boundary``
-        self._held: tuple[str, float, object | None, _ClockReading | None] | None = None
+        self._held: tuple[str, float, object | None, Reading | None] | None = None
         # which steps are recorded fully (None: all), and the hooks it installs and removes at step
         # ends (``record_in_windows``)
         self.schedule: RecordingSchedule | None = None
@@ -136,6 +120,7 @@ class StageRecorder:
     @device_clock.setter
     def device_clock(self, clock: DeviceClock | None) -> None:
         self._device_clock = clock
+        self.quick.owner = None  # step ends take device event tokens
         self._extras = _NVTX or clock is not None or self._annotate is not None
 
     @property
@@ -173,7 +158,7 @@ class StageRecorder:
 
     def _enter_extras(self, sid: int) -> None:
         annotate = self._annotate
-        token = self._event_token() if self._device_clock is not None else None
+        token = self.device_event_token() if self._device_clock is not None else None
         note = annotate(self._names[sid]) if annotate is not None else None
         self._stack.append((sid, self._now(), token, note))
         if _NVTX:
@@ -190,6 +175,8 @@ class StageRecorder:
             self._opaque_depth -= 1
         if self._extras:
             self._exit_extras(token, note)
+        if self._quick_times:  # written first, as they happened
+            self.settle_quick_ends()
         origin = self.origin
         self._add_name(sid)
         self._add_start(start - origin)
@@ -202,7 +189,7 @@ class StageRecorder:
         if note is not None:
             note()
         if token is not None and self._device_clock is not None:
-            end_token = self._event_token()
+            end_token = self.device_event_token()
             if end_token is not None:
                 self._device_spans.pending.append((self.timeline.span_count, token, end_token))
 
@@ -221,13 +208,10 @@ class StageRecorder:
             or (end == start and not timed_on_device)
         ):
             return
+        self.settle_quick_ends()
         if timed_on_device and self._device_clock is not None:
             self._device_spans.pending.append((self.timeline.span_count, tokens[0], tokens[1]))
         self.timeline.add_span(sid, start - self.origin, end - self.origin, len(self._stack))
-
-    def device_event_token(self) -> object | None:
-        """A device event token now, from any thread (None without a device clock), for :meth:`record_within`."""
-        return self._event_token() if self._device_clock is not None else None
 
     def boundary(self, kind: str, *, hold: bool = False) -> None:
         """Mark a step boundary (``kind``: one of ``step_policy.EVIDENCE`` or ``NOT_STEP_ENDS``).
@@ -238,6 +222,8 @@ class StageRecorder:
         """
         if _get_ident() != self.thread_id:
             return
+        if self._quick_times:
+            self.settle_quick_ends()
         held = self._held
         if held is not None:  # release_held, without the call: this runs twice a step
             self._held = None
@@ -249,16 +235,13 @@ class StageRecorder:
             self._window_left -= 1
             if self._window_left <= 0 and (windows := self._windows) is not None:
                 self._window_left = windows.next(self._step_ends, t)
-        token = self._event_token() if self._device_clock is not None else None
+                self.quick.owner = None  # the windows may begin: the optimizer's wrapper opens it again
+        token = self.device_event_token() if self._device_clock is not None else None
         # once per step: at optimizer (or user) step ends, at batches only where nothing else ends steps
-        clock_reading: _ClockReading | None = None
-        clock = self.thread_clock
-        if clock is not None and (kind != "batch" or not self._steps_end_elsewhere):
-            if now - self._clock_read_at >= THREAD_CLOCK_EVERY_S:
-                self._clock_read_at = now
-                clock_reading = (*clock.read(), clock.gc_s)
-            else:  # the GC seconds, a counter in Python, only where a collection ran in the step
-                clock_reading = (None, None, clock.gc_s) if clock.gc_s != self._gc_s_written else _UNREAD
+        series = self._thread_series
+        clock_reading: Reading | None = None
+        if series is not None and (kind != "batch" or not self._steps_end_elsewhere):
+            clock_reading = series.at_step_end(now) if now >= series.due_at else UNREAD
         if hold:  # an optimizer step: the backward rhythm is not wanted (nor able to release it early)
             self._held = (kind, t, token, clock_reading)
             self.rhythm_wanted = self.rhythm_wanted and kind not in ENDS_RHYTHM
@@ -277,11 +260,11 @@ class StageRecorder:
         """Install the windowed hooks now, until the next step end (a DataLoader pass begins: an
         evaluation pass is seen by them whole)."""
         windows = self._windows
-        if (
-            windows is not None
-            and _get_ident() == self.thread_id
-            and windows.record_fully(self._now() - self.origin)
-        ):
+        if windows is None or _get_ident() != self.thread_id:
+            return
+        self.settle_quick_ends()
+        self.quick.owner = None
+        if windows.record_fully(self._now() - self.origin):
             self._window_left = 1
 
     @property
@@ -300,16 +283,60 @@ class StageRecorder:
 
     def release_held(self) -> None:
         """Write the boundary held back by ``boundary(..., hold=True)``, at the time it was marked."""
+        self.settle_quick_ends()
         held, self._held = self._held, None
         if held is not None:
             self._write_boundary(*held)
 
     def drop_held(self) -> None:
         """Forget the boundary held back: the step it would have ended goes on."""
+        if self._quick_times:  # no call: a full step drops one
+            self.settle_quick_ends()
         self._held = None
 
+    def settle_quick_ends(self, *, at_step_end: bool = False) -> None:
+        """Write the step ends noted (``collect.quick_ends``) as ``boundary("optimizer", hold=True)``
+        would have: all but the last, which is held; ``at_step_end``: the last one was noted just now,
+        and carries the thread clock's reading where one is due."""
+        times, series = self._quick_times, self._thread_series
+        if not times:
+            return
+        *released, last = [t - self.origin for t in times]
+        now, n, unread = times[-1], len(times), None if series is None else UNREAD
+        times.clear()
+        if (held := self._held) is not None:  # released by the first one
+            self._held = None
+            self._write_boundary(*held)
+        if released:  # all but the last at once (the kind is written: by ``held`` at the latest)
+            if more := released[:-1]:
+                self.timeline.add_instants(self._written_kinds["optimizer"][0], more)
+                self._boundaries["optimizer"] += len(more)
+                self._backlog_countdown -= len(more)
+            self._write_boundary("optimizer", released[-1], None, unread)  # the fold, the backlog
+        self._step_ends += n  # the windows' countdown, as ``boundary`` counts them
+        self._window_left -= n
+        if self._window_left <= 0 and (windows := self._windows) is not None:
+            self._window_left = windows.next(self._step_ends, last)
+        reading = series.at_step_end(now) if at_step_end and series is not None else unread
+        self._held = ("optimizer", last, None, reading)
+        self.allow_quick_ends(self.quick.owner)
+
+    def allow_quick_ends(self, owner: object | None) -> None:
+        """Let ``owner`` (an optimizer, None: none) end steps by a note (``collect.quick_ends``) where
+        recording allows it: outside the windows, without a device clock or a call at each step end."""
+        quick, windows, series = self.quick, self._windows, self._thread_series
+        if windows is None or windows.full or series is None or self._device_clock is not None:
+            owner = None
+        quick.owner = owner if self.on_step is None and _get_ident() == self.thread_id else None
+        quick.thread_id, quick.limit = self.thread_id, int(min(self._window_left, HELD_AT_MOST))
+        quick.due = series.due_at if series is not None else math.inf
+
+    def _collected(self) -> None:
+        if self._thread_series is not None:  # the step it ran in carries its GC seconds
+            self.quick.due = self._thread_series.due_at = -math.inf
+
     def _write_boundary(
-        self, kind: str, t: float, token: object | None, clock_reading: _ClockReading | None
+        self, kind: str, t: float, token: object | None, clock_reading: Reading | None
     ) -> None:
         written = self._written_kinds.get(kind)
         if written is None:  # once per kind (this runs every step): the step policy's flags only turn one way
@@ -327,10 +354,11 @@ class StageRecorder:
         self._add_start(t)
         self._add_end(t)
         self._add_depth(-1)
-        if clock_reading is _UNREAD:  # a step end all the same: a collection in the next step begins here
-            self._clock_t = t
-        elif clock_reading is not None:
-            self._add_thread_clock(t, clock_reading)
+        series = self._thread_series
+        if clock_reading is UNREAD and series is not None:  # no call: most step ends
+            series.last_t = t
+        elif clock_reading is not None and series is not None:
+            series.write(t, clock_reading)
         clock = self._device_clock
         if clock is not None:
             self._device_spans.drain_if_due(clock, t)
@@ -354,8 +382,9 @@ class StageRecorder:
             self.on_backlog = None
             self._warnings.append(f"held spans could not be spooled and folded ({e!r})")
 
-    def _event_token(self) -> object | None:
-        """A device event token now; None where the clock gives none (a CUDA graph capturing) or fails.
+    def device_event_token(self) -> object | None:
+        """A device event token now, from any thread (for :meth:`record_within`); None without a device
+        clock, or where it gives none (a CUDA graph capturing) or fails.
 
         A clock that fails is turned off with a warning: a CUDA error inside a hook must not
         surface in the user's code as perfmagic's, nor mask the user's own.
@@ -372,35 +401,14 @@ class StageRecorder:
             )
             return None
 
-    def _add_thread_clock(self, t: float, reading: _ClockReading) -> None:
-        on_cpu, waiting, gc_s = reading
-        add_t, add_v = self._add_clock[THREAD_GC]
-        if gc_s != self._gc_s_written:
-            # the collection ran within the step ending now: its seconds begin at the step's start, which
-            # a reading between the two would otherwise spread them back past
-            add_t(self._clock_t)
-            add_v(self._gc_s_written)
-            add_t(t)
-            add_v(gc_s)
-            self._gc_s_written = gc_s
-        elif on_cpu is not None:
-            add_t(t)
-            add_v(gc_s)
-        if on_cpu is not None and waiting is not None:
-            for metric, value in ((THREAD_CPU, on_cpu), (THREAD_WAIT, waiting)):
-                add_t, add_v = self._add_clock[metric]
-                add_t(t)
-                add_v(value)
-        self._clock_t = t
-
     def read_thread_clock_now(self) -> None:
         """A full thread clock reading now (on the recorded thread): the steps since the last one get
         their CPU and wait from it. Called where recording ends."""
-        if self.thread_clock is None or threading.get_ident() != self.thread_id:
+        if self._thread_series is None or threading.get_ident() != self.thread_id:
             return
+        self.settle_quick_ends()
         now = self._now()
-        self._clock_read_at = now
-        self._add_thread_clock(now - self.origin, (*self.thread_clock.read(), self.thread_clock.gc_s))
+        self._thread_series.read_now(now, now - self.origin)
 
     @property
     def pending_device_spans(self) -> int:
@@ -467,21 +475,20 @@ class StageRecorder:
         destructor that fails there aborts the process (a DataLoader worker "exited unexpectedly").
         """
         self.thread_id = _CLOSED
+        self._quick_times.clear()  # the device clock's setter closes the quick path
         keep_until_exit((self._stack, self._held, self._device_spans.pending, self.device_clock))
         self._stack, self._held, self._device_spans.pending, self.device_clock = [], None, [], None
         if self.thread_clock is not None:
             self.thread_clock.close()
 
     def close(self) -> list[str]:
-        """Close stages left open (an interrupted block), stop recording, apply device times.
-
-        Returns warnings.
-        """
+        """Close stages left open (an interrupted block), stop recording, apply device times; returns warnings."""
         while self._stack:
             self.exit()
         self.release_held()
         self.read_thread_clock_now()
         self.thread_id = _CLOSED
+        self.quick.owner = None
         if self.thread_clock is not None:
             self.thread_clock.close()
         clock = self.device_clock

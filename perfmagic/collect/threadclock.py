@@ -48,6 +48,7 @@ class ThreadClock:
         # the recorder compares it at every step end)
         self.gc_s = 0.0
         self._gc_began: float | None = None
+        self.after_collection: Callable[[], object] | None = None  # called after each collection counted
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
@@ -58,6 +59,8 @@ class ThreadClock:
         elif self._gc_began is not None:
             self.gc_s += self._now() - self._gc_began
             self._gc_began = None
+            if self.after_collection is not None:
+                self.after_collection()
 
     @property
     def measures_wait(self) -> bool:

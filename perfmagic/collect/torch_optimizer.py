@@ -7,6 +7,7 @@ the same iteration (a GAN's generator after its discriminator) continues it.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -68,11 +69,34 @@ def _step_wrapper(stages: TorchStages, rec: StageRecorder, windowed: WindowedHoo
     stats, stepped, seen = stages.stats, stages.stepped, stages.seen
     maybe_start_device_clock = stages.maybe_start_device_clock if stages.cuda_available else None
     record_optimizer = _optimizer_record(stages)
+    quick, now, get_ident = rec.quick, rec.clock.now, threading.get_ident
+    noted = quick.times
 
     def guarded_version(step: Any) -> Any:
         """``step`` (torch's hooked one), wrapped."""
 
         def guarded_step(*args: Any, **kwargs: Any) -> Any:
+            if (
+                not open_steps
+                and len(args) == 1
+                and args[0] is quick.owner
+                and not kwargs
+                and get_ident() == quick.thread_id
+            ):  # the step's end is only noted (``collect.quick_ends``)
+                open_steps.append(False)  # a step nested in it (``super().step()``) ends none
+                try:
+                    result = step(*args)
+                except BaseException as e:
+                    drop_own_frame(e)
+                    raise
+                finally:
+                    open_steps.pop()
+                stats["optimizer_steps"] += 1
+                t = now()
+                noted.append(t)
+                if len(noted) >= quick.limit or t >= quick.due:
+                    rec.settle_quick_ends(at_step_end=True)
+                return result
             depth = len(open_steps)
             if not depth:  # the outermost step (a subclass calling super().step() nests one)
                 optimizer = id(args[0])
@@ -104,6 +128,8 @@ def _step_wrapper(stages: TorchStages, rec: StageRecorder, windowed: WindowedHoo
                 rec.boundary("optimizer", hold=True)
                 if maybe_start_device_clock is not None:
                     maybe_start_device_clock()
+                elif not windowed.on:  # one optimizer in the steps: it may note their ends
+                    rec.allow_quick_ends(args[0] if len(stepped) == 1 else None)
             return result
 
         guarded_step.hooked = True  # type: ignore[attr-defined]  # torch must not wrap it again

@@ -440,7 +440,7 @@ def test_fast_steps_read_the_thread_clock_sparingly_and_still_get_their_cpu(fake
     """A CPU clock read costs a fast loop more than it seems: ~1 ms steps read it once per 10 ms (every 11th
     step end here), and the steps' CPU seconds still add up to what the thread spent (shared by time
     between readings). The fake clock's thread spends 3/4 of its time on a CPU."""
-    from perfmagic.collect.recorder import THREAD_CLOCK_EVERY_S
+    from perfmagic.collect.thread_series import THREAD_CLOCK_EVERY_S
     from perfmagic.schema import THREAD_CPU
 
     tl = Timeline()
