@@ -147,6 +147,7 @@ def assert_windows_agree(report: Report) -> None:
         cards = [settled(_cards(d)) for d in (full_data, windowed_data)]
         savings = [_savings(d) for d in (full_data, windowed_data)]
         assert _in_one_order(cards[0], cards[1], savings), (
+            savings,
             _cards(full_data),
             _cards(windowed_data),
             _shares(windowed_data),
@@ -222,11 +223,13 @@ def _in_one_order(a: list[str], b: list[str], savings: list[dict[str, float]]) -
 
 
 def _savings(data: ReportData) -> dict[str, float]:
-    """Each card's saving as a share of the steady step."""
+    """Each card's saving alone (what the cards and the plan are ordered by, before each saves only what
+    the ones ahead of it left) as a share of the steady step."""
     per_s = data["steps"]["per_s"]
     if not per_s:
         return {}
-    return {c["id"]: (c["saving_s"] or 0.0) * per_s for c in data["advice"]}
+    alone = {c["id"]: c["metrics"].get("saving_alone_s", c["saving_s"]) for c in data["advice"]}
+    return {id: float(s or 0.0) * per_s for id, s in alone.items()}
 
 
 def _share(data: ReportData, stage: str) -> float:
