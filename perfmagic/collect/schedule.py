@@ -54,8 +54,9 @@ FULL_CALLS_PER_STEP = 43.0
 BOUNDARY_CALLS_PER_STEP = 3.0
 """What a plain step pays outside the windows, in calls: its optimizer step's wrapper, which notes the
 step's end, and its share of the ends written together (``collect.quick_ends``), 1.5 calls counted,
-held at 3 for what they cost in place: ``overhead.py`` measures the step ends at +4.9 ± 6.1 µs of a
-2.2 ms step, ``step_end.py`` (the end alone, its control reading 2 to 6 µs high) at +16 to +26."""
+held at 3 for what they cost in place: ``overhead.py`` measures the step ends at +4.9 ± 6.1 and
++18.6 ± 8.4 µs (two runs), ``step_end.py`` (the end alone, its control reading 2 to 6 µs high) at +16
+to +26: this estimate is at the low end of them."""
 
 CALL_COST_S = 1.5e-6
 """What one added Python call costs a fast training loop in place (1 to 2 µs: docs/benchmarks.md)."""
