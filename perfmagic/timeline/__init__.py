@@ -126,13 +126,11 @@ class Timeline:
         self._span_depth.append(depth)
 
     def add_instants(self, name_id: int, times: list[float]) -> None:
-        """Spans of no length at ``times``, outside every stage (depth -1): step boundaries written
-        together. The depth column grows last, as in :meth:`add_span`."""
-        k = len(times)
-        self._span_name.extend(array("i", (name_id,)) * k)
+        """Step boundaries at ``times``, written together (spans of no length, depth -1, depth last)."""
+        self._span_name.extend(array("i", (name_id,)) * len(times))
         self._span_start.extend(times)
         self._span_end.extend(times)
-        self._span_depth.extend(array("b", (-1,)) * k)
+        self._span_depth.extend(array("b", (-1,)) * len(times))
 
     def seal(self) -> None:
         """No span will be added: from now on ``spans`` hands out read-only views of the columns, not a
