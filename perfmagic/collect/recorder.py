@@ -208,7 +208,8 @@ class StageRecorder:
             or (end == start and not timed_on_device)
         ):
             return
-        self.settle_quick_ends()
+        if self._quick_times:  # no call: DDP's buckets in the windows, where none are noted
+            self.settle_quick_ends()
         if timed_on_device and self._device_clock is not None:
             self._device_spans.pending.append((self.timeline.span_count, tokens[0], tokens[1]))
         self.timeline.add_span(sid, start - self.origin, end - self.origin, len(self._stack))
@@ -295,9 +296,8 @@ class StageRecorder:
         self._held = None
 
     def settle_quick_ends(self, *, at_step_end: bool = False) -> None:
-        """Write the step ends noted (``collect.quick_ends``) as ``boundary("optimizer", hold=True)``
-        would have: all but the last, which is held; ``at_step_end``: the last one was noted just now,
-        and carries the thread clock's reading where one is due."""
+        """Write the step ends noted (``collect.quick_ends``) as ``boundary("optimizer", hold=True)`` would have,
+        the last held; ``at_step_end``: it was noted just now, and carries a thread clock reading if due."""
         times, series = self._quick_times, self._thread_series
         if not times:
             return
