@@ -232,7 +232,7 @@ def hot_path_cost(check: Check, judged: bool = True) -> None:
         "hot path",
         mode["overhead"] <= OVERHEAD_TARGET if judged else None,
         f"windowed profile {100 * mode['overhead']:+.2f}% ± {100 * mode['error']:.2f} on a "
-        f"{1e3 * figures['unprofiled_step_s']:.2f} ms CPU step (waits {100 * mode['wait']:+.2f}%; the method read "
+        f"{1e3 * figures['unprofiled_step_s']:.2f} ms CPU step, windows of 5 in {figures['period']} (waits {100 * mode['wait']:+.2f}%; the method read "
         f"its 1% control as {100 * control['overhead']:+.2f}% ± {100 * control['error']:.2f}, its spins took "
         f"{100 * control['spun']:+.2f}%; target <= 1%)",
     )

@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 
 import perfmagic
+from perfmagic.collect import schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import Loop, windows_from_start
+from overhead import Loop, period_pinned, windows_from_start
 
 
 def read_ns(layer: torch.nn.Linear) -> float:
@@ -53,7 +54,7 @@ def main() -> None:
         f"Python {sys.version.split()[0]}, torch {torch.__version__}: before, {read_ns(layer):.0f} ns a read"
     )
     begin = time.perf_counter()
-    with windows_from_start(), perfmagic.profile(sample=False):
+    with period_pinned(schedule.PERIOD), windows_from_start(), perfmagic.profile(sample=False):
         done = 0
         while done < args.steps:
             loop.steps(min(args.every, args.steps - done))

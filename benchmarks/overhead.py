@@ -3,14 +3,15 @@
 The same small CPU training loop (2–3 ms steps: DataLoader, forward, backward, optimizer) runs in
 chunks of ``--steps`` steps, timed step by step: unprofiled chunks, and between each two of them a
 chunk under one mode, the modes in rotating order. Modes: ``perfmagic`` (a run this short has every
-step recorded fully), ``perfmagic windowed`` (stage hooks in 5 steps of every 50, as past a
-profile's first 200 steps and 30 s), ``perfmagic step ends`` (no windows: what each step outside
-them pays), ``perfmagic+device clock`` (a simulated CUDA device: every
-stage marks events, as on a GPU), ``torch.profiler``, and ``control +1%``: no profiler, but a spin
-of 1% of the step on every step, the method's check of itself in the same run. Each chunk's first
-``--skip`` steps (a profile's start: one-offs, and its first window) are left out; the rest, one
-window period by default, is its span. Garbage is collected before each chunk, so one chunk's
-garbage is not collected in the next one's steps.
+step recorded fully), ``perfmagic windowed`` (stage hooks in 5 steps of every period, the period a
+long run of this loop gets past its first 200 steps and 30 s: ``collect.schedule.period_for``),
+``perfmagic step ends`` (no windows: what each step outside them pays), ``perfmagic+device clock`` (a
+simulated CUDA device: every stage marks events, as on a GPU), ``torch.profiler``, and ``control
++1%``: no profiler, but a spin of 1% of the step on every step, the method's check of itself in the
+same run. Each chunk's first ``--skip`` steps (a profile's start: one-offs, its first step recorded
+fully and the steps its hooks' removal slows) are left out; the rest, one period by default, is its
+span: one window and the steps after it. Garbage is collected before each chunk, so one chunk's garbage is
+not collected in the next one's steps.
 
 A VM's CPU speed moves by 10% or more between half-seconds, far more than 1%. So each step is
 timed twice, in wall time and in the thread's CPU time, and before each step the loop times a
@@ -21,10 +22,11 @@ against the unprofiled chunks on either side of it has two parts: its CPU second
 threads take, and being preempted), as a share of the unprofiled step. The figure is the median
 chunk, with its standard error. **raw** is the wall time alone.
 
-    python benchmarks/overhead.py [--rounds 150] [--seconds S] [--steps 100] [--skip 50] [--modes perfmagic,...]
+    python benchmarks/overhead.py [--rounds 150] [--seconds S] [--steps N] [--skip N] [--modes perfmagic,...]
                                   [--json FILE]
 
-``--json`` writes each mode's figures and the median unprofiled step (``make gpu-check`` reads it).
+``--json`` writes each mode's figures, the period and the median unprofiled step (``make gpu-check``
+reads it).
 """
 
 from __future__ import annotations
@@ -175,6 +177,24 @@ def windows_from_start(window: int | None = None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def period_pinned(period: int) -> Iterator[None]:
+    """Windows every ``period`` steps however long the steps are: the schedule neither picks the period
+    from a profile's first steps (a short profile's are its start's) nor lengthens it."""
+    saved = schedule.PERIOD, schedule.LONGEST_PERIOD
+    schedule.PERIOD = schedule.LONGEST_PERIOD = period
+    try:
+        yield
+    finally:
+        schedule.PERIOD, schedule.LONGEST_PERIOD = saved
+
+
+def long_run_period(step_s: float) -> int:
+    """The period a long run of a loop of ``step_s`` steps gets: its first 30 s, recorded fully, measure
+    steps of ``step_s`` and what full recording adds (``collect.schedule``)."""
+    return schedule.period_for(step_s + schedule.FULL_STEP_COST_S)
+
+
+@contextlib.contextmanager
 def with_perfmagic_windowed() -> Iterator[None]:
     with windows_from_start(), perfmagic.profile():
         yield
@@ -263,8 +283,8 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--seconds", type=float, help="stop after the round that passes this many seconds")
-    parser.add_argument("--steps", type=int, default=100, help="steps in each chunk")
-    parser.add_argument("--skip", type=int, default=50, help="each chunk's first steps, left out")
+    parser.add_argument("--steps", type=int, help="steps in each chunk (default: --skip and a period)")
+    parser.add_argument("--skip", type=int, help="each chunk's first steps, left out (default: 46)")
     parser.add_argument("--modes", default=",".join(MODES), help="profiled modes, comma-separated")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     args = parser.parse_args()
@@ -272,12 +292,27 @@ def main() -> None:
     unknown = [n for n in names if n not in MODES]
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; known: {list(MODES)}")
-    if not 0 <= args.skip < args.steps or args.rounds < 1:
-        parser.error("needs --rounds >= 1 and 0 <= --skip < --steps")
+    if args.rounds < 1:
+        parser.error("needs --rounds >= 1")
     torch.set_num_threads(1)
     loop = Loop()
-    spin = spin_turns(0.01 * statistics.median(loop.steps(300).wall[100:]))  # after a warm-up
+    step_s = statistics.median(loop.steps(300).wall[100:])  # after a warm-up
+    spin, period = spin_turns(0.01 * step_s), long_run_period(step_s)
+    # a profile's first step is recorded fully, the 3 after it slowed by the hooks' removal; its first window
+    # (steps period-3 .. period+1) and the 3 after it are in a span of one period from any step 5 .. period-3
+    args.skip = min(50, period) - 4 if args.skip is None else args.skip
+    args.steps = args.skip + period if args.steps is None else args.steps
+    if not 0 <= args.skip < args.steps:
+        parser.error(f"needs 0 <= --skip < --steps (here {args.skip} and {args.steps})")
+    with period_pinned(period):
+        timings, unprofiled = timed_rounds(args, loop, names, spin)
+    report(args, timings, unprofiled, period)
 
+
+def timed_rounds(
+    args: argparse.Namespace, loop: Loop, names: list[str], spin: int
+) -> tuple[dict[str, Timings], float]:
+    """Each mode's chunks, round by round, and the median unprofiled step."""
     timings = {name: Timings() for name in names}
     before = loop.steps(args.steps).after(args.skip)
     unprofiled = list(before.wall)
@@ -295,15 +330,16 @@ def main() -> None:
         print(f"round {r + 1}: " + ", ".join(f"{n} {100 * overhead[n]:+.2f}%" for n in names), flush=True)
         if args.seconds is not None and time.perf_counter() - begin > args.seconds:
             break
-    report(args, timings, statistics.median(unprofiled))
+    return timings, statistics.median(unprofiled)
 
 
-def report(args: argparse.Namespace, timings: dict[str, Timings], unprofiled_s: float) -> None:
+def report(args: argparse.Namespace, timings: dict[str, Timings], unprofiled_s: float, period: int) -> None:
     """Prints each mode's figures and writes them to ``--json``."""
     results = {name: t.summary() for name, t in timings.items()}
     print(
         f"{len(next(iter(timings.values())).overhead)} rounds, steps {args.skip + 1}-{args.steps} of each chunk; torch "
-        f"{torch.__version__}, 1 intra-op thread; unprofiled {unprofiled_s * 1e3:.3f} ms per step (median)"
+        f"{torch.__version__}, 1 intra-op thread; unprofiled {unprofiled_s * 1e3:.3f} ms per step (median); "
+        f"windows of {schedule.WINDOW} in every {period} steps"
     )
     for name, result in results.items():
         print(
@@ -320,7 +356,7 @@ def report(args: argparse.Namespace, timings: dict[str, Timings], unprofiled_s: 
         )
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"unprofiled_step_s": unprofiled_s, "modes": results}, indent=1)
+            json.dumps({"unprofiled_step_s": unprofiled_s, "period": period, "modes": results}, indent=1)
         )
 
 

@@ -2,8 +2,8 @@
 
 ``overhead.py`` times short profiles against unprofiled chunks; a long run is another thing: its
 windows come every period, and taking the hooks out slows the steps after each window too. This
-runs ``overhead.py``'s loop under one windowed profile (windows from the first step, 5 in every 50)
-for about ``--seconds``, times every step (its probe of the CPU's speed before it, untimed, as in
+runs ``overhead.py``'s loop under one windowed profile (windows from the first step, 5 in every period,
+the period a long run of this loop gets: ``overhead.long_run_period``) for about ``--seconds``, times every step (its probe of the CPU's speed before it, untimed, as in
 ``overhead.py``), and takes the median step at each position of the period over all periods: the positions in and just after a
 window, against the median step of the quiet middle of the period. Medians, so that the machine's
 own stalls, which fall on any step, drop out. Beside it, the report's own measurement
@@ -25,10 +25,12 @@ import perfmagic
 from perfmagic.collect import schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import Loop, windows_from_start
+from overhead import Loop, long_run_period, period_pinned, windows_from_start
 
-QUIET = slice(schedule.SETTLING_STEPS + 3, schedule.PERIOD - 2 * schedule.WINDOW - schedule.SETTLING_STEPS)
-"""Positions of a period far from its window: the steps the others are measured against."""
+
+def quiet(period: int) -> slice:
+    """Positions of a period far from its window: the steps the others are measured against."""
+    return slice(schedule.SETTLING_STEPS + 3, period - 2 * schedule.WINDOW - schedule.SETTLING_STEPS)
 
 
 def main() -> None:
@@ -40,15 +42,15 @@ def main() -> None:
     torch.set_num_threads(1)
     loop = Loop()
     step_s = statistics.median(loop.steps(300).wall[100:])  # after a warm-up
-    with windows_from_start(), perfmagic.profile() as session:
+    period = long_run_period(step_s)
+    with period_pinned(period), windows_from_start(), perfmagic.profile() as session:
         times = loop.steps(int(args.seconds / step_s)).wall
-    period = schedule.PERIOD
     periods = len(times) // period
     by_position = [statistics.median(times[i : periods * period : period]) for i in range(period)]
-    quiet = statistics.median(by_position[QUIET])
-    added = [s - quiet for s in by_position]
+    quiet_s = statistics.median(by_position[quiet(period)])
+    added = [s - quiet_s for s in by_position]
     print(
-        f"{len(times)} steps, {periods} periods of {period}; the median quiet step {quiet * 1e3:.3f} ms "
+        f"{len(times)} steps, {periods} periods of {period}; the median quiet step {quiet_s * 1e3:.3f} ms "
         f"(unprofiled before the profile: {step_s * 1e3:.3f} ms)"
     )
     window_from = period - schedule.WINDOW
@@ -59,7 +61,7 @@ def main() -> None:
     print(
         f"by position: {per_window_step * 1e6:+.0f} µs per window step, "
         f"{per_window_step * schedule.WINDOW / period * 1e6:+.1f} µs a step "
-        f"({100 * per_window_step * schedule.WINDOW / period / quiet:+.2f}% of it)"
+        f"({100 * per_window_step * schedule.WINDOW / period / quiet_s:+.2f}% of it)"
     )
     report = session.report.analysis
     recording = report.recording if report is not None else None

@@ -25,11 +25,13 @@ import numpy as np
 
 from perfmagic.collect.schedule import (
     BOUNDARY_CALLS_PER_STEP,
-    CALL_COST_S,
     FULL_CALLS_PER_STEP,
+    FULL_STEP_COST_S,
     MEASURED_PERIODS,
     SETTLING_STEPS,
+    STEP_END_COST_S,
     WINDOW,
+    WINDOW_STEP_COST_S,
     median_and_error,
 )
 from perfmagic.schema import RECORDING
@@ -185,23 +187,32 @@ def step_stage_clocks(b: StepBreakdown) -> dict[str, tuple[np.ndarray, np.ndarra
 
 def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None) -> Recording:
     """``recording``: how the steps were recorded, and what the hooks cost them: the calls a plain step's
-    hooks add (as counted by ``benchmarks/hot_path_calls.py``) at :data:`CALL_COST_S` each, an estimate;
-    where the windows were measured (:func:`window_cost`) within :data:`MEASURED_SHARE_ERROR`, their
-    part is the measured one."""
+    hooks add (as counted by ``benchmarks/hot_path_calls.py``), and their seconds in place, estimated
+    (``collect.schedule``: :data:`FULL_STEP_COST_S` a step where all are recorded fully; else
+    :data:`STEP_END_COST_S` a step, and :data:`WINDOW_STEP_COST_S` more a window's step); where the
+    windows were measured (:func:`window_cost`) within :data:`MEASURED_SHARE_ERROR`, their part is the
+    measured one."""
     full = b.full if b.full is not None else np.ones(b.count, dtype=bool)
-    n_full = int(full.sum())
+    n_full, is_windowed = int(full.sum()), windowed(timeline)
     calls = (
         (n_full * FULL_CALLS_PER_STEP + (b.count - n_full) * BOUNDARY_CALLS_PER_STEP) / b.count
         if b.count
         else None
     )
-    measured = window_cost(b)
-    overhead = calls * CALL_COST_S if calls is not None else None
-    if measured is not None and step_s and n_full * measured[1] / b.count <= MEASURED_SHARE_ERROR * step_s:
-        # the windows' part measured closely enough, the steps' ends' still estimated
-        overhead = n_full * max(measured[0], 0.0) / b.count + BOUNDARY_CALLS_PER_STEP * CALL_COST_S
+    measured, overhead = window_cost(b), None
+    if b.count and not is_windowed:
+        overhead = FULL_STEP_COST_S
+    elif b.count:  # a window's step adds to what every step pays for its end
+        window_step_s = WINDOW_STEP_COST_S
+        if (
+            measured is not None
+            and step_s
+            and n_full * measured[1] / b.count <= MEASURED_SHARE_ERROR * step_s
+        ):
+            window_step_s = max(measured[0], 0.0)  # the windows' part measured closely enough
+        overhead = STEP_END_COST_S + n_full * window_step_s / b.count
     return {
-        "mode": "windowed" if windowed(timeline) else "full",
+        "mode": "windowed" if is_windowed else "full",
         "full_steps": n_full,
         "steps": b.count,
         "calls_per_step": calls,

@@ -8,13 +8,15 @@ stages' shares from the full ones (``analyze.steps``).
 The schedule counts step ends and reads the session's clock (a test's fake one drives it): the
 first :data:`FULL_STEPS` steps and :data:`FULL_SECONDS` seconds are recorded fully, so a short
 profile is the same as with every hook on; after that, :data:`WINDOW` steps in every :data:`PERIOD`,
-or in a longer period where the start's steps were too short for that to cost under 1% of them
-(:func:`period_for`). ``every_step`` (``perfmagic.profile(full=True)``, ``--full``) records all of them.
+or in a longer period where the start's steps were too short for that to cost under
+:data:`OVERHEAD_TARGET` of them, by what the hooks cost in place (:func:`period_for`: a 2 ms step
+gets the longest, 500, a 2.5 ms one 140, one of 3.7 ms or more 50). ``every_step``
+(``perfmagic.profile(full=True)``, ``--full``) records all of them.
 
 The windows measure what they cost: each period's window, and the :data:`SETTLING_STEPS` steps after
 it that pay for its hooks' removal, against the steps just before it (:class:`WindowCost`). Where the
-hooks measurably add more than the estimate allowed for, the period grows until they cost under 1%
-again.
+hooks measurably add more than the estimate allowed for, the period grows until they cost under the
+target again.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ under :data:`OVERHEAD_TARGET` of a step; longer for shorter steps, up to :data:`
 LONGEST_PERIOD = 500
 """The longest period: a window every few seconds even for steps of a millisecond or less."""
 
-OVERHEAD_TARGET = 0.01
-"""The share of the step the hooks may cost, on average over a period (an estimate, below)."""
+OVERHEAD_TARGET = 0.008
+"""The share of the step the schedule lets the hooks cost, on average over a period, by its estimates: the
+goal is 1%, and the step ends' cost, which no run measures of itself, is known only within a few µs."""
 
 FULL_CALLS_PER_STEP = 43.0
 """Python calls the full stage hooks add to a plain step (DataLoader, forward, loss, backward, SGD):
@@ -54,12 +57,23 @@ FULL_CALLS_PER_STEP = 43.0
 BOUNDARY_CALLS_PER_STEP = 3.0
 """What a plain step pays outside the windows, in calls: its optimizer step's wrapper, which notes the
 step's end, and its share of the ends written together (``collect.quick_ends``), 1.5 calls counted,
-held at 3 for what they cost in place: ``overhead.py`` measures the step ends at +4.9 ± 6.1 and
-+18.6 ± 8.4 µs (two runs), ``step_end.py`` (the end alone, its control reading 2 to 6 µs high) at +16
-to +26: this estimate is at the low end of them."""
+held at 3."""
 
-CALL_COST_S = 1.5e-6
-"""What one added Python call costs a fast training loop in place (1 to 2 µs: docs/benchmarks.md)."""
+STEP_END_COST_S = 15e-6
+"""What a step outside the windows pays in place (its end noted, the ends written together, the thread
+clock's reads), on ``overhead.py``'s 2 ms loop: +4.9, +18.6 and +16.1 µs there (three runs), +10 to +23
+in ``step_end.py`` (less what its control read over its spin); an estimate, the middle of the six. Its
+:data:`BOUNDARY_CALLS_PER_STEP` calls at 1.5 µs would say 4.5: the caches the step's own work emptied
+make each call dearer in place."""
+
+WINDOW_STEP_COST_S = 140e-6
+"""What a step of a window adds in place, its share of the hooks' coming out included: +142 µs on
+``overhead.py``'s loop (``window_positions.py``; 98 to 262 in other runs). The estimate until
+the run has measured its own windows (:class:`WindowCost`)."""
+
+FULL_STEP_COST_S = 90e-6
+"""What a step adds in place where every step is recorded fully (no hooks come and go): +89 ± 6 µs in
+``overhead.py``'s ``perfmagic`` mode. The estimate in the report of such a profile."""
 
 SETTLING_STEPS = 3
 """Steps after a window that pay for its hooks' coming out, measured with it: the step they are taken out
@@ -206,15 +220,12 @@ def median_and_error(values: Sequence[float]) -> tuple[float, float]:
     return median, 1.2533 * 1.4826 * mad / math.sqrt(n)
 
 
-def period_for(step_s: float, added_s: float | None = None) -> int:
+def period_for(step_s: float, added_s: float = WINDOW_STEP_COST_S) -> int:
     """The period whose windows keep the hooks' cost under :data:`OVERHEAD_TARGET` of a ``step_s``
-    step: :data:`PERIOD` at least, :data:`LONGEST_PERIOD` where no period would (the steps' ends alone
-    cost more). ``added_s``: what a fully recorded step's hooks add to it, measured (by default the
-    estimate from the calls)."""
-    boundary = BOUNDARY_CALLS_PER_STEP * CALL_COST_S
-    if added_s is None:
-        added_s = (FULL_CALLS_PER_STEP - BOUNDARY_CALLS_PER_STEP) * CALL_COST_S
-    room = OVERHEAD_TARGET * step_s - boundary  # what the windows may add per step, on average
+    step, by the estimates: :data:`PERIOD` at least, :data:`LONGEST_PERIOD` where no period would (the
+    steps' ends alone cost more). ``added_s``: what a step of a window adds to it (measured, or the
+    estimate)."""
+    room = OVERHEAD_TARGET * step_s - STEP_END_COST_S  # what the windows may add per step, on average
     if room <= 0:
         return LONGEST_PERIOD
     return max(PERIOD, min(LONGEST_PERIOD, math.ceil(WINDOW * max(added_s, 0.0) / room)))

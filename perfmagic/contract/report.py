@@ -38,8 +38,9 @@ class Steps(TypedDict):
 class Recording(TypedDict):
     """``recording``: which steps had every stage hook in place (``collect.schedule``). Stage figures come
     from those, step times and counts from all; ``calls_per_step`` is an estimate (the Python calls a plain
-    step's hooks add), ``overhead_fraction`` too (at about 1.5 µs a call, over the median step) but where
-    the windows' cost was measured (``window_cost_s``): then only the steps' ends are estimated."""
+    step's hooks add), ``overhead_fraction`` too (from what the hooks cost a fast loop in place, over the
+    median step) but where the windows' cost was measured (``window_cost_s``): then only the steps' ends
+    are estimated."""
 
     mode: Literal["full", "windowed"]  # windowed: some steps were recorded at their ends only
     full_steps: int
