@@ -8,9 +8,10 @@ long run of this loop gets past its first 200 steps and 30 s: ``collect.schedule
 ``perfmagic step ends`` (no windows: what each step outside them pays), ``perfmagic+device clock`` (a
 simulated CUDA device: every stage marks events, as on a GPU), ``torch.profiler``, and ``control
 +1%``: no profiler, but a spin of 1% of the step on every step, the method's check of itself in the
-same run. Each chunk's first ``--skip`` steps (a profile's start: one-offs, its first step recorded
-fully and the steps its hooks' removal slows) are left out; the rest, one period by default, is its
-span: one window and the steps after it. Garbage is collected before each chunk, so one chunk's garbage is
+same run. Profiles record their first 20 steps fully, as a long run does its start (a profile's
+one-offs fall there), then windows. Each chunk's first ``--skip`` steps (the start and the 3 steps
+its hooks' removal slows) are left out; the rest, one period by default, is its span: one window
+and the 3 steps after it. Garbage is collected before each chunk, so one chunk's garbage is
 not collected in the next one's steps.
 
 A VM's CPU speed moves by 10% or more between half-seconds, far more than 1%. So each step is
@@ -142,6 +143,13 @@ class Loop:
         return chunk
 
 
+def steady_step_s(loop: Loop) -> float:
+    """The loop's step, unprofiled: the median of 2,000 steps after 300 of warm-up (a VM's speed moves by
+    20% from one second to the next; a long run sets its period from its first 30 s)."""
+    loop.steps(300)
+    return statistics.median(loop.steps(2000).wall)
+
+
 def spin_turns(seconds: float) -> int:
     """How many empty loop turns take ``seconds`` (the median of 5 timings)."""
     turns, timings = 100_000, []
@@ -159,13 +167,18 @@ def with_perfmagic() -> Iterator[None]:
         yield
 
 
+START_STEPS = 20
+"""Steps a profiled chunk records fully before its windows: a long run's start, in which a profile's one-offs
+fall (the memory of one sampled step, read on the training thread: 5 to 9 ms)."""
+
+
 @contextlib.contextmanager
-def windows_from_start(window: int | None = None) -> Iterator[None]:
-    """Profiles with no full start (``collect.schedule``): their steps are recorded in windows from the
-    first one, ``window`` steps in every period (None: the default; 0: no window ever, by a period no
-    run reaches, so the analysis still reads the windows' usual size)."""
+def windows_from_start(window: int | None = None, full_steps: int = 0) -> Iterator[None]:
+    """Profiles whose steps are recorded in windows after their first ``full_steps`` (not after 200 steps
+    and 30 s: ``collect.schedule``), ``window`` steps in every period (None: the default; 0: no window
+    ever, by a period no run reaches, so the analysis still reads the windows' usual size)."""
     saved = schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW, schedule.PERIOD
-    schedule.FULL_STEPS, schedule.FULL_SECONDS = 0, 0.0
+    schedule.FULL_STEPS, schedule.FULL_SECONDS = full_steps, 0.0
     if window == 0:
         schedule.PERIOD = sys.maxsize
     elif window is not None:
@@ -196,7 +209,7 @@ def long_run_period(step_s: float) -> int:
 
 @contextlib.contextmanager
 def with_perfmagic_windowed() -> Iterator[None]:
-    with windows_from_start(), perfmagic.profile():
+    with windows_from_start(full_steps=START_STEPS), perfmagic.profile():
         yield
 
 
@@ -204,7 +217,7 @@ def with_perfmagic_windowed() -> Iterator[None]:
 def with_perfmagic_step_ends() -> Iterator[None]:
     """Only what is on every step outside the windows: windows of no step (the windowed mode's cost
     less this one's is what its windows add)."""
-    with windows_from_start(window=0), perfmagic.profile():
+    with windows_from_start(window=0, full_steps=START_STEPS), perfmagic.profile():
         yield
 
 
@@ -284,7 +297,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--seconds", type=float, help="stop after the round that passes this many seconds")
     parser.add_argument("--steps", type=int, help="steps in each chunk (default: --skip and a period)")
-    parser.add_argument("--skip", type=int, help="each chunk's first steps, left out (default: 46)")
+    parser.add_argument("--skip", type=int, help="each chunk's first steps, left out (default: 23)")
     parser.add_argument("--modes", default=",".join(MODES), help="profiled modes, comma-separated")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     args = parser.parse_args()
@@ -296,11 +309,11 @@ def main() -> None:
         parser.error("needs --rounds >= 1")
     torch.set_num_threads(1)
     loop = Loop()
-    step_s = statistics.median(loop.steps(300).wall[100:])  # after a warm-up
+    step_s = steady_step_s(loop)
     spin, period = spin_turns(0.01 * step_s), long_run_period(step_s)
-    # a profile's first step is recorded fully, the 3 after it slowed by the hooks' removal; its first window
-    # (steps period-3 .. period+1) and the 3 after it are in a span of one period from any step 5 .. period-3
-    args.skip = min(50, period) - 4 if args.skip is None else args.skip
+    # the start and the steps its hooks' removal slows are left out; the first window and the steps after
+    # it are the last period's
+    args.skip = START_STEPS + schedule.SETTLING_STEPS if args.skip is None else args.skip
     args.steps = args.skip + period if args.steps is None else args.steps
     if not 0 <= args.skip < args.steps:
         parser.error(f"needs 0 <= --skip < --steps (here {args.skip} and {args.steps})")

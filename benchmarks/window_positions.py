@@ -25,7 +25,7 @@ import perfmagic
 from perfmagic.collect import schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import Loop, long_run_period, period_pinned, windows_from_start
+from overhead import Loop, long_run_period, period_pinned, steady_step_s, windows_from_start
 
 
 def quiet(period: int) -> slice:
@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     loop = Loop()
-    step_s = statistics.median(loop.steps(300).wall[100:])  # after a warm-up
+    step_s = steady_step_s(loop)
     period = long_run_period(step_s)
     with period_pinned(period), windows_from_start(), perfmagic.profile() as session:
         times = loop.steps(int(args.seconds / step_s)).wall
