@@ -5,7 +5,8 @@ chunks of ``--steps`` steps, timed step by step: unprofiled chunks, and between 
 chunk under one mode, the modes in rotating order. Modes: ``perfmagic`` (a run this short has every
 step recorded fully), ``perfmagic windowed`` (stage hooks in 5 steps of every period, the period a
 long run of this loop gets past its first 200 steps and 30 s: ``collect.schedule.period_for``),
-``perfmagic step ends`` (no windows: what each step outside them pays), ``perfmagic+device clock`` (a
+``perfmagic step ends`` (no windows: what each step outside them pays; ``... unsampled``: the same
+with no metric source polled), ``perfmagic+device clock`` (a
 simulated CUDA device: every stage marks events, as on a GPU), ``torch.profiler``, and ``control
 +1%``: no profiler, but a spin of 1% of the step on every step, the method's check of itself in the
 same run. Profiles record their first 20 steps fully, as a long run does its start (a profile's
@@ -222,6 +223,14 @@ def with_perfmagic_step_ends() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def with_perfmagic_step_ends_unsampled() -> Iterator[None]:
+    """The step ends with no metric source polled (``sample=False``): what the sampler thread's polls
+    add to them."""
+    with windows_from_start(window=0, full_steps=START_STEPS), perfmagic.profile(sample=False):
+        yield
+
+
+@contextlib.contextmanager
 def with_torch_profiler() -> Iterator[None]:
     with torch.profiler.profile():
         yield
@@ -242,6 +251,7 @@ MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "perfmagic": with_perfmagic,
     "perfmagic windowed": with_perfmagic_windowed,
     "perfmagic step ends": with_perfmagic_step_ends,
+    "perfmagic step ends unsampled": with_perfmagic_step_ends_unsampled,
     "perfmagic+device clock": with_perfmagic_device_clock,
     "torch.profiler": with_torch_profiler,
     CONTROL: contextlib.nullcontext,
