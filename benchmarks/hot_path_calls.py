@@ -7,7 +7,7 @@ point or two with the machine (``overhead.py``). Two figures that do not move:
   unprofiled and under ``perfmagic.profile()``, counted with ``sys.setprofile`` over the same
   batches, and the functions that make the difference: for a fully recorded step (a profile's
   first 200 steps and 30 s, and its windows), for a step outside the windows, and on average once
-  the windows have begun (5 steps in every 50: ``collect.schedule``). In place each such call costs a fast loop
+  the windows have begun (5 steps in every 53: ``collect.schedule``). In place each such call costs a fast loop
   a microsecond or two (the step's tensors have pushed the interpreter out of the caches), so the
   count is what the hot path's cost follows.
 - **Background milliseconds per second**: the CPU time the sampler thread spends in its tick (spool
@@ -51,7 +51,7 @@ from perfmagic.session import Session
 from perfmagic.upkeep import RecordUpkeep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import Loop, training_parts, windows_from_start, with_perfmagic_step_ends
+from overhead import Loop, training_parts, windows_after, with_perfmagic_step_ends
 
 
 def make_loop(seconds: float) -> Callable[[], None]:
@@ -118,11 +118,11 @@ def main() -> None:
     for label, window in (
         ("a fully recorded step", None),
         ("a step outside the windows", 0),
-        ("on average, 5 steps in 50 recorded fully", schedule.WINDOW),
+        (f"on average, {schedule.WINDOW} steps in {schedule.PERIOD} recorded fully", schedule.WINDOW),
     ):
         with contextlib.ExitStack() as stack:
             if window is not None:
-                stack.enter_context(windows_from_start(window))
+                stack.enter_context(windows_after(window))
             with perfmagic.profile():
                 profiled = python_calls(args.steps)
         extra = profiled.copy()
@@ -158,7 +158,7 @@ def switch_times(seconds: float) -> str:
 
     TorchStages._record_fully = timed_switch  # type: ignore[method-assign]
     try:
-        with windows_from_start(), perfmagic.profile():
+        with windows_after(), perfmagic.profile():
             make_loop(seconds)()
     finally:
         TorchStages._record_fully = original  # type: ignore[method-assign]

@@ -40,12 +40,12 @@ import torch
 import perfmagic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import training_parts, windows_from_start
+from overhead import training_parts, windows_after
 
 
 @contextlib.contextmanager
 def profiled(full: bool, window: int | None = None) -> Iterator[None]:
-    schedule = windows_from_start(window) if not full else contextlib.nullcontext()
+    schedule = windows_after(window) if not full else contextlib.nullcontext()
     with schedule, perfmagic.profile(full=full, sample=False):
         yield
 
@@ -56,7 +56,7 @@ MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "perfmagic windowed": lambda: profiled(full=False),
     "perfmagic step ends": lambda: profiled(full=False, window=0),
 }
-"""``perfmagic``: every step recorded fully; ``windowed``: 5 steps in every 50 from the start;
+"""``perfmagic``: every step recorded fully; ``windowed``: 5 steps in every 53 from the start;
 ``step ends``: no windows (what each step outside them does). No sampler thread: its work is
 another thread's, counted by ``hot_path_calls.py``."""
 

@@ -2,7 +2,7 @@
 
 Each change of a class makes CPython drop what it specialized for the class and its subclasses, and
 Python 3.13 stops specializing a class for good after 1,000 changes (``collect.windowed_hooks``). This
-runs ``overhead.py``'s loop under one windowed profile (windows from the first step, 5 in every 50)
+runs ``overhead.py``'s loop under one windowed profile (windows from the first step, 5 in every 53)
 for ``--steps`` steps and times a plain attribute read of one of its layers (``layer.training``,
 ``layer.in_features``: the median of 7 runs of 20,000) before, every ``--every`` steps, and after the
 profile. A read that grows several times over and stays so is a class that lost its specialization.
@@ -25,7 +25,7 @@ import perfmagic
 from perfmagic.collect import schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import Loop, period_pinned, windows_from_start
+from overhead import Loop, period_pinned, windows_after
 
 
 def read_ns(layer: torch.nn.Linear) -> float:
@@ -54,7 +54,7 @@ def main() -> None:
         f"Python {sys.version.split()[0]}, torch {torch.__version__}: before, {read_ns(layer):.0f} ns a read"
     )
     begin = time.perf_counter()
-    with period_pinned(schedule.PERIOD), windows_from_start(), perfmagic.profile(sample=False):
+    with period_pinned(schedule.PERIOD), windows_after(), perfmagic.profile(sample=False):
         done = 0
         while done < args.steps:
             loop.steps(min(args.every, args.steps - done))

@@ -4,7 +4,7 @@ The same small CPU training loop (2–3 ms steps: DataLoader, forward, backward,
 chunks of ``--steps`` steps, timed step by step: unprofiled chunks, and between each two of them a
 chunk under one mode, the modes in rotating order. Modes: ``perfmagic`` (a run this short has every
 step recorded fully), ``perfmagic windowed`` (stage hooks in 5 steps of every period, the period a
-long run of this loop gets past its first 200 steps and 30 s: ``collect.schedule.period_for``),
+long run of this loop gets past its first 200 steps and 30 s: ``collect.schedule.period_after_start``),
 ``perfmagic step ends`` (no windows: what each step outside them pays; ``... unsampled``: the same
 with no metric source polled), ``perfmagic+device clock`` (a
 simulated CUDA device: every stage marks events, as on a GPU), ``torch.profiler``, and ``control
@@ -174,20 +174,32 @@ fall (the memory of one sampled step, read on the training thread: 5 to 9 ms).""
 
 
 @contextlib.contextmanager
-def windows_from_start(window: int | None = None, full_steps: int = 0) -> Iterator[None]:
+def windows_after(window: int | None = None, full_steps: int = 0) -> Iterator[None]:
     """Profiles whose steps are recorded in windows after their first ``full_steps`` (not after 200 steps
     and 30 s: ``collect.schedule``), ``window`` steps in every period (None: the default; 0: no window
     ever, by a period no run reaches, so the analysis still reads the windows' usual size)."""
-    saved = schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW, schedule.PERIOD
+    saved = (
+        schedule.FULL_STEPS,
+        schedule.FULL_SECONDS,
+        schedule.WINDOW,
+        schedule.PERIOD,
+        schedule.LONGEST_PERIOD,
+    )
     schedule.FULL_STEPS, schedule.FULL_SECONDS = full_steps, 0.0
     if window == 0:
-        schedule.PERIOD = sys.maxsize
+        schedule.PERIOD = schedule.LONGEST_PERIOD = sys.maxsize
     elif window is not None:
         schedule.WINDOW = window
     try:
         yield
     finally:
-        schedule.FULL_STEPS, schedule.FULL_SECONDS, schedule.WINDOW, schedule.PERIOD = saved
+        (
+            schedule.FULL_STEPS,
+            schedule.FULL_SECONDS,
+            schedule.WINDOW,
+            schedule.PERIOD,
+            schedule.LONGEST_PERIOD,
+        ) = saved
 
 
 @contextlib.contextmanager
@@ -202,15 +214,9 @@ def period_pinned(period: int) -> Iterator[None]:
         schedule.PERIOD, schedule.LONGEST_PERIOD = saved
 
 
-def long_run_period(step_s: float) -> int:
-    """The period a long run of a loop of ``step_s`` steps gets: its first 30 s, recorded fully, measure
-    steps of ``step_s`` and what full recording adds (``collect.schedule``)."""
-    return schedule.period_for(step_s + schedule.FULL_STEP_COST_S)
-
-
 @contextlib.contextmanager
 def with_perfmagic_windowed() -> Iterator[None]:
-    with windows_from_start(full_steps=START_STEPS), perfmagic.profile():
+    with windows_after(full_steps=START_STEPS), perfmagic.profile():
         yield
 
 
@@ -218,7 +224,7 @@ def with_perfmagic_windowed() -> Iterator[None]:
 def with_perfmagic_step_ends() -> Iterator[None]:
     """Only what is on every step outside the windows: windows of no step (the windowed mode's cost
     less this one's is what its windows add)."""
-    with windows_from_start(window=0, full_steps=START_STEPS), perfmagic.profile():
+    with windows_after(window=0, full_steps=START_STEPS), perfmagic.profile():
         yield
 
 
@@ -226,7 +232,7 @@ def with_perfmagic_step_ends() -> Iterator[None]:
 def with_perfmagic_step_ends_unsampled() -> Iterator[None]:
     """The step ends with no metric source polled (``sample=False``): what the sampler thread's polls
     add to them."""
-    with windows_from_start(window=0, full_steps=START_STEPS), perfmagic.profile(sample=False):
+    with windows_after(window=0, full_steps=START_STEPS), perfmagic.profile(sample=False):
         yield
 
 
@@ -320,7 +326,7 @@ def main() -> None:
     torch.set_num_threads(1)
     loop = Loop()
     step_s = steady_step_s(loop)
-    spin, period = spin_turns(0.01 * step_s), long_run_period(step_s)
+    spin, period = spin_turns(0.01 * step_s), schedule.period_after_start(step_s)
     # the start and the steps its hooks' removal slows are left out; the first window and the steps after
     # it are the last period's
     args.skip = START_STEPS + schedule.SETTLING_STEPS if args.skip is None else args.skip

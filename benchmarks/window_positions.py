@@ -3,7 +3,7 @@
 ``overhead.py`` times short profiles against unprofiled chunks; a long run is another thing: its
 windows come every period, and taking the hooks out slows the steps after each window too. This
 runs ``overhead.py``'s loop under one windowed profile (windows from the first step, 5 in every period,
-the period a long run of this loop gets: ``overhead.long_run_period``) for about ``--seconds``, times every step (its probe of the CPU's speed before it, untimed, as in
+the period a long run of this loop gets: ``collect.schedule.period_after_start``) for about ``--seconds``, times every step (its probe of the CPU's speed before it, untimed, as in
 ``overhead.py``), and takes the median step at each position of the period over all periods: the positions in and just after a
 window, against the median step of the quiet middle of the period. Medians, so that the machine's
 own stalls, which fall on any step, drop out. Beside it, the report's own measurement
@@ -25,7 +25,7 @@ import perfmagic
 from perfmagic.collect import schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import Loop, long_run_period, period_pinned, steady_step_s, windows_from_start
+from overhead import Loop, period_pinned, steady_step_s, windows_after
 
 
 def quiet(period: int) -> slice:
@@ -42,8 +42,8 @@ def main() -> None:
     torch.set_num_threads(1)
     loop = Loop()
     step_s = steady_step_s(loop)
-    period = long_run_period(step_s)
-    with period_pinned(period), windows_from_start(), perfmagic.profile() as session:
+    period = schedule.period_after_start(step_s)
+    with period_pinned(period), windows_after(), perfmagic.profile() as session:
         times = loop.steps(int(args.seconds / step_s)).wall
     periods = len(times) // period
     by_position = [statistics.median(times[i : periods * period : period]) for i in range(period)]

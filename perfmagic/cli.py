@@ -122,7 +122,7 @@ def _run_arguments(run_p: argparse.ArgumentParser) -> None:
         "--full",
         action="store_true",
         help="record every training step's stages (default: every step of the first 200 steps and 30 s, "
-        "then 5 steps in every 50 or more; the step times of all steps)",
+        "then 5 steps in every 53 or more; the step times of all steps)",
     )
     run_p.add_argument(
         "--tune-budget",

@@ -102,7 +102,7 @@ class PerfMagics(Magics):
         "--full",
         action="store_true",
         help="record every step's stages (default: every step of the first 200 steps and 30 s, then 5 "
-        "steps in every 50 or more; the step times of all steps)",
+        "steps in every 53 or more; the step times of all steps)",
     )
     @argument(
         "--tune-budget",

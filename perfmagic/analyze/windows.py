@@ -29,9 +29,9 @@ from perfmagic.collect.schedule import (
     FULL_STEP_COST_S,
     MEASURED_PERIODS,
     SETTLING_STEPS,
-    STEP_END_COST_S,
     WINDOW,
     WINDOW_STEP_COST_S,
+    estimated_cost_s,
     median_and_error,
 )
 from perfmagic.schema import RECORDING
@@ -189,37 +189,37 @@ def recording_section(timeline: Timeline, b: StepBreakdown, step_s: float | None
     """``recording``: how the steps were recorded, and what the hooks cost them: the calls a plain step's
     hooks add (as counted by ``benchmarks/hot_path_calls.py``), and their seconds in place, estimated
     (``collect.schedule``: :data:`FULL_STEP_COST_S` a step where all are recorded fully; else
-    :data:`STEP_END_COST_S` a step, and :data:`WINDOW_STEP_COST_S` more a window's step); where the
-    windows were measured (:func:`window_cost`) within :data:`MEASURED_SHARE_ERROR`, their part is the
-    measured one."""
+    :func:`estimated_cost_s` of the windows' share); where the windows were measured
+    (:func:`window_cost`) within :data:`MEASURED_SHARE_ERROR`, a window step's part is the measured one."""
     full = b.full if b.full is not None else np.ones(b.count, dtype=bool)
     n_full, is_windowed = int(full.sum()), windowed(timeline)
-    calls = (
-        (n_full * FULL_CALLS_PER_STEP + (b.count - n_full) * BOUNDARY_CALLS_PER_STEP) / b.count
-        if b.count
-        else None
-    )
-    measured, overhead = window_cost(b), None
-    if b.count and not is_windowed:
-        overhead = FULL_STEP_COST_S
-    elif b.count:  # a window's step adds to what every step pays for its end
+    measured = window_cost(b)
+    section: Recording = {
+        "mode": "windowed" if is_windowed else "full",
+        "full_steps": n_full,
+        "steps": b.count,
+        "calls_per_step": None,
+        "window_cost_s": measured[0] if measured is not None else None,
+        "window_cost_error_s": measured[1] if measured is not None else None,
+        "overhead_fraction": None,
+    }
+    if not b.count:
+        return section
+    section["calls_per_step"] = (
+        n_full * FULL_CALLS_PER_STEP + (b.count - n_full) * BOUNDARY_CALLS_PER_STEP
+    ) / b.count
+    overhead_s = FULL_STEP_COST_S
+    if is_windowed:
         window_step_s = WINDOW_STEP_COST_S
         if (
             measured is not None
             and step_s
             and n_full * measured[1] / b.count <= MEASURED_SHARE_ERROR * step_s
         ):
-            window_step_s = max(measured[0], 0.0)  # the windows' part measured closely enough
-        overhead = STEP_END_COST_S + n_full * window_step_s / b.count
-    return {
-        "mode": "windowed" if is_windowed else "full",
-        "full_steps": n_full,
-        "steps": b.count,
-        "calls_per_step": calls,
-        "window_cost_s": measured[0] if measured is not None else None,
-        "window_cost_error_s": measured[1] if measured is not None else None,
-        "overhead_fraction": overhead / step_s if overhead is not None and step_s else None,
-    }
+            window_step_s = measured[0]  # the windows' part measured closely enough
+        overhead_s = estimated_cost_s(n_full / b.count, window_step_s)
+    section["overhead_fraction"] = overhead_s / step_s if step_s else None
+    return section
 
 
 def window_cost(b: StepBreakdown) -> tuple[float, float] | None:

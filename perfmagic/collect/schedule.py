@@ -10,8 +10,13 @@ first :data:`FULL_STEPS` steps and :data:`FULL_SECONDS` seconds are recorded ful
 profile is the same as with every hook on; after that, :data:`WINDOW` steps in every :data:`PERIOD`,
 or in a longer period where the start's steps were too short for that to cost under
 :data:`OVERHEAD_TARGET` of them, by what the hooks cost in place (:func:`period_for`: a 2 ms step
-and a 2.5 ms one get the longest, 500, a 3 ms one 176, one of 4.5 ms or more 50). ``every_step``
+and a 2.5 ms one get the longest, 503, a 3 ms one 179, one of 4.5 ms or more 53). ``every_step``
 (``perfmagic.profile(full=True)``, ``--full``) records all of them.
+
+Every period is a prime number of steps. A loop that does something every k steps (logs every 10,
+loads a slow shard every 100) would otherwise, with a period sharing a factor with k, meet it at the
+same place in every window: always in them, or never. A prime period shares no factor with any k it
+does not divide, so the windows move through every place of such a cycle in turn.
 
 The windows measure what they cost: each period's window, and the :data:`SETTLING_STEPS` steps after
 it that pay for its hooks' removal, against the steps just before it (:class:`WindowCost`). Where the
@@ -38,12 +43,13 @@ FULL_SECONDS = 30.0
 WINDOW = 5
 """Steps recorded fully in each period once the start is over."""
 
-PERIOD = 50
+PERIOD = 53
 """Steps in a period (the last :data:`WINDOW` of them are recorded fully), where that keeps the hooks
-under :data:`OVERHEAD_TARGET` of a step; longer for shorter steps, up to :data:`LONGEST_PERIOD`."""
+under :data:`OVERHEAD_TARGET` of a step; longer for shorter steps, up to :data:`LONGEST_PERIOD`. A prime,
+as every period is."""
 
-LONGEST_PERIOD = 500
-"""The longest period: a window every few seconds even for steps of a millisecond or less."""
+LONGEST_PERIOD = 503
+"""The longest period, a prime: a window every few seconds even for steps of a millisecond or less."""
 
 OVERHEAD_TARGET = 0.008
 """The share of the step the schedule lets the hooks cost, on average over a period, by its estimates: the
@@ -222,15 +228,33 @@ def median_and_error(values: Sequence[float]) -> tuple[float, float]:
     return median, 1.2533 * 1.4826 * mad / math.sqrt(n)
 
 
+def estimated_cost_s(window_share: float, window_step_s: float = WINDOW_STEP_COST_S) -> float:
+    """What the hooks add to a step on average, by the estimates, where ``window_share`` of the steps are
+    a window's: :data:`STEP_END_COST_S` on every step, ``window_step_s`` more on a window's (measured, or
+    :data:`WINDOW_STEP_COST_S`)."""
+    return STEP_END_COST_S + window_share * max(window_step_s, 0.0)
+
+
 def period_for(step_s: float, added_s: float = WINDOW_STEP_COST_S) -> int:
-    """The period whose windows keep the hooks' cost under :data:`OVERHEAD_TARGET` of a ``step_s``
-    step, by the estimates: :data:`PERIOD` at least, :data:`LONGEST_PERIOD` where no period would (the
-    steps' ends alone cost more). ``added_s``: what a step of a window adds to it (measured, or the
-    estimate)."""
-    room = OVERHEAD_TARGET * step_s - STEP_END_COST_S  # what the windows may add per step, on average
-    if room <= 0:
-        return LONGEST_PERIOD
-    return max(PERIOD, min(LONGEST_PERIOD, math.ceil(WINDOW * max(added_s, 0.0) / room)))
+    """The shortest prime period from :data:`PERIOD` whose windows keep the hooks' estimated cost
+    (:func:`estimated_cost_s`) under :data:`OVERHEAD_TARGET` of a ``step_s`` step; :data:`LONGEST_PERIOD`
+    where none up to it does (the steps' ends alone cost more). ``added_s``: what a step of a window adds
+    to it (measured, or the estimate)."""
+    budget_s = OVERHEAD_TARGET * step_s
+    for period in range(PERIOD, LONGEST_PERIOD):
+        if _is_prime(period) and estimated_cost_s(WINDOW / period, added_s) <= budget_s:
+            return period
+    return LONGEST_PERIOD
+
+
+def period_after_start(step_s: float) -> int:
+    """The period a long run of ``step_s`` steps gets: its first :data:`FULL_SECONDS`, recorded fully,
+    measure its steps with what full recording adds to them (:data:`FULL_STEP_COST_S`)."""
+    return period_for(step_s + FULL_STEP_COST_S)
+
+
+def _is_prime(n: int) -> bool:
+    return n > 1 and all(n % k for k in range(2, math.isqrt(n) + 1))
 
 
 class HookWindows:

@@ -26,7 +26,7 @@ DataLoader and where the user built it) and the memory probe's one sampled step
 (``collect.torch_memory``) spread over 200. Ten of them are the trampolines through which torch's
 functions reach the wrappers, one a hooked call: switching the functions' code rather than the
 classes' attributes keeps every class as it is (``collect.windowed_hooks``). That is a fully recorded step's: the first 200 steps and
-30 s, and 5 steps in every 50 after them (``collect.schedule``)."""
+30 s, and 5 steps in every 53 after them (``collect.schedule``)."""
 
 OUTSIDE_WINDOWS_BUDGET = 4
 """Python calls perfmagic may add to the same step outside the recording windows: the optimizer step's
