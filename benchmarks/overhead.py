@@ -6,7 +6,7 @@ chunk under one mode, the modes in rotating order. Modes: ``perfmagic`` (a run t
 step recorded fully), ``perfmagic windowed`` (stage hooks in 5 steps of every period, the period a
 long run of this loop gets past its first 200 steps and 30 s: ``collect.schedule.period_after_start``),
 ``perfmagic step ends`` (no windows: what each step outside them pays; ``... unsampled``: the same
-with no metric source polled), ``perfmagic+device clock`` (a
+with no metric source polled; ``... 100 Hz``: the sources polled ten times as often), ``perfmagic+device clock`` (a
 simulated CUDA device: every stage marks events, as on a GPU), ``torch.profiler``, and ``control
 +1%``: no profiler, but a spin of 1% of the step on every step, the method's check of itself in the
 same run. Profiles record their first 20 steps fully, as a long run does its start (a profile's
@@ -237,6 +237,14 @@ def with_perfmagic_step_ends_unsampled() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def with_perfmagic_step_ends_100hz() -> Iterator[None]:
+    """The step ends with the sources polled ten times as often (``interval=0.01``): the sampler's cost to
+    the loop per tick, amplified tenfold above what this VM's noise hides."""
+    with windows_after(window=0, full_steps=START_STEPS), perfmagic.profile(interval=0.01):
+        yield
+
+
+@contextlib.contextmanager
 def with_torch_profiler() -> Iterator[None]:
     with torch.profiler.profile():
         yield
@@ -258,6 +266,7 @@ MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "perfmagic windowed": with_perfmagic_windowed,
     "perfmagic step ends": with_perfmagic_step_ends,
     "perfmagic step ends unsampled": with_perfmagic_step_ends_unsampled,
+    "perfmagic step ends 100 Hz": with_perfmagic_step_ends_100hz,
     "perfmagic+device clock": with_perfmagic_device_clock,
     "torch.profiler": with_torch_profiler,
     CONTROL: contextlib.nullcontext,
