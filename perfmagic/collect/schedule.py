@@ -240,11 +240,11 @@ def period_for(step_s: float, added_s: float = WINDOW_STEP_COST_S) -> int:
     (:func:`estimated_cost_s`) under :data:`OVERHEAD_TARGET` of a ``step_s`` step; :data:`LONGEST_PERIOD`
     where none up to it does (the steps' ends alone cost more). ``added_s``: what a step of a window adds
     to it (measured, or the estimate)."""
-    budget_s = OVERHEAD_TARGET * step_s
-    for period in range(PERIOD, LONGEST_PERIOD):
-        if _is_prime(period) and estimated_cost_s(WINDOW / period, added_s) <= budget_s:
-            return period
-    return LONGEST_PERIOD
+    room_s = OVERHEAD_TARGET * step_s - estimated_cost_s(0.0)  # what the windows may add a step
+    if room_s <= 0:
+        return LONGEST_PERIOD
+    shortest = max(PERIOD, math.ceil(WINDOW * max(added_s, 0.0) / room_s))
+    return next((n for n in range(shortest, LONGEST_PERIOD) if _is_prime(n)), LONGEST_PERIOD)
 
 
 def period_after_start(step_s: float) -> int:
