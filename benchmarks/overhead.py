@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -221,26 +222,12 @@ def with_perfmagic_windowed() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def with_perfmagic_step_ends() -> Iterator[None]:
+def with_perfmagic_step_ends(**options: Any) -> Iterator[None]:
     """Only what is on every step outside the windows: windows of no step (the windowed mode's cost
-    less this one's is what its windows add)."""
-    with windows_after(window=0, full_steps=START_STEPS), perfmagic.profile():
-        yield
-
-
-@contextlib.contextmanager
-def with_perfmagic_step_ends_unsampled() -> Iterator[None]:
-    """The step ends with no metric source polled (``sample=False``): what the sampler thread's polls
-    add to them."""
-    with windows_after(window=0, full_steps=START_STEPS), perfmagic.profile(sample=False):
-        yield
-
-
-@contextlib.contextmanager
-def with_perfmagic_step_ends_100hz() -> Iterator[None]:
-    """The step ends with the sources polled ten times as often (``interval=0.01``): the sampler's cost to
-    the loop per tick, amplified tenfold above what this VM's noise hides."""
-    with windows_after(window=0, full_steps=START_STEPS), perfmagic.profile(interval=0.01):
+    less this one's is what its windows add). ``options`` go to the profile: ``sample=False`` (no metric
+    source polled: what the sampler's polls add), ``interval=0.01`` (polled ten times as often: the
+    sampler's cost per tick, amplified above what this VM's noise hides)."""
+    with windows_after(window=0, full_steps=START_STEPS), perfmagic.profile(**options):
         yield
 
 
@@ -265,8 +252,8 @@ MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "perfmagic": with_perfmagic,
     "perfmagic windowed": with_perfmagic_windowed,
     "perfmagic step ends": with_perfmagic_step_ends,
-    "perfmagic step ends unsampled": with_perfmagic_step_ends_unsampled,
-    "perfmagic step ends 100 Hz": with_perfmagic_step_ends_100hz,
+    "perfmagic step ends unsampled": functools.partial(with_perfmagic_step_ends, sample=False),
+    "perfmagic step ends 100 Hz": functools.partial(with_perfmagic_step_ends, interval=0.01),
     "perfmagic+device clock": with_perfmagic_device_clock,
     "torch.profiler": with_torch_profiler,
     CONTROL: contextlib.nullcontext,
