@@ -31,7 +31,7 @@ from perfmagic.collect.forked_child import keep_until_exit
 from perfmagic.collect.nvtx_ranges import NVTX as _NVTX
 from perfmagic.collect.nvtx_ranges import nvtx_pop as _nvtx_pop
 from perfmagic.collect.nvtx_ranges import nvtx_push as _nvtx_push
-from perfmagic.collect.quick_ends import HELD_AT_MOST, QuickEnds
+from perfmagic.collect.quick_ends import HELD_AT_MOST, WRITTEN_WITHIN_S, QuickEnds
 from perfmagic.collect.schedule import HookWindows, RecordingSchedule
 from perfmagic.collect.stage_wrapper import recorded_as_stage
 from perfmagic.collect.thread_series import UNREAD, Reading, ThreadClockSeries
@@ -98,8 +98,7 @@ class StageRecorder:
         self._written_kinds: dict[str, tuple[int, bool]] = {}  # per kind: boundary name id, in STEP_ENDS
         # a boundary held back (kind, time, device event token, thread clock reading): see ``boundary``
         self._held: tuple[str, float, object | None, Reading | None] | None = None
-        # which steps are recorded fully (None: all), and the hooks it installs and removes at step
-        # ends (``record_in_windows``)
+        # which steps are recorded fully (None: all), the hooks it switches at step ends (``record_in_windows``)
         self.schedule: RecordingSchedule | None = None
         self._windows: HookWindows | None = None
         self._step_ends = 0  # optimizer and user step ends marked: what the schedule counts
@@ -134,11 +133,9 @@ class StageRecorder:
         self._extras = _NVTX or self._device_clock is not None or annotate is not None
 
     def enter(self, sid: int) -> bool:
-        """Open a stage; False when it is not recorded (then don't call ``exit``).
-
-        Runs several times a step: the plain case (no device clock, annotation or NVTX) is kept to
-        a few bytecodes, because each costs a fast loop several times what a microbenchmark says.
-        """
+        """Open a stage; False when it is not recorded (then don't call ``exit``). Runs several times a step:
+        the plain case (no device clock, annotation or NVTX) is kept to a few bytecodes, because each costs
+        a fast loop several times what a microbenchmark says."""
         stack = self._stack
         if (
             _get_ident() != self.thread_id
@@ -215,12 +212,10 @@ class StageRecorder:
         self.timeline.add_span(sid, start - self.origin, end - self.origin, len(self._stack))
 
     def boundary(self, kind: str, *, hold: bool = False) -> None:
-        """Mark a step boundary (``kind``: one of ``step_policy.EVIDENCE`` or ``NOT_STEP_ENDS``).
-
-        ``hold=True`` keeps the boundary back, with its time: the next boundary of any kind or
-        :meth:`release_held` writes it, :meth:`drop_held` forgets it (two optimizers stepping in
-        one iteration: only the last one's step ends the training step).
-        """
+        """Mark a step boundary (``kind``: one of ``step_policy.EVIDENCE`` or ``NOT_STEP_ENDS``). ``hold=True``
+        keeps it back, with its time: the next boundary of any kind or :meth:`release_held` writes it,
+        :meth:`drop_held` forgets it (two optimizers stepping in one iteration: only the last one's step
+        ends the training step)."""
         if _get_ident() != self.thread_id:
             return
         if self._quick_times:
@@ -258,8 +253,8 @@ class StageRecorder:
         self._window_left = 0  # asked at the next step end
 
     def record_fully_now(self) -> None:
-        """Install the windowed hooks now, until the next step end (a DataLoader pass begins: an
-        evaluation pass is seen by them whole)."""
+        """Install the windowed hooks now, until the next step end (a DataLoader pass begins: an evaluation
+        pass is seen whole)."""
         windows = self._windows
         if windows is None or _get_ident() != self.thread_id:
             return
@@ -299,25 +294,36 @@ class StageRecorder:
         """Write the step ends noted (``collect.quick_ends``) as ``boundary("optimizer", hold=True)`` would have,
         the last held; ``at_step_end``: it was noted just now, and carries a thread clock reading if due."""
         times, series = self._quick_times, self._thread_series
-        if not times:
+        if not times or series is None:  # noted only where the series is (``allow_quick_ends``)
             return
-        *released, last = [t - self.origin for t in times]
-        now, n, unread = times[-1], len(times), None if series is None else UNREAD
+        *ends, last = [t - self.origin for t in times]
+        now, n = times[-1], len(times)
         times.clear()
         if (held := self._held) is not None:  # released by the first one
             self._held = None
             self._write_boundary(*held)
-        if released:  # all but the last at once (the kind is written: by ``held`` at the latest)
-            if more := released[:-1]:
+        # readings taken at the last end written and the held one go with them, the others to the series alone:
+        # none carries a collection's seconds, whose step end writes the ends at once (``_collected``)
+        on_last = {len(ends) - 1: UNREAD, len(ends): UNREAD}
+        for i, taken in self.quick.readings:
+            if i in on_last:
+                on_last[i] = taken
+            else:
+                series.write(ends[i], taken)
+        self.quick.readings.clear()
+        if ends:  # all but the last at once (the kind is written: by ``held`` at the latest)
+            if more := ends[:-1]:
                 self.timeline.add_instants(self._written_kinds["optimizer"][0], more)
                 self._boundaries["optimizer"] += len(more)
                 self._backlog_countdown -= len(more)
-            self._write_boundary("optimizer", released[-1], None, unread)  # the fold, the backlog
+            self._write_boundary("optimizer", ends[-1], None, on_last[len(ends) - 1])  # the fold, the backlog
         self._step_ends += n  # the windows' countdown, as ``boundary`` counts them
         self._window_left -= n
         if self._window_left <= 0 and (windows := self._windows) is not None:
             self._window_left = windows.next(self._step_ends, last)
-        reading = series.at_step_end(now) if at_step_end and series is not None else unread
+        reading = on_last[len(ends)]
+        if at_step_end and reading is UNREAD:
+            reading = series.at_step_end(now)
         self._held = ("optimizer", last, None, reading)
         self.allow_quick_ends(self.quick.owner)
 
@@ -329,7 +335,8 @@ class StageRecorder:
             owner = None
         quick.owner = owner if self.on_step is None and _get_ident() == self.thread_id else None
         quick.thread_id, quick.limit = self.thread_id, int(min(self._window_left, HELD_AT_MOST))
-        quick.due = series.due_at if series is not None else math.inf
+        quick.series, quick.write_at = series, self._now() + WRITTEN_WITHIN_S
+        quick.due = min(series.due_at, quick.write_at) if series is not None else math.inf
 
     def _collected(self) -> None:
         if self._thread_series is not None:  # the step it ran in carries its GC seconds
@@ -384,11 +391,8 @@ class StageRecorder:
 
     def device_event_token(self) -> object | None:
         """A device event token now, from any thread (for :meth:`record_within`); None without a device
-        clock, or where it gives none (a CUDA graph capturing) or fails.
-
-        A clock that fails is turned off with a warning: a CUDA error inside a hook must not
-        surface in the user's code as perfmagic's, nor mask the user's own.
-        """
+        clock, or where it gives none (a CUDA graph capturing) or fails. A clock that fails is turned off
+        with a warning: a CUDA error in a hook must not surface in the user's code, nor mask the user's own."""
         clock = self.device_clock
         if clock is None:
             return None
@@ -396,9 +400,7 @@ class StageRecorder:
             return clock.event_token()
         except Exception as e:
             self.device_clock = None
-            self._warnings.append(
-                f"the device clock failed ({e!r}): stages are timed on the host from then on"
-            )
+            self._warnings.append(f"the device clock failed ({e!r}): stages timed on the host from then on")
             return None
 
     def read_thread_clock_now(self) -> None:
@@ -468,14 +470,12 @@ class StageRecorder:
                 self.exit()
 
     def stop_recording(self) -> None:
-        """Record nothing more from now on (a forked child's copy of the recorder).
-
-        The child keeps the parent's device event tokens and clock referenced until it exits: freeing a CUDA
-        event in a forked child calls into a CUDA context that child cannot use, and the C++
-        destructor that fails there aborts the process (a DataLoader worker "exited unexpectedly").
-        """
+        """Record nothing more from now on (a forked child's copy of the recorder). The child keeps the
+        parent's device event tokens and clock referenced until it exits: freeing a CUDA event in a forked
+        child calls into a CUDA context it cannot use, and the C++ destructor that fails there aborts the
+        process (a DataLoader worker "exited unexpectedly")."""
         self.thread_id = _CLOSED
-        self._quick_times.clear()  # the device clock's setter closes the quick path
+        self.quick.forget()  # the device clock's setter closes the quick path
         keep_until_exit((self._stack, self._held, self._device_spans.pending, self.device_clock))
         self._stack, self._held, self._device_spans.pending, self.device_clock = [], None, [], None
         if self.thread_clock is not None:

@@ -94,7 +94,7 @@ def _step_wrapper(stages: TorchStages, rec: StageRecorder, windowed: WindowedHoo
                 stats["optimizer_steps"] += 1
                 t = now()
                 noted.append(t)
-                if len(noted) >= quick.limit or t >= quick.due:
+                if (len(noted) >= quick.limit or t >= quick.due) and not quick.only_read(t):
                     rec.settle_quick_ends(at_step_end=True)
                 return result
             depth = len(open_steps)
