@@ -146,7 +146,10 @@ def main() -> None:
             forward_backward(x, y)
             optimizer.step()
         gc.collect()
-        per = paired(args.rounds, args.block, ends, batches, forward_backward, before)
+        try:
+            per = paired(args.rounds, args.block, ends, batches, forward_backward, before)
+        finally:  # the profile's last reading at the usual interval
+            thread_series.THREAD_CLOCK_EVERY_S = READ_EVERY_S
     assert session.report.steps["count"] >= 30, "the profile saw no steps"
     base = per["torch"]
     print(
