@@ -2,7 +2,7 @@
 
 Outside the recording windows a plain training step pays perfmagic for one thing: its end. Marked by
 :meth:`~perfmagic.collect.recorder.StageRecorder.boundary`, that end runs some two hundred bytecodes
-over a dozen objects which the step's own work has pushed out of the caches: 25 to 44 µs of a 2 ms
+over a dozen objects which the step's own work has pushed out of the caches: 23 to 44 µs of a 2 ms
 step in place (``benchmarks/step_end.py``), where appending a time to a list costs nothing measurable.
 So where the recorder allows it (outside the windows, without a device clock or a call at each step
 end), the wrapper of the one optimizer that ends the steps appends the end's time to :attr:`times`.
